@@ -1,0 +1,30 @@
+# Set-up is automatic: `make test` and `make demo` create .venv and install everything on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TRITON_VERSION ?= 3.6.0
+
+.PHONY: test demo lint bench-cpu clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]' triton==$(TRITON_VERSION)
+	touch $(STAMP)
+
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not gpu" tests
+
+demo: $(STAMP)
+	$(PY) -m asentmax.demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+bench-cpu: $(STAMP)
+	$(PY) benchmarks/bench_entmax_cpu.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
