@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TRITON_VERSION ?= 3.6.0
 
-.PHONY: test demo lint bench-cpu clean
+.PHONY: test demo demo-dispersion lint bench-cpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m asentmax.demo
+
+demo-dispersion: $(STAMP)
+	$(PY) -m asentmax.dispersion
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
