@@ -4,7 +4,14 @@ import math
 
 import torch
 
-from asentmax.dispersion import DispersionSetup, attention_weights, dispersion_stats, inverse_temperature, main, run
+from asentmax.dispersion import (
+    DispersionSetup,
+    attention_weights,
+    dispersion_stats,
+    inverse_temperature,
+    main,
+    run,
+)
 
 
 def test_theta_formula_matches_paper():
@@ -40,6 +47,7 @@ def test_weights_are_distributions():
 
 def test_cli_writes_outputs(tmp_path):
     main(["--max-log2-length", "8", "--trials", "2", "--out", str(tmp_path)])
-    table_rows = [line for line in (tmp_path / "dispersion.md").read_text().splitlines() if line.startswith("| ")]
+    lines = (tmp_path / "dispersion.md").read_text().splitlines()
+    table_rows = [line for line in lines if line.startswith("| ")]
     assert [row.split(" | ")[0] for row in table_rows] == ["| n", "| 64", "| 256"]
     assert (tmp_path / "dispersion.png").stat().st_size > 0

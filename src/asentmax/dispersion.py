@@ -103,7 +103,8 @@ def markdown_table(rows: list[dict], setup: DispersionSetup) -> str:
         cells += [f"{by_key[n, m]['support']:.1f}" for m in ("entmax", "asentmax")]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     caption = (
-        f"{setup.n_relevant} relevant tokens at logit {setup.relevant_logit}, the rest N(0, {setup.noise_std}^2); "
+        f"{setup.n_relevant} relevant tokens at logit {setup.relevant_logit}, "
+        f"the rest N(0, {setup.noise_std}^2); "
         f"alpha = {setup.alpha}; theta(n) = {setup.delta} + {setup.beta} * log(n+1)^{setup.gamma}; "
         f"mean over {setup.trials} draws."
     )
