@@ -1,0 +1,109 @@
+"""The one protocol every synthetic task follows (PAPER.md section 3).
+
+A task draws an `Example` (source ids, target ids) of a given length from a seeded
+`numpy.random.Generator`; `encode` lays it out for a decoder-only model as
+
+    <bos> source <sep> target <eos>
+
+and marks the positions where the next-token loss is taken (those whose NEXT token is a target
+token or <eos>). Special ids are shared by all tasks (PAD=0, BOS=1, SEP=2, EOS=3); each task's own
+symbols start at FIRST_SYMBOL=4. A task's vocabulary never depends on the length, so a model
+trained at length 64 can be evaluated at 64k.
+
+`length` is the sample's source length, the paper's "length" (training lengths uniform in
+[32, 64], ID = 64, k-times = 64 k). `Task.source_length(length)` gives the exact `len(source)`:
+it equals `length` for every task except MQMTAR, whose `length` counts the pairs-and-blanks
+context only (the 4 queries come after it; see mqmtar.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PAD, BOS, SEP, EOS = 0, 1, 2, 3
+FIRST_SYMBOL = 4
+SPECIAL_NAMES = ("<pad>", "<bos>", "<sep>", "<eos>")
+
+
+@dataclass
+class Example:
+    """One sample: token ids of the source (prompt) and of the target (answer), without specials."""
+
+    source: list[int]
+    target: list[int]
+
+    def to_dict(self) -> dict:
+        return {"source": list(self.source), "target": list(self.target)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Example:
+        if not isinstance(data, dict) or set(data) != {"source", "target"}:
+            raise ValueError(f"an example must have exactly the keys 'source' and 'target', got {data!r:.60}")
+        for key in ("source", "target"):
+            values = data[key]
+            if not isinstance(values, list) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in values
+            ):
+                raise ValueError(f"example field {key!r} must be a list of ints")
+        return cls(source=list(data["source"]), target=list(data["target"]))
+
+
+class Task:
+    """Base class: subclasses set `name`, `min_length`, `symbol_names` and implement `_generate`.
+
+    `symbol_names` lists the human-readable names of the task's own symbols, which get the ids
+    FIRST_SYMBOL, FIRST_SYMBOL + 1, ...; `vocab_size = FIRST_SYMBOL + len(symbol_names)`.
+    """
+
+    name: str = ""
+    min_length: int = 1
+
+    def __init__(self, symbol_names: list[str]):
+        self.symbol_names = list(symbol_names)
+        self.vocab_size = FIRST_SYMBOL + len(self.symbol_names)
+        self._names = list(SPECIAL_NAMES) + self.symbol_names
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
+
+    def source_length(self, length: int) -> int:
+        """Exact `len(source)` of a sample drawn with this `length` (identity unless overridden)."""
+        self.check_length(length)
+        return length
+
+    def check_length(self, length: int) -> None:
+        if not isinstance(length, (int, np.integer)) or isinstance(length, bool):
+            raise ValueError(f"task {self.name!r}: length must be an int, got {type(length).__name__}")
+        if length < self.min_length:
+            raise ValueError(f"task {self.name!r}: length {length} is too small (minimum {self.min_length})")
+
+    def sample(self, length: int, rng: np.random.Generator) -> Example:
+        """Draw one example whose source has `length` tokens (see `source_length`)."""
+        self.check_length(length)
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        source, target = self._generate(int(length), rng)
+        return Example(source=[int(t) for t in source], target=[int(t) for t in target])
+
+    def _generate(self, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def encode(self, example: Example) -> tuple[list[int], list[bool]]:
+        """tokens = [BOS] + source + [SEP] + target + [EOS]; target_mask[i] is True where tokens[i+1]
+        is a target token or EOS (the positions where the next-token loss is taken)."""
+        tokens = [BOS, *example.source, SEP, *example.target, EOS]
+        first_loss_position = len(example.source) + 1  # the SEP position predicts target[0] (or EOS)
+        mask = [first_loss_position <= i < len(tokens) - 1 for i in range(len(tokens))]
+        return tokens, mask
+
+    def decode_tokens(self, ids) -> str:
+        """Space-separated human-readable names of token ids (for printing, not for parsing)."""
+        words = []
+        for token in ids:
+            token = int(token)
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"task {self.name!r}: token id {token} outside [0, {self.vocab_size})")
+            words.append(self._names[token])
+        return " ".join(words)

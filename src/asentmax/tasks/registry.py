@@ -1,0 +1,21 @@
+"""Task names -> task classes (PAPER.md section 3): `get_task(name, **kwargs)` and `TASK_NAMES`."""
+
+from __future__ import annotations
+
+from asentmax.tasks.base import Task
+from asentmax.tasks.sequence import CopyTask, ReverseTask, SortTask
+
+_TASKS: dict[str, type[Task]] = {
+    "copy": CopyTask,
+    "reverse": ReverseTask,
+    "sort": SortTask,
+}
+
+TASK_NAMES: tuple[str, ...] = tuple(_TASKS)
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """Build the task called `name`; kwargs go to its constructor (e.g. n_symbols for copy)."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
+    return _TASKS[name](**kwargs)

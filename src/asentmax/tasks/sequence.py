@@ -1,0 +1,58 @@
+"""Copy, Reverse and Sort (PAPER.md section 3): a random sequence over 32 symbols; the target is the
+same sequence, the sequence reversed, or the sequence sorted (ascending symbol id).
+
+Source: `length` symbols drawn uniformly with replacement. Target: `length` symbols.
+Vocabulary: 4 specials + `n_symbols` (default 32) symbols named s0, s1, ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asentmax.tasks.base import FIRST_SYMBOL, Task
+
+
+class RandomSequenceTask(Task):
+    """Shared generator of copy / reverse / sort; subclasses define `transform`."""
+
+    min_length = 1
+
+    def __init__(self, n_symbols: int = 32):
+        if not isinstance(n_symbols, int) or n_symbols < 2:
+            raise ValueError(f"task {self.name!r}: n_symbols must be an int >= 2, got {n_symbols!r}")
+        super().__init__([f"s{i}" for i in range(n_symbols)])
+        self.n_symbols = n_symbols
+
+    def _generate(self, length, rng):
+        source = rng.integers(FIRST_SYMBOL, FIRST_SYMBOL + self.n_symbols, size=length)
+        return source, self.transform(source)
+
+    def transform(self, source: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class CopyTask(RandomSequenceTask):
+    """Target = the source unchanged."""
+
+    name = "copy"
+
+    def transform(self, source):
+        return source
+
+
+class ReverseTask(RandomSequenceTask):
+    """Target = the source reversed."""
+
+    name = "reverse"
+
+    def transform(self, source):
+        return source[::-1]
+
+
+class SortTask(RandomSequenceTask):
+    """Target = the source sorted by symbol id (ascending, duplicates kept)."""
+
+    name = "sort"
+
+    def transform(self, source):
+        return np.sort(source)

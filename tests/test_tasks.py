@@ -1,0 +1,140 @@
+"""Tests of the task protocol (asentmax.tasks, PAPER.md section 3) common to every task:
+formats, lengths, determinism, vocabulary bounds, encode layout, eval sets, JSONL, bad arguments."""
+
+import json
+
+import numpy as np
+import pytest
+
+from asentmax.tasks import (
+    BOS,
+    EOS,
+    FIRST_SYMBOL,
+    PAD,
+    SEP,
+    TASK_NAMES,
+    Example,
+    Task,
+    get_task,
+    load_jsonl,
+    make_eval_set,
+    save_jsonl,
+)
+
+LENGTHS = [1, 2, 3, 5, 6, 7, 17, 32, 63, 64, 111, 130]
+
+
+def lengths_for(task):
+    return [n for n in LENGTHS if n >= task.min_length] + [task.min_length, 1000]
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_format_lengths_and_vocab(name):
+    task = get_task(name)
+    assert task.name == name and isinstance(task, Task)
+    rng = np.random.default_rng(0)
+    for length in lengths_for(task):
+        for _ in range(3):
+            example = task.sample(length, rng)
+            assert isinstance(example, Example)
+            assert len(example.source) == task.source_length(length)
+            assert len(example.target) >= 1
+            for token in example.source + example.target:
+                assert type(token) is int
+                assert FIRST_SYMBOL <= token < task.vocab_size  # no specials inside source/target
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_vocab_size_independent_of_length(name):
+    task = get_task(name)
+    rng = np.random.default_rng(1)
+    long = task.sample(5000, rng)
+    assert max(long.source + long.target) < task.vocab_size == get_task(name).vocab_size
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_encode_layout_and_mask(name):
+    task = get_task(name)
+    example = task.sample(max(17, task.min_length), np.random.default_rng(2))
+    tokens, mask = task.encode(example)
+    n_src, n_tgt = len(example.source), len(example.target)
+    assert tokens == [BOS] + example.source + [SEP] + example.target + [EOS]
+    assert len(mask) == len(tokens)
+    # the loss is taken exactly where the next token is a target token or EOS
+    predicted = [tokens[i + 1] for i in range(len(tokens) - 1) if mask[i]]
+    assert predicted == example.target + [EOS]
+    assert sum(mask) == n_tgt + 1 and not mask[-1] and mask[n_src + 1] and not mask[n_src]
+    assert PAD not in tokens
+    assert task.decode_tokens(tokens).split()[0] == "<bos>"
+    assert len(task.decode_tokens(tokens).split()) == len(tokens)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_determinism_and_seeds_differ(name):
+    task = get_task(name)
+    length = max(64, task.min_length)
+    a = make_eval_set(task, length, 8, seed=3)
+    b = make_eval_set(name, length, 8, seed=3)
+    c = make_eval_set(task, length, 8, seed=4)
+    assert a == b
+    assert a != c
+    assert make_eval_set(task, length, 3, seed=3) == a[:3]  # prefix property
+    rng1, rng2 = np.random.default_rng(9), np.random.default_rng(9)
+    assert task.sample(length, rng1) == task.sample(length, rng2)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_jsonl_round_trip(tmp_path, name):
+    task = get_task(name)
+    examples = make_eval_set(task, max(33, task.min_length), 5, seed=0)
+    path = tmp_path / f"{name}.jsonl"
+    save_jsonl(path, examples)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 5 and json.loads(lines[0]) == examples[0].to_dict()
+    assert load_jsonl(path) == examples
+    save_jsonl(path, [])
+    assert load_jsonl(path) == []
+
+
+def test_load_jsonl_rejects_malformed(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"source": [4, 5], "target": [4]}\n{"source": [4], "target": "x"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        load_jsonl(path)
+    path.write_text("not json\n")
+    with pytest.raises(ValueError, match="line 1"):
+        load_jsonl(path)
+
+
+def test_unknown_task_name():
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        get_task("nope")
+    with pytest.raises(ValueError, match="unknown task"):
+        make_eval_set("nope", 64, 1, 0)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_bad_lengths_and_counts(name):
+    task = get_task(name)
+    rng = np.random.default_rng(0)
+    for bad in (task.min_length - 1, -5):
+        with pytest.raises(ValueError, match="too small"):
+            task.sample(bad, rng)
+        with pytest.raises(ValueError, match="too small"):
+            make_eval_set(task, bad, 1, 0)
+    with pytest.raises(ValueError, match="must be an int"):
+        task.sample(64.0, rng)
+    with pytest.raises(ValueError, match="n must be a non-negative int"):
+        make_eval_set(task, 64, -1, 0)
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        make_eval_set(task, 64, 1, -1)
+    with pytest.raises(ValueError, match="Generator"):
+        task.sample(64, 0)
+    assert make_eval_set(task, 64, 0, 0) == []
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_decode_rejects_out_of_range(name):
+    task = get_task(name)
+    with pytest.raises(ValueError, match="outside"):
+        task.decode_tokens([task.vocab_size])
