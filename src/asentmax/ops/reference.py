@@ -1,0 +1,78 @@
+"""Dense reference entmax attention: materialises the (B, H, Nq, Nk) logits. The oracle of every backend.
+
+Layout (batch, heads, seq, head_dim). Implements PAPER.md section 2 exactly as stated in attention.py:
+z = q_scale * scale * (q . k) - slope * |pos(r) - j| on the visible keys (causal, key padding), then
+alpha-entmax (asentmax.ops.entmax.entmax; softmax when alpha == 1) and p @ v. Memory O(Nq * Nk): use it
+for tests and short sequences only; `chunked` is the long-sequence path.
+"""
+
+import torch
+
+from asentmax.ops.attention import AttentionAux
+from asentmax.ops.entmax import entmax
+
+
+def compute_dtype(dtype):
+    """fp64 stays fp64; every other input dtype is computed in fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def visible_keys(n_q, n_k, causal, key_padding_mask, device):
+    """Bool mask (B or 1, 1, Nq, Nk): True where query row r may attend key j."""
+    visible = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    if causal:
+        pos = torch.arange(n_q, device=device) + (n_k - n_q)
+        visible = torch.arange(n_k, device=device)[None, :] <= pos[:, None]
+    visible = visible[None, None]
+    if key_padding_mask is not None:
+        visible = visible & key_padding_mask[:, None, None, :]
+    return visible
+
+
+def alibi_bias(alibi_slopes, n_q, n_k, dtype):
+    """-slope * |pos(r) - j| with shape (B or 1, H, Nq, Nk)."""
+    device = alibi_slopes.device
+    pos = torch.arange(n_q, device=device, dtype=dtype) + (n_k - n_q)
+    distance = (pos[:, None] - torch.arange(n_k, device=device, dtype=dtype)[None, :]).abs()
+    slopes = alibi_slopes.to(dtype)
+    slopes = slopes[None] if slopes.dim() == 1 else slopes
+    return -slopes[:, :, None, None] * distance
+
+
+def reference_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
+                               return_aux):
+    """Arguments as `entmax_attention`, already validated, with `scale` a float. Differentiable."""
+    heads, n_q = q.shape[1], q.shape[2]
+    n_k = k.shape[2]
+    group = heads // k.shape[1]
+    dtype = compute_dtype(q.dtype)
+    qc = q.to(dtype)
+    kc = k.to(dtype).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
+    vc = v.to(dtype).repeat_interleave(group, dim=1)
+
+    row_scale = scale if q_scale is None else scale * q_scale.to(dtype)[..., None]
+    z = row_scale * (qc @ kc.transpose(-1, -2))  # (B, H, Nq, Nk)
+    if alibi_slopes is not None:
+        z = z + alibi_bias(alibi_slopes, n_q, n_k, dtype)
+    visible = visible_keys(n_q, n_k, causal, key_padding_mask, q.device)
+    empty = ~visible.any(-1, keepdim=True)  # rows with no visible key (B or 1, 1, Nq, 1)
+    z = z.masked_fill(~visible | empty, float("-inf")).masked_fill(empty, 0.0)
+
+    if alpha == 1.0:
+        p = torch.softmax(z, dim=-1)
+    else:
+        p = entmax(z, alpha=alpha, dim=-1)
+    p = p.masked_fill(empty, 0.0)
+    out = (p @ vc).to(q.dtype)
+    if not return_aux:
+        return out
+
+    with torch.no_grad():
+        if alpha == 1.0:
+            tau = torch.logsumexp(z, dim=-1)
+        else:
+            # p is increasing in z: at the largest logit, p_max^(alpha-1) = (alpha-1) z_max - tau.
+            tau = (alpha - 1) * z.amax(-1) - p.amax(-1) ** (alpha - 1)
+        tau = tau.masked_fill(empty[..., 0], float("inf")).float()
+        support = (p > 0).sum(-1, dtype=torch.int32)
+    return out, AttentionAux(tau, support)
