@@ -1,5 +1,7 @@
 """Each task's answers checked against an independent solver written here (PAPER.md section 3)."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -24,3 +26,156 @@ def test_copy_reverse_sort(n_symbols):
             assert example.target == solve(example.source)
             seen.update(example.source)
         assert seen == set(range(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols))  # every symbol is used
+
+
+def test_mqmtar_table():
+    task = get_task("mqmtar")
+    assert task.vocab_size == 4 + 3 + 256
+    for table in (task.keys, task.values):
+        words = {tuple(w) for w in table.tolist()}
+        assert len(words) == 10_000  # distinct 2-symbol words
+        assert table.min() >= FIRST_SYMBOL + 3 and table.max() < task.vocab_size
+    assert (get_task("mqmtar").keys == task.keys).all()  # the table is fixed by its seed
+    assert not (get_task("mqmtar", table_seed=1).keys == task.keys).all()
+
+
+def parse_mqmtar(source, length, n_queries):
+    """Independent reading of an MQMTAR source: returns (pairs dict, number of blanks, query keys)."""
+    blank, colon, query = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
+    context, tail = source[:length], source[length:]
+    pairs, blanks, i = {}, 0, 0
+    while i < length:
+        if context[i] == blank:
+            blanks, i = blanks + 1, i + 1
+            continue
+        k1, k2, sep, v1, v2 = context[i : i + 5]
+        assert sep == colon and blank not in (k1, k2, v1, v2) and colon not in (k1, k2, v1, v2)
+        assert (k1, k2) not in pairs  # pairs are distinct
+        pairs[(k1, k2)] = (v1, v2)
+        i += 5
+    assert len(tail) == 3 * n_queries
+    queries = [tuple(tail[j : j + 3]) for j in range(0, len(tail), 3)]
+    assert all(q[0] == query for q in queries)
+    return pairs, blanks, [q[1:] for q in queries]
+
+
+@pytest.mark.parametrize("n_queries", [4, 1, 7])
+def test_mqmtar_answers(n_queries):
+    lengths = [5, 6, 7, 8, 14, 15, 16, 29, 30, 32, 63, 64, 111, 130, 4096]
+    task, examples = draw("mqmtar", lengths=lengths, per_length=3, n_queries=n_queries)
+    table = {tuple(k): tuple(v) for k, v in zip(task.keys.tolist(), task.values.tolist(), strict=True)}
+    for length, example in zip([n for n in lengths for _ in range(3)], examples, strict=True):
+        assert len(example.source) == length + 3 * n_queries
+        pairs, blanks, asked = parse_mqmtar(example.source, length, n_queries)
+        expected_pairs = max(1, int(Fraction(4, 5) * length / 6))  # floor(0.8 L / 6)
+        assert len(pairs) == expected_pairs and blanks == length - 5 * expected_pairs
+        assert all(table[k] == v for k, v in pairs.items())  # pairs come from the fixed table
+        expected = [tok for key in asked for tok in (FIRST_SYMBOL + 2, *pairs[key])]
+        assert example.target == expected
+
+
+def test_mqmtar_positions_are_spread():
+    """Pairs are scattered: over many samples every context position is sometimes covered by a pair."""
+    task = get_task("mqmtar")
+    rng = np.random.default_rng(5)
+    covered = np.zeros(64, dtype=int)
+    first_pair_start = []
+    for _ in range(300):
+        context = np.array(task.sample(64, rng).source[:64])
+        covered += context != FIRST_SYMBOL
+        first_pair_start.append(int(np.argmax(context != FIRST_SYMBOL)))
+    assert (covered > 0).all()
+    assert len(set(first_pair_start)) > 5
+
+
+def test_mqmtar_pair_cap():
+    task = get_task("mqmtar", table_size=20)
+    example = task.sample(1000, np.random.default_rng(0))  # floor(0.8 * 1000 / 6) = 133 > 20
+    pairs, blanks, _ = parse_mqmtar(example.source, 1000, 4)
+    assert len(pairs) == 20 and blanks == 1000 - 100
+
+
+def simulate_flipflop(source):
+    """Run the flip-flop machine on a source; checks the format and returns the final read value."""
+    w, i, r, b0, b1 = range(FIRST_SYMBOL, FIRST_SYMBOL + 5)
+    if len(source) % 2 == 0:  # a leading noise bit
+        assert source[0] in (b0, b1)
+        source = source[1:]
+    assert source[-1] == r and source[0] == w
+    memory = None
+    for instruction, bit in zip(source[:-1:2], source[1:-1:2], strict=True):
+        assert bit in (b0, b1) and instruction in (w, i, r)
+        if instruction == w:
+            memory = bit
+        elif instruction == r:
+            assert bit == memory  # a read inside the sequence shows the stored bit
+    return memory
+
+
+def test_flipflop_answers():
+    task, examples = draw("flipflop", lengths=[3, 4, 5, 6, 17, 63, 64, 111, 130, 4096], per_length=20)
+    for example in examples:
+        assert example.target == [simulate_flipflop(example.source)]
+    answers = [e.target[0] for e in examples]
+    assert 0.3 < answers.count(FIRST_SYMBOL + 3) / len(answers) < 0.7
+
+
+def test_flipflop_instruction_rates():
+    task = get_task("flipflop", p_write=0.3, p_read=0.2)
+    source = task.sample(20001, np.random.default_rng(0)).source
+    instructions = source[2:-1:2]  # after the first (forced) write
+    n = len(instructions)
+    for token, p in ((FIRST_SYMBOL, 0.3), (FIRST_SYMBOL + 1, 0.5), (FIRST_SYMBOL + 2, 0.2)):
+        assert abs(instructions.count(token) / n - p) < 0.02
+    assert simulate_flipflop(source) == task.sample(20001, np.random.default_rng(0)).target[0]
+
+
+def local_counts(source, max_count):
+    out, count = [], 0
+    for i, symbol in enumerate(source):
+        count = count + 1 if i > 0 and symbol == source[i - 1] else 0
+        out.append(min(count, max_count - 1))
+    return out
+
+
+@pytest.mark.parametrize("n_symbols,max_count", [(4, 32), (2, 3), (3, 40)])
+def test_local_count_answers(n_symbols, max_count):
+    task, examples = draw("local_count", n_symbols=n_symbols, max_count=max_count)
+    first_count = FIRST_SYMBOL + n_symbols
+    assert task.vocab_size == first_count + max_count
+    saturated = 0
+    for example in examples:
+        assert all(FIRST_SYMBOL <= s < first_count for s in example.source)
+        counts = [t - first_count for t in example.target]
+        assert counts == local_counts(example.source, max_count)
+        saturated += counts.count(max_count - 1)
+    if max_count == 3:
+        assert saturated > 0  # the cap is exercised
+
+
+def test_two_back_answers():
+    task, examples = draw("two_back")
+    none = FIRST_SYMBOL
+    for example in examples:
+        source = example.source
+        assert none not in source
+        expected = [source[i - 2] if i >= 2 else none for i in range(len(source))]
+        assert example.target == expected
+
+
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("copy", {"n_symbols": 1}),
+        ("two_back", {"n_symbols": 0}),
+        ("mqmtar", {"n_queries": 0}),
+        ("mqmtar", {"table_size": 70_000}),
+        ("flipflop", {"p_write": 0.7, "p_read": 0.5}),
+        ("local_count", {"max_count": 1}),
+    ],
+)
+def test_bad_task_arguments(name, kwargs):
+    with pytest.raises(ValueError, match=name):
+        get_task(name, **kwargs)
+    with pytest.raises(TypeError):
+        get_task(name, no_such_argument=1)

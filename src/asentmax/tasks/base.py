@@ -85,7 +85,10 @@ class Task:
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
         source, target = self._generate(int(length), rng)
-        return Example(source=[int(t) for t in source], target=[int(t) for t in target])
+        return Example(
+            source=np.asarray(source, dtype=np.int64).tolist(),
+            target=np.asarray(target, dtype=np.int64).tolist(),
+        )
 
     def _generate(self, length: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError

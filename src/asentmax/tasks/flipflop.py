@@ -1,0 +1,56 @@
+"""Flip-flop language (PAPER.md section 3; Liu et al. 2023, "Exposing Attention Glitches with
+Flip-Flop Language Modeling"): remember the last written bit across ignored and read instructions.
+
+Vocabulary (fixed, 9 ids): 4 specials, then `w`=4 (write), `i`=5 (ignore), `r`=6 (read),
+`0`=7, `1`=8.
+
+Source (exactly `length` tokens, minimum 3): m = (length - 1) // 2 pairs (instruction, bit), then
+a final lone `r` (the query). The first pair is always a write; each later instruction is write with
+probability p_write (0.1), read with p_read (0.1), ignore otherwise; every bit is uniform except that
+a read pair's bit is the correct one (the last written bit), as in the flip-flop language. When
+`length` is even, one extra uniform noise bit (no instruction, never read) precedes the pairs, so that
+every length is exact. Target: one bit, the last written bit at the final `r`.
+
+Example (length 8): `0 w 1 i 0 r 1 r` -> target `1`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asentmax.tasks.base import FIRST_SYMBOL, Task
+
+WRITE, IGNORE, READ = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
+BIT0 = FIRST_SYMBOL + 3  # bit b is BIT0 + b
+
+
+class FlipFlopTask(Task):
+    name = "flipflop"
+    min_length = 3
+
+    def __init__(self, p_write: float = 0.1, p_read: float = 0.1):
+        ok = all(isinstance(p, (int, float)) and 0 <= p <= 1 for p in (p_write, p_read))
+        if not ok or p_write + p_read > 1:
+            raise ValueError(
+                f"task 'flipflop': p_write, p_read must be >= 0 with sum <= 1, got {p_write}, {p_read}"
+            )
+        super().__init__(["w", "i", "r", "0", "1"])
+        self.p_write, self.p_read = float(p_write), float(p_read)
+
+    def _generate(self, length, rng):
+        n_pairs = (length - 1) // 2
+        probs = [self.p_write, 1.0 - self.p_write - self.p_read, self.p_read]
+        instructions = rng.choice(np.array([WRITE, IGNORE, READ]), size=n_pairs, p=probs)
+        instructions[0] = WRITE
+        bits = rng.integers(2, size=n_pairs)
+        # index of the latest write at or before each pair (the first pair is a write)
+        position = np.arange(n_pairs)
+        last_write = np.maximum.accumulate(np.where(instructions == WRITE, position, 0))
+        reads = instructions == READ
+        bits[reads] = bits[last_write[reads]]
+        answer = bits[last_write[-1]]
+
+        pairs = np.stack([instructions, BIT0 + bits], axis=1).reshape(-1)
+        noise = BIT0 + rng.integers(2, size=length - 1 - 2 * n_pairs)
+        source = np.concatenate([noise, pairs, [READ]])
+        return source, np.array([BIT0 + answer])

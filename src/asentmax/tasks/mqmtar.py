@@ -1,0 +1,83 @@
+"""MQMTAR, multi-query multi-token associative recall (PAPER.md section 3).
+
+Vocabulary (fixed, 263 ids): 4 specials, BLANK=4 (`_`), COLON=5 (`:`, key-value separator),
+QUERY=6 (`?`, query marker), then the 256 alphabet symbols (ids 7..262, named x0..x255).
+
+A fixed table, drawn once from `numpy.random.default_rng(table_seed)`, holds `table_size` (10,000)
+distinct keys and 10,000 distinct values, each a 2-symbol word; key i is paired with value i.
+
+Lengths. `length` is the paper's L: the number of tokens of the pairs-and-blanks context. A sample
+holds P = floor(0.8 L / 6) = (2 L) // 15 distinct table pairs (capped at `table_size`, at least 1),
+each written `k1 k2 : v1 v2` (5 tokens) at uniformly random non-overlapping positions in a
+background of L - 5 P blanks. The context is followed by `n_queries` (4) queries `? k1 k2`, keys
+drawn with replacement from the sample's pairs, so
+
+    len(source) = L + 3 * n_queries   (= L + 12; `source_length(L)` returns it)
+    target      = `? v1 v2` per query  (3 * n_queries = 12 tokens)
+
+Thus ID = 64 gives P = 8 pairs and 1024x gives a 65,536-token context, as in the paper.
+The minimum length is 5 (one pair, no blank).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asentmax.tasks.base import FIRST_SYMBOL, Task
+
+BLANK, COLON, QUERY = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
+ALPHABET_START = FIRST_SYMBOL + 3
+ALPHABET_SIZE = 256
+PAIR_TOKENS = 5
+
+
+def pairs_for_length(length: int, table_size: int) -> int:
+    """P = floor(0.8 L / 6), capped at the table size and at least 1."""
+    return max(1, min(table_size, (2 * length) // 15))
+
+
+class MQMTARTask(Task):
+    name = "mqmtar"
+    min_length = PAIR_TOKENS
+
+    def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0):
+        if not isinstance(n_queries, int) or n_queries < 1:
+            raise ValueError(f"task 'mqmtar': n_queries must be an int >= 1, got {n_queries!r}")
+        if not isinstance(table_size, int) or not 1 <= table_size <= ALPHABET_SIZE**2:
+            raise ValueError(f"task 'mqmtar': table_size must be an int in [1, 65536], got {table_size!r}")
+        if not isinstance(table_seed, int) or table_seed < 0:
+            raise ValueError(f"task 'mqmtar': table_seed must be a non-negative int, got {table_seed!r}")
+        super().__init__(["_", ":", "?"] + [f"x{i}" for i in range(ALPHABET_SIZE)])
+        self.n_queries, self.table_size, self.table_seed = n_queries, table_size, table_seed
+        table_rng = np.random.default_rng(table_seed)
+        self.keys = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
+        self.values = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
+
+    @staticmethod
+    def _words(codes: np.ndarray) -> np.ndarray:
+        """(n,) integer codes in [0, 65536) -> (n, 2) token ids of 2-symbol words."""
+        return ALPHABET_START + np.stack([codes // ALPHABET_SIZE, codes % ALPHABET_SIZE], axis=1)
+
+    def source_length(self, length: int) -> int:
+        self.check_length(length)
+        return length + 3 * self.n_queries
+
+    def _generate(self, length, rng):
+        n_pairs = pairs_for_length(length, self.table_size)
+        chosen = rng.choice(self.table_size, n_pairs, replace=False)
+        # Place n_pairs blocks among n_blanks blanks: pick which of the (blanks + blocks) items are
+        # blocks; the i-th block (in order) then starts at its item index + 4 i.
+        n_blanks = length - PAIR_TOKENS * n_pairs
+        items = np.sort(rng.choice(n_blanks + n_pairs, n_pairs, replace=False))
+        starts = items + (PAIR_TOKENS - 1) * np.arange(n_pairs)
+        context = np.full(length, BLANK, dtype=np.int64)
+        keys, values = self.keys[chosen], self.values[chosen]
+        context[starts], context[starts + 1] = keys[:, 0], keys[:, 1]
+        context[starts + 2] = COLON
+        context[starts + 3], context[starts + 4] = values[:, 0], values[:, 1]
+
+        asked = rng.integers(n_pairs, size=self.n_queries)
+        marker = np.full((self.n_queries, 1), QUERY)
+        queries = np.concatenate([marker, keys[asked]], axis=1).reshape(-1)
+        target = np.concatenate([marker, values[asked]], axis=1).reshape(-1)
+        return np.concatenate([context, queries]), target

@@ -1,0 +1,33 @@
+"""2-back (PAPER.md section 3): for every position, the token two steps earlier.
+
+Vocabulary (fixed): 4 specials, NONE=4 (named `-`), then `n_symbols` (32) symbols named s0..
+Source: `length` symbols drawn uniformly with replacement. Target: `length` tokens,
+target[i] = source[i - 2] for i >= 2 and NONE for the first two positions (nothing two steps
+earlier); NONE never occurs in the source.
+
+Example: `s3 s1 s4 s1` -> `- - s3 s1`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from asentmax.tasks.base import FIRST_SYMBOL, Task
+
+NONE = FIRST_SYMBOL
+
+
+class TwoBackTask(Task):
+    name = "two_back"
+    min_length = 1
+
+    def __init__(self, n_symbols: int = 32):
+        if not isinstance(n_symbols, int) or n_symbols < 2:
+            raise ValueError(f"task 'two_back': n_symbols must be an int >= 2, got {n_symbols!r}")
+        super().__init__(["-"] + [f"s{i}" for i in range(n_symbols)])
+        self.n_symbols = n_symbols
+
+    def _generate(self, length, rng):
+        source = rng.integers(NONE + 1, NONE + 1 + self.n_symbols, size=length)
+        target = np.concatenate([np.full(min(2, length), NONE), source[:-2]])
+        return source, target
