@@ -1,0 +1,175 @@
+"""Memory-efficient entmax attention in pure torch: never materialises an Nq x Nk tensor.
+
+Layout (batch, heads, seq, head_dim). Same semantics as attention.py / reference.py (PAPER.md section 2:
+z = q_scale * scale * (q . k) - slope * |pos(r) - j|, p = alpha-entmax(z), out = p v).
+
+Queries are processed in blocks of `block_q` rows. For one block the logits against the visible keys
+(B, H, block_q, Nk') are built, the row thresholds tau found with asentmax.ops.entmax, and p v
+accumulated; causal blocks stop at their last visible key, so peak memory is O(B * H * block_q * Nk).
+Grouped-query heads are folded into the row dimension (B, Hkv, G * block_q, D), so k and v are never
+repeated. Only tau (B, H, Nq) and the output are kept for the backward pass, which recomputes p per block
+from tau and applies the entmax Jacobian (PAPER.md section 2; u = p^(2 - alpha) on the support):
+    dz = u * (dp - sum(u dp) / sum(u)),  dp = dO v^T        (softmax: dz = p * (dp - sum(dO * O)))
+then dq, dk, dv and d q_scale through z = (scale * q_scale * q) . k + bias.
+"""
+
+import torch
+
+from asentmax.ops.attention import AttentionAux
+from asentmax.ops.entmax import entmax
+from asentmax.ops.reference import compute_dtype
+
+BLOCK_ELEMENTS = 1 << 23  # logits per block buffer (32 MiB in fp32); a block holds ~3 such buffers
+
+
+def default_block_q(batch, heads, n_q, n_k):
+    """Largest query block whose (B, H, block, Nk) logits fit in BLOCK_ELEMENTS, at least 16 rows."""
+    return max(16, min(n_q, BLOCK_ELEMENTS // (batch * heads * n_k)))
+
+
+class _Problem:
+    """Shapes, masks and ALiBi slopes shared by the forward and backward block loops."""
+
+    def __init__(self, q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q):
+        self.batch, self.heads, self.n_q, self.dim = q.shape
+        self.kv_heads, self.n_k = k.shape[1], k.shape[2]
+        self.group = self.heads // self.kv_heads
+        self.offset = self.n_k - self.n_q
+        self.alpha, self.causal, self.block_q = alpha, causal, block_q
+        self.dtype, self.device = compute_dtype(q.dtype), q.device
+        self.padding = None if key_padding_mask is None else ~key_padding_mask[:, None, None, None, :]
+        self.neg_slopes = None
+        if alibi_slopes is not None:
+            slopes = alibi_slopes.to(self.dtype)
+            slopes = slopes[None] if slopes.dim() == 1 else slopes
+            self.neg_slopes = -slopes.reshape(slopes.shape[0], self.kv_heads, self.group, 1, 1)
+        pos = torch.arange(self.n_q, device=self.device) + self.offset
+        if key_padding_mask is None:
+            counts = (pos + 1 if causal else torch.full_like(pos, self.n_k))[None]
+        else:
+            cumulative = key_padding_mask.cumsum(-1)
+            counts = cumulative[:, pos] if causal else cumulative[:, -1:].expand(-1, self.n_q)
+        self.empty = (counts == 0)[:, None, None, :, None]  # (B or 1, 1, 1, Nq, 1): no visible key
+
+    def blocks(self):
+        """(r0, r1, kend): query rows [r0, r1) and the keys [0, kend) any of them can see."""
+        for r0 in range(0, self.n_q, self.block_q):
+            r1 = min(r0 + self.block_q, self.n_q)
+            yield r0, r1, min(self.n_k, r1 + self.offset) if self.causal else self.n_k
+
+    def rows(self, x, r0, r1):
+        """(B, H, Nq, E) -> rows [r0, r1) of every head as (B, Hkv, G * n, E)."""
+        x = x.reshape(self.batch, self.kv_heads, self.group, self.n_q, x.shape[-1])[:, :, :, r0:r1]
+        return x.reshape(self.batch, self.kv_heads, self.group * (r1 - r0), x.shape[-1])
+
+    def logits(self, qhat_rows, k, r0, r1, kend):
+        """z (B, Hkv, G, n, kend) for rows [r0, r1); -inf on hidden keys, 0 on rows with no visible key."""
+        z = qhat_rows @ k[:, :, :kend].transpose(-1, -2)
+        z = z.view(self.batch, self.kv_heads, self.group, r1 - r0, kend)
+        pos = torch.arange(r0, r1, device=self.device) + self.offset
+        keys = torch.arange(kend, device=self.device)
+        if self.neg_slopes is not None:
+            z.addcmul_(self.neg_slopes, (pos[:, None] - keys[None, :]).abs().to(self.dtype))
+        if self.causal:
+            z.masked_fill_(keys[None, :] > pos[:, None], float("-inf"))
+        if self.padding is not None:
+            z.masked_fill_(self.padding[..., :kend], float("-inf"))
+        return z.masked_fill_(self.empty[:, :, :, r0:r1], 0.0)
+
+    def probs(self, z, r0, r1):
+        """Forward: p and tau (B, Hkv, G, n, 1) from logits z (overwritten)."""
+        empty = self.empty[:, :, :, r0:r1]
+        z_max = z.amax(-1, keepdim=True)
+        if self.alpha == 1.0:
+            p = z.sub_(z_max).exp_()
+            total = p.sum(-1, keepdim=True)
+            p.div_(total)
+            tau = z_max + total.log()
+        else:
+            p = entmax(z, alpha=self.alpha, dim=-1)
+            # p increases with z: at the largest logit p_max^(alpha-1) = (alpha-1) z_max - tau.
+            tau = (self.alpha - 1) * z_max - p.amax(-1, keepdim=True) ** (self.alpha - 1)
+        return p.masked_fill_(empty, 0.0), tau.masked_fill_(empty, float("inf"))
+
+    def probs_from_tau(self, z, tau):
+        """Backward: recompute p = [(alpha-1) z - tau]_+^(1/(alpha-1)) (exp(z - tau) for softmax) in place."""
+        if self.alpha == 1.0:
+            return z.sub_(tau).exp_()
+        return z.mul_(self.alpha - 1).sub_(tau).clamp_(min=0).pow_(1 / (self.alpha - 1))
+
+
+class _ChunkedEntmaxAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q):
+        prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
+        row_scale = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
+        qhat = q.to(prob.dtype) * row_scale  # (B, H, Nq, D)
+        kc, vc = k.to(prob.dtype), v.to(prob.dtype)
+        shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
+        out = torch.empty(*shape5, prob.dim, dtype=prob.dtype, device=q.device)
+        tau = torch.empty(*shape5, 1, dtype=prob.dtype, device=q.device)
+        support = torch.empty(*shape5, dtype=torch.int32, device=q.device)
+        for r0, r1, kend in prob.blocks():
+            z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
+            p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
+            support[:, :, :, r0:r1] = (p > 0).sum(-1)
+            n = r1 - r0
+            p_rows = p.view(prob.batch, prob.kv_heads, prob.group * n, kend)
+            out[:, :, :, r0:r1] = (p_rows @ vc[:, :, :kend]).view(*shape5[:3], n, prob.dim)
+        ctx.save_for_backward(q, k, v, q_scale, out, tau)
+        ctx.prob, ctx.scale = prob, scale
+        flat = (prob.batch, prob.heads, prob.n_q)
+        tau, support = tau.reshape(flat).float(), support.reshape(flat)
+        ctx.mark_non_differentiable(tau, support)
+        return out.reshape(*flat, prob.dim).to(q.dtype), tau, support
+
+    @staticmethod
+    def backward(ctx, d_out, _d_tau, _d_support):
+        q, k, v, q_scale, out, tau = ctx.saved_tensors
+        prob, alpha = ctx.prob, ctx.prob.alpha
+        row_scale = ctx.scale if q_scale is None else ctx.scale * q_scale.to(prob.dtype)[..., None]
+        qc = q.to(prob.dtype)
+        qhat = qc * row_scale
+        kc, vc = k.to(prob.dtype), v.to(prob.dtype)
+        d_out = d_out.to(prob.dtype)
+        delta = (d_out.reshape(out.shape) * out).sum(-1, keepdim=True)  # softmax: sum_j p dp = dO . O
+        d_qhat = torch.empty_like(out)  # (B, Hkv, G, Nq, D)
+        dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+        for r0, r1, kend in prob.blocks():
+            n = r1 - r0
+            rows = (prob.batch, prob.kv_heads, prob.group * n, kend)
+            qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)
+            p = prob.probs_from_tau(prob.logits(qhat_rows, kc, r0, r1, kend), tau[:, :, :, r0:r1])
+            dv[:, :, :kend] += p.view(rows).transpose(-1, -2) @ d_out_rows
+            dp = (d_out_rows @ vc[:, :, :kend].transpose(-1, -2)).view(p.shape)
+            if alpha == 1.0:
+                dz = dp.sub_(delta[:, :, :, r0:r1]).mul_(p)
+            else:
+                u = p.pow_(2 - alpha) if alpha < 2 else torch.where(p > 0, p.pow(2 - alpha), 0.0)
+                u_total = u.sum(-1, keepdim=True).clamp_(min=torch.finfo(prob.dtype).tiny)
+                dz = dp.mul_(u)
+                dz.sub_(u.mul_(dz.sum(-1, keepdim=True) / u_total))
+            dz_rows = dz.view(rows)
+            d_qhat[:, :, :, r0:r1] = (dz_rows @ kc[:, :, :kend]).view(*out.shape[:3], n, prob.dim)
+            dk[:, :, :kend] += dz_rows.transpose(-1, -2) @ qhat_rows
+        d_qhat = d_qhat.reshape(q.shape)
+        dq = (d_qhat * row_scale).to(q.dtype)
+        d_q_scale = None
+        if q_scale is not None and ctx.needs_input_grad[3]:
+            d_q_scale = (ctx.scale * (d_qhat * qc).sum(-1)).to(q_scale.dtype)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), d_q_scale, None, None, None, None, None, None
+
+
+def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
+                             return_aux, block_q=None):
+    """Arguments as `entmax_attention`, already validated, with `scale` a float. Differentiable.
+
+    block_q: query rows per block (default: `default_block_q`, a fixed logits budget per block).
+    """
+    batch, heads, n_q, _ = q.shape
+    if block_q is None:
+        block_q = default_block_q(batch, heads, n_q, k.shape[2])
+    out, tau, support = _ChunkedEntmaxAttention.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), q_scale, alibi_slopes, key_padding_mask,
+        alpha, causal, scale, block_q)
+    return (out, AttentionAux(tau, support)) if return_aux else out
