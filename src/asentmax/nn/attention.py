@@ -1,0 +1,179 @@
+"""Causal self-attention with one normaliser chosen by the config (PAPER.md section 2).
+
+Logits z_hij = theta_hi * scale * (q_hi . k_hj) + m_h (j - i), j <= i, over real keys only.
+  softmax, ssmax  -> torch scaled_dot_product_attention, theta * scale folded into q, ALiBi as an
+                     additive float mask (the fastest path a user of plain torch would get);
+  topk            -> dense logits, softmax over each query's k largest;
+  entmax, asentmax -> asentmax.ops.attention.entmax_attention(alpha, q_scale=theta, alibi_slopes, ...).
+Layout inside: (batch, heads, seq, head_dim). Slots: with a cache of S slots and T new tokens, new query r
+sits at slot S + r and sees slots j <= S + r whose key is real (AttentionContext holds that bookkeeping).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asentmax.nn.cache import KVCache
+from asentmax.nn.config import ModelConfig
+from asentmax.nn.positions import apply_rotary
+from asentmax.nn.stats import AttentionStats, attention_stats
+from asentmax.nn.temperature import make_temperature
+from asentmax.ops.attention import entmax_attention
+from asentmax.ops.entmax import entmax
+
+
+@dataclass
+class AttentionContext:
+    """What every layer of one forward call shares: positions, n_i, masks, RoPE angles, ALiBi slopes."""
+
+    positions: torch.Tensor  # (B, T) long: position of each new token counted over the row's real tokens
+    n_keys: torch.Tensor  # (B, T) long: keys visible to each query, n_i = position + 1
+    query_mask: torch.Tensor | None  # (B, T) bool: real queries (None = all real)
+    key_padding_mask: torch.Tensor | None  # (B, Nk) bool: real keys of cache + new tokens (None = all)
+    n_total: int  # Nk = cached slots + new tokens
+    slopes: torch.Tensor | None  # (H,) float64 ALiBi slope per head (0 = NoPE head), None = no bias
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (B, 1, T, D) when RoPE
+    _additive: dict = field(default_factory=dict)
+
+    @property
+    def n_new(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def offset(self) -> int:
+        """Slot of the first new query."""
+        return self.n_total - self.n_new
+
+    def visible(self, device) -> torch.Tensor:
+        """(B|1, 1, T, Nk) bool: causal and real key. A padding query also sees its own slot, so that no
+        row is empty (its output is never used, but must stay finite)."""
+        rows = torch.arange(self.n_new, device=device)[:, None] + self.offset
+        cols = torch.arange(self.n_total, device=device)[None, :]
+        causal = cols <= rows
+        if self.key_padding_mask is None:
+            return causal[None, None]
+        return ((causal & self.key_padding_mask[:, None, None, :]) | (cols == rows))
+
+    def additive(self, dtype: torch.dtype, device) -> torch.Tensor:
+        """(B|1, H|1, T, Nk) float: ALiBi bias m_h (j - i) on visible entries, -inf elsewhere."""
+        if dtype not in self._additive:
+            visible = self.visible(device)
+            if self.slopes is None:
+                bias = torch.zeros((), dtype=dtype, device=device)
+            else:
+                rows = torch.arange(self.n_new, device=device)[:, None] + self.offset
+                cols = torch.arange(self.n_total, device=device)[None, :]
+                distance = (cols - rows).to(torch.float64)  # j - i <= 0 on visible entries
+                bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, T, Nk)
+            self._additive[dtype] = torch.where(visible, bias, torch.tensor(float("-inf"), dtype=dtype,
+                                                                            device=device))
+        return self._additive[dtype]
+
+    def sdpa_mask(self, dtype: torch.dtype, device) -> tuple[torch.Tensor | None, bool]:
+        """(attn_mask, is_causal) for torch SDPA, using its fast causal path where nothing else is needed."""
+        if self.slopes is not None:
+            return self.additive(dtype, device), False
+        if self.key_padding_mask is None:
+            if self.offset == 0:
+                return None, True
+            if self.n_new == 1:
+                return None, False
+        return self.visible(device), False
+
+
+def dense_logits(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor | None, ctx: AttentionContext,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """z (B, H, T, Nk) in `dtype`: theta * scale * q.k + ALiBi, -inf where not visible (k: H or Hkv heads)."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1) if group > 1 else k
+    factor = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * factor
+    if theta is not None:
+        scores = scores * theta.to(dtype)[..., None]
+    return scores + ctx.additive(dtype, q.device)
+
+
+def topk_probabilities(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Softmax over each row's k largest logits (all of them when the row is shorter than k)."""
+    if k < z.shape[-1]:
+        keep = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, z.topk(k, dim=-1).indices, True)
+        z = z.masked_fill(~keep, float("-inf"))
+    return torch.softmax(z, dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.config = config
+        self.layer = layer
+        h, hkv, d = config.n_heads, config.kv_heads, config.head_dim
+        self.wq = nn.Linear(config.d_model, h * d, bias=False)
+        self.wk = nn.Linear(config.d_model, hkv * d, bias=False)
+        self.wv = nn.Linear(config.d_model, hkv * d, bias=False)
+        self.wo = nn.Linear(h * d, config.d_model, bias=False)
+        self.temperature = make_temperature(config)
+
+    def forward(self, x: torch.Tensor, ctx: AttentionContext, cache: KVCache | None = None,
+                want_stats: bool = False) -> tuple[torch.Tensor, AttentionStats | None]:
+        """x (B, T, d_model) normed input -> (B, T, d_model), and the layer's statistics if asked."""
+        cfg = self.config
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, cfg.n_heads, cfg.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.wv(x).view(b, t, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
+        if ctx.rotary is not None:
+            cos, sin = (t.to(q.dtype) for t in ctx.rotary)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # (B, Hkv, Nk, D)
+        theta = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
+
+        if cfg.attention in ("entmax", "asentmax"):
+            slopes = None if ctx.slopes is None else ctx.slopes.to(device=q.device, dtype=_math_dtype(q))
+            out = entmax_attention(q, k, v, alpha=cfg.alpha, causal=True, alibi_slopes=slopes, q_scale=theta,
+                                   key_padding_mask=ctx.key_padding_mask, backend=cfg.attention_backend)
+        elif cfg.attention == "topk":
+            p = topk_probabilities(dense_logits(q, k, theta, ctx, _math_dtype(q)), cfg.topk_k)
+            out = torch.matmul(p.to(v.dtype), _expand_kv(v, cfg.n_heads))
+        else:
+            out = self._sdpa(q, k, v, theta, ctx)
+
+        y = self.wo(out.transpose(1, 2).reshape(b, t, cfg.n_heads * cfg.head_dim))
+        stats = self._stats(q, k, theta, ctx) if want_stats else None
+        return y, stats
+
+    def _sdpa(self, q, k, v, theta, ctx: AttentionContext) -> torch.Tensor:
+        mask, is_causal = ctx.sdpa_mask(q.dtype, q.device)
+        scale = None
+        if theta is not None:  # fold theta * 1/sqrt(D) into q; SDPA then uses scale 1
+            q = q * (theta * (1.0 / math.sqrt(q.shape[-1]))).to(q.dtype)[..., None]
+            scale = 1.0
+        gqa = q.shape[1] != k.shape[1]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=gqa)
+
+    @torch.no_grad()
+    def _stats(self, q, k, theta, ctx: AttentionContext) -> AttentionStats:
+        cfg = self.config
+        z = dense_logits(q, k, theta, ctx, _math_dtype(q))
+        if cfg.attention == "topk":
+            p = topk_probabilities(z, cfg.topk_k)
+        elif cfg.attention in ("entmax", "asentmax"):
+            p = entmax(z, alpha=cfg.alpha, dim=-1)
+        else:
+            p = torch.softmax(z, dim=-1)
+        return attention_stats(p, theta, ctx.n_keys, ctx.query_mask)
+
+
+def _math_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    group = n_heads // x.shape[1]
+    return x.repeat_interleave(group, dim=1) if group > 1 else x

@@ -1,0 +1,39 @@
+"""KV cache for incremental decoding: per-layer keys/values plus the bookkeeping that keeps n_i right.
+
+Slots are appended in order. `key_mask` (B, S) marks real tokens (None while every slot is real) and
+`n_real` (B,) counts the real tokens of each row, so a new token sits at position n_real and sees
+n_i = n_real + 1 keys (PAPER.md section 2: cache length + 1 when nothing is padded).
+Keys are stored after RoPE, so cached keys never need re-rotation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []  # per layer, (B, Hkv, S, D)
+        self.values: list[torch.Tensor] = []
+        self.key_mask: torch.Tensor | None = None  # (B, S) bool, None = all real
+        self.n_real: torch.Tensor | None = None  # (B,) long, None while empty
+
+    @property
+    def length(self) -> int:
+        """Number of cached slots S (real and padding)."""
+        return 0 if not self.keys else self.keys[0].shape[2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the new keys/values (B, Hkv, T, D) of `layer`; return all of that layer's keys/values."""
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        return self.keys[layer], self.values[layer]
+
+    def commit(self, key_mask: torch.Tensor | None, n_real: torch.Tensor):
+        """Record the mask of all slots (after this step's tokens) and the real-token counts."""
+        self.key_mask = key_mask
+        self.n_real = n_real

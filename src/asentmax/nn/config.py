@@ -1,0 +1,131 @@
+"""ModelConfig: every architectural choice of the decoder-only Transformer, validated on construction.
+
+The attention normalisers and position schemes are those of PAPER.md section 2:
+  attention: softmax | ssmax (Nakanishi's scalable softmax) | topk | entmax (alpha) | asentmax (alpha,
+             theta = delta + beta * log(n+1)^gamma)
+  position:  nope | alibi | rope | nape (first H/2 heads ALiBi, the rest NoPE; scaling on NoPE heads only)
+Every default lives here, once. Presets (presets.py) are plain functions that override fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+ATTENTIONS = ("softmax", "ssmax", "topk", "entmax", "asentmax")
+POSITIONS = ("nope", "alibi", "rope", "nape")
+MLPS = ("swiglu", "gelu")
+ALIBI_SLOPES = ("harmonic", "geometric")
+ASENTMAX_INITS = ("zero", "reference")
+SSMAX_FORMS = ("delta", "plain")
+BACKENDS = ("auto", "reference", "chunked", "triton")
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 2
+    n_heads: int = 8
+    # None = n_heads (plain multi-head attention); fewer = grouped-query attention.
+    n_kv_heads: int | None = None
+    d_ff: int = 1024
+    mlp: str = "swiglu"
+    attention: str = "asentmax"
+    # alpha of alpha-entmax (entmax, asentmax); must be > 1. Ignored by softmax/ssmax/topk.
+    alpha: float = 1.5
+    # topk: softmax over each query's k largest logits (k = 32 in the paper's Sort runs).
+    topk_k: int = 32
+    position: str = "nape"
+    # ALiBi slopes over the m ALiBi heads (all heads for alibi, the first H/2 for nape):
+    # "harmonic" = 1, 1/2, ..., 1/m (the paper's reference code); "geometric" = 2^(-8 i / m) (Press et al.).
+    alibi_slopes: str = "harmonic"
+    rope_base: float = 10000.0
+    # delta of theta = delta + ... (ASEntmax, and SSMax in its "delta" form). PAPER.md: delta = 1.
+    theta_delta: float = 1.0
+    # s of gamma = s * tanh(w_gamma . x + b) (ASEntmax). PAPER.md: s = 2.
+    gamma_range: float = 2.0
+    # Initialisation of the ASEntmax beta/gamma projections: "zero" (weights and biases 0, so at the start
+    # beta = softplus(0) = log 2 and gamma = 0 for every token) or "reference" (nn.Linear's default random
+    # weights, zero biases, as in the paper's code). PAPER.md: an independent reproduction escaped the
+    # MQMTAR plateau only with zero init. Default "zero" is provisional: to be confirmed by measurement.
+    asentmax_init: str = "zero"
+    # SSMax: "delta" theta = delta + s_h log(n+1) (the paper's runs) or "plain" theta = s_h log(n+1).
+    ssmax_form: str = "delta"
+    # Initial s_h. None = 0.0 for the delta form (starts as softmax) and 1/log(65) for the plain form
+    # (theta = 1 at the in-distribution length 64).
+    ssmax_s_init: float | None = None
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    # entmax_attention's backend for entmax/asentmax: auto | reference | chunked | triton.
+    attention_backend: str = "auto"
+
+    def __post_init__(self):
+        def need(cond: bool, message: str):
+            if not cond:
+                raise ValueError(f"ModelConfig: {message}")
+
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "topk_k"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                 f"{name} must be a positive int, got {value!r}")
+        for name, allowed in (("attention", ATTENTIONS), ("position", POSITIONS), ("mlp", MLPS),
+                              ("alibi_slopes", ALIBI_SLOPES), ("asentmax_init", ASENTMAX_INITS),
+                              ("ssmax_form", SSMAX_FORMS), ("attention_backend", BACKENDS)):
+            value = getattr(self, name)
+            need(value in allowed, f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
+        need(self.d_model % self.n_heads == 0,
+             f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads is not None:
+            need(isinstance(self.n_kv_heads, int) and self.n_kv_heads >= 1,
+                 f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}")
+            need(self.n_heads % self.n_kv_heads == 0,
+                 f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} "
+                 "(grouped-query attention)")
+        if self.attention in ("entmax", "asentmax"):
+            need(math.isfinite(self.alpha) and self.alpha > 1,
+                 f"alpha must be > 1 for attention={self.attention!r}, got {self.alpha!r} "
+                 "(alpha = 1 is softmax: use attention='softmax')")
+        if self.position == "nape":
+            need(self.n_heads >= 2 and self.n_heads % 2 == 0,
+                 f"position='nape' splits heads in two halves (ALiBi / NoPE): n_heads must be even, "
+                 f"got {self.n_heads}")
+        if self.position == "rope":
+            need(self.head_dim % 2 == 0, f"position='rope' needs an even head_dim, got {self.head_dim}")
+            need(self.rope_base > 1, f"rope_base must be > 1, got {self.rope_base!r}")
+        need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout!r}")
+        need(self.gamma_range > 0, f"gamma_range must be > 0, got {self.gamma_range!r}")
+        need(math.isfinite(self.theta_delta) and self.theta_delta >= 0,
+             f"theta_delta must be finite and >= 0, got {self.theta_delta!r}")
+        if self.attention == "ssmax" and self.ssmax_form == "plain":
+            need(self.ssmax_s_init is None or self.ssmax_s_init > 0,
+                 f"plain-form SSMax needs ssmax_s_init > 0 (theta = s log(n+1)), got {self.ssmax_s_init!r}")
+        need(self.norm_eps > 0, f"norm_eps must be > 0, got {self.norm_eps!r}")
+        need(self.init_std > 0, f"init_std must be > 0, got {self.init_std!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def ssmax_initial_s(self) -> float:
+        if self.ssmax_s_init is not None:
+            return float(self.ssmax_s_init)
+        return 0.0 if self.ssmax_form == "delta" else 1.0 / math.log(65.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"ModelConfig.from_dict: unknown fields {unknown}")
+        return cls(**values)

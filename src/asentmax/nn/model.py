@@ -1,0 +1,188 @@
+"""Decoder-only Transformer (Llama-style: pre-norm RMSNorm blocks, SwiGLU or GeLU MLP, optional GQA)
+whose attention normaliser and position scheme come from ModelConfig (PAPER.md section 2).
+
+forward(input_ids (B, T), attention_mask=None (B, T) bool True = real token, cache=None) -> logits (B, T, V).
+Positions and n_i count the real tokens of each row only, so left padding changes nothing for the real
+tokens; right padding is fine without a cache. With ALiBi/NAPE the real tokens of a row must be
+contiguous in the (cache + new) slots, which generate() guarantees by moving padding to the left.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asentmax.nn.attention import Attention, AttentionContext
+from asentmax.nn.cache import KVCache
+from asentmax.nn.config import ModelConfig
+from asentmax.nn.positions import Rotary, head_slopes
+from asentmax.nn.stats import AttentionStats
+from asentmax.nn.temperature import ASEntmaxTemperature, SSMaxTemperature
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.to(x.dtype) * self.weight
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.kind = config.mlp
+        self.w_up = nn.Linear(config.d_model, config.d_ff, bias=False)
+        self.w_gate = nn.Linear(config.d_model, config.d_ff, bias=False) if self.kind == "swiglu" else None
+        self.w_down = nn.Linear(config.d_ff, config.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w_gate is not None:
+            return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        return self.w_down(F.gelu(self.w_up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = MLP(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, ctx, cache, want_stats):
+        attended, stats = self.attn(self.attn_norm(x), ctx, cache, want_stats)
+        x = x + self.dropout(attended)
+        x = x + self.dropout(self.mlp(self.mlp_norm(x)))
+        return x, stats
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise TypeError(f"Transformer expects a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
+        self.norm = RMSNorm(config.d_model, config.norm_eps)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self.rotary = Rotary(config.head_dim, config.rope_base) if config.position == "rope" else None
+        # (H,) float64 or None; a plain attribute, not a buffer, so that model.to(dtype) never rounds it
+        self.alibi_slopes = head_slopes(config)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        std = self.config.init_std
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+        for block in self.blocks:  # residual-branch outputs scaled as in GPT-2
+            nn.init.normal_(block.attn.wo.weight, std=std / math.sqrt(2 * self.config.n_layers))
+            nn.init.normal_(block.mlp.w_down.weight, std=std / math.sqrt(2 * self.config.n_layers))
+        for module in self.modules():
+            if isinstance(module, (ASEntmaxTemperature, SSMaxTemperature)):
+                module.reset_parameters()
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None, return_stats: bool = False):
+        """Logits (B, T, V); with return_stats=True, (logits, [AttentionStats per layer]).
+        With a cache, input_ids are the new tokens: their keys/values are appended to it."""
+        ctx = self._context(input_ids, attention_mask, cache)
+        x = self.dropout(self.embed(input_ids))
+        stats: list[AttentionStats] = []
+        for block in self.blocks:
+            x, layer_stats = block(x, ctx, cache, return_stats)
+            stats.append(layer_stats)
+        logits = self.head(self.norm(x))
+        return (logits, stats) if return_stats else logits
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 attention_mask: torch.Tensor | None = None, temperature: float = 0.0,
+                 top_k: int | None = None, eos_token_id: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, T + max_new_tokens): input_ids followed by the new tokens (see asentmax.nn.generation)."""
+        from asentmax.nn.generation import generate
+
+        return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask,
+                        temperature=temperature, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+
+    def _context(self, input_ids, attention_mask, cache: KVCache | None) -> AttentionContext:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
+            got = f"{getattr(input_ids, 'shape', None)} {getattr(input_ids, 'dtype', type(input_ids))}"
+            raise ValueError(f"input_ids must be a (batch, seq) torch.long tensor, got {got}")
+        b, t = input_ids.shape
+        if t == 0:
+            raise ValueError("input_ids has no tokens (seq length 0)")
+        device = input_ids.device
+        if attention_mask is not None:
+            if attention_mask.shape != (b, t) or attention_mask.dtype != torch.bool:
+                got = f"{tuple(attention_mask.shape)} {attention_mask.dtype}"
+                raise ValueError(f"attention_mask must be a bool tensor of shape {(b, t)} "
+                                 f"(True = real token), got {got}")
+            counts = attention_mask.long().cumsum(1)
+        else:
+            counts = torch.arange(1, t + 1, device=device).expand(b, t)
+        past_slots = 0 if cache is None else cache.length
+        if cache is not None and cache.n_real is not None:
+            if cache.n_real.shape[0] != b:
+                raise ValueError(f"cache holds {cache.n_real.shape[0]} rows, input_ids has {b}")
+            previous = cache.n_real
+        else:
+            previous = torch.zeros(b, dtype=torch.long, device=device)
+        positions = (previous[:, None] + counts - 1).clamp_min(0)  # (B, T)
+
+        past_mask = None if cache is None else cache.key_mask
+        if attention_mask is None and past_mask is None:
+            key_mask = None
+        else:
+            past = past_mask if past_mask is not None else torch.ones(b, past_slots, dtype=torch.bool,
+                                                                      device=device)
+            new = attention_mask if attention_mask is not None else torch.ones(b, t, dtype=torch.bool,
+                                                                               device=device)
+            key_mask = torch.cat([past, new], dim=1)
+        slopes = None if self.alibi_slopes is None else self.alibi_slopes.to(device)
+        if slopes is not None and key_mask is not None:
+            _check_contiguous(key_mask)
+        if cache is not None:
+            cache.commit(key_mask, previous + counts[:, -1])
+        rotary = None
+        if self.rotary is not None:
+            rotary = self.rotary.cos_sin(positions, _math_dtype(self.embed.weight.dtype))
+        return AttentionContext(positions=positions, n_keys=positions + 1, query_mask=attention_mask,
+                                key_padding_mask=key_mask, n_total=past_slots + t, slopes=slopes,
+                                rotary=rotary)
+
+
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_contiguous(key_mask: torch.Tensor):
+    """ALiBi uses slot distances: they equal token distances only if each row's real tokens are contiguous."""
+    n = key_mask.shape[1]
+    slots = torch.arange(n, device=key_mask.device)
+    first = torch.where(key_mask, slots, n).amin(1)
+    last = torch.where(key_mask, slots, -1).amax(1)
+    count = key_mask.sum(1)
+    if bool(((last - first + 1 != count) & (count > 0)).any()):
+        raise ValueError("with ALiBi/NAPE positions the real tokens of each row must be contiguous across "
+                         "the cache and the new tokens (pad on the left before decoding, as generate() does)")

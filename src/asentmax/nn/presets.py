@@ -1,0 +1,53 @@
+"""Model presets as plain functions returning ModelConfig (each takes vocab_size and field overrides).
+
+Synthetic-task models are the paper's (PAPER.md section 3); LM sizes are Llama-3-style (SwiGLU, RMSNorm,
+grouped-query attention, untied head) scaled to a single GPU. Attention and position default to
+ModelConfig's (asentmax, nape); pass e.g. attention="softmax", position="rope" to override.
+"""
+
+from __future__ import annotations
+
+from asentmax.nn.config import ModelConfig
+
+
+def _preset(defaults: dict, vocab_size: int, overrides: dict) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, **{**defaults, **overrides})
+
+
+def mqmtar_model(vocab_size: int, **overrides) -> ModelConfig:
+    """MQMTAR: 4 layers, d_model 512, 16 heads of dim 32, FFN 1024."""
+    return _preset(dict(d_model=512, n_layers=4, n_heads=16, d_ff=1024), vocab_size, overrides)
+
+
+def copy_model(vocab_size: int, **overrides) -> ModelConfig:
+    """Copy: 2 layers, d_model 256, 16 heads."""
+    return _preset(dict(d_model=256, n_layers=2, n_heads=16, d_ff=1024), vocab_size, overrides)
+
+
+def reverse_model(vocab_size: int, **overrides) -> ModelConfig:
+    """Reverse: 6 layers, d_model 256, 8 heads."""
+    return _preset(dict(d_model=256, n_layers=6, n_heads=8, d_ff=1024), vocab_size, overrides)
+
+
+def sort_model(vocab_size: int, **overrides) -> ModelConfig:
+    """Sort: 2 layers, d_model 256, 8 heads."""
+    return _preset(dict(d_model=256, n_layers=2, n_heads=8, d_ff=1024), vocab_size, overrides)
+
+
+def lm_tiny(vocab_size: int, **overrides) -> ModelConfig:
+    """A few-thousand-parameter LM for tests: 2 layers, d_model 32, 4 heads (2 KV heads)."""
+    return _preset(dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, tie_embeddings=False),
+                   vocab_size, overrides)
+
+
+def lm_25m(vocab_size: int = 32000, **overrides) -> ModelConfig:
+    """~25M parameters at vocab 32000: 8 layers, d_model 384, 6 heads of dim 64 (2 KV heads), FFN 1024."""
+    return _preset(dict(d_model=384, n_layers=8, n_heads=6, n_kv_heads=2, d_ff=1024, tie_embeddings=True),
+                   vocab_size, overrides)
+
+
+def lm_120m(vocab_size: int = 32000, **overrides) -> ModelConfig:
+    """~120M parameters at vocab 32000: 12 layers, d_model 768, 12 heads of dim 64 (4 KV heads), FFN 2048,
+    untied head."""
+    return _preset(dict(d_model=768, n_layers=12, n_heads=12, n_kv_heads=4, d_ff=2048, tie_embeddings=False),
+                   vocab_size, overrides)

@@ -1,0 +1,92 @@
+"""Per-query inverse temperatures theta_hi of ASEntmax and SSMax (PAPER.md section 2).
+
+ASEntmax: theta_hi = delta + beta_hi * log(n_i + 1) ^ gamma_hi,
+          beta_hi = softplus(w_beta_h . x_i + b_beta_h),  gamma_hi = s * tanh(w_gamma_h . x_i + b_gamma_h),
+          x_i the block's normed input, n_i the number of keys query i sees, s the gamma range.
+SSMax:    theta_hi = s_h * log(n_i + 1)  ("plain") or delta + s_h * log(n_i + 1)  ("delta"), s_h learned.
+Only the scaled heads get a temperature (the last H/2 under NAPE); the other heads get theta = 1.
+Theta is computed in fp32 (fp64 when the input is fp64) and returned as (B, H, T).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from asentmax.nn.config import ModelConfig
+from asentmax.nn.positions import scaled_head_count
+
+
+def _with_unscaled_heads(theta_scaled: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, m, T) temperatures of the last m heads -> (B, H, T) with theta = 1 on the first H - m heads."""
+    b, m, t = theta_scaled.shape
+    if m == n_heads:
+        return theta_scaled
+    ones = theta_scaled.new_ones(b, n_heads - m, t)
+    return torch.cat([ones, theta_scaled], dim=1)
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class ASEntmaxTemperature(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.delta = config.theta_delta
+        self.gamma_range = config.gamma_range
+        m = scaled_head_count(config)
+        self.beta_proj = nn.Linear(config.d_model, m, bias=True)
+        self.gamma_proj = nn.Linear(config.d_model, m, bias=True)
+        self.init = config.asentmax_init
+
+    def reset_parameters(self):
+        for proj in (self.beta_proj, self.gamma_proj):
+            if self.init == "zero":
+                nn.init.zeros_(proj.weight)
+            else:
+                proj.reset_parameters()
+            nn.init.zeros_(proj.bias)
+
+    def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
+        dtype = _compute_dtype(x)
+        beta = F.softplus(self.beta_proj(x).to(dtype))
+        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype))
+        return beta.transpose(1, 2), gamma.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T)."""
+        beta, gamma = self.beta_gamma(x)
+        log_n = torch.log(n_keys.to(beta.dtype) + 1.0)[:, None, :]  # (B, 1, T), >= log 2 > 0
+        theta = self.delta + beta * log_n.pow(gamma)
+        return _with_unscaled_heads(theta, self.n_heads)
+
+
+class SSMaxTemperature(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads = config.n_heads
+        self.delta = config.theta_delta if config.ssmax_form == "delta" else 0.0
+        self.initial_s = config.ssmax_initial_s
+        self.s = nn.Parameter(torch.empty(scaled_head_count(config)))
+
+    def reset_parameters(self):
+        nn.init.constant_(self.s, self.initial_s)
+
+    def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d_model) (only its dtype is used), n_keys (B, T) -> theta (B, H, T)."""
+        dtype = _compute_dtype(x)
+        log_n = torch.log(n_keys.to(dtype) + 1.0)[:, None, :]  # (B, 1, T)
+        theta = self.delta + self.s.to(dtype)[None, :, None] * log_n
+        return _with_unscaled_heads(theta, self.n_heads)
+
+
+def make_temperature(config: ModelConfig) -> nn.Module | None:
+    if config.attention == "asentmax":
+        return ASEntmaxTemperature(config)
+    if config.attention == "ssmax":
+        return SSMaxTemperature(config)
+    return None
