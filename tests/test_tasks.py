@@ -138,3 +138,19 @@ def test_decode_rejects_out_of_range(name):
     task = get_task(name)
     with pytest.raises(ValueError, match="outside"):
         task.decode_tokens([task.vocab_size])
+
+
+def test_package_docstring_table_is_true():
+    """The vocab / source-length table in asentmax.tasks' docstring matches the tasks."""
+    import asentmax.tasks
+
+    rows = [line.split("|")[1:-1] for line in asentmax.tasks.__doc__.splitlines() if line.startswith("| ")]
+    rows = {cells[0].strip(): cells for cells in rows[1:]}
+    assert set(rows) == set(TASK_NAMES)
+    for name, (_, vocab, source_length, *_) in rows.items():
+        task = get_task(name)
+        assert int(vocab) == task.vocab_size
+        for length in (64, 1000):
+            expected = eval(source_length.strip(), {"length": length})  # e.g. "length + 12"
+            drawn = task.sample(length, np.random.default_rng(0))
+            assert task.source_length(length) == expected == len(drawn.source)
