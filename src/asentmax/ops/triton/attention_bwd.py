@@ -1,0 +1,209 @@
+"""Fused entmax attention backward kernels (PAPER.md section 2) and their launcher.
+
+Layout (batch, heads, seq, head_dim). The forward saved per row tau (s units), 1/Z and delta's ingredient
+o2, so p is recomputed tile by tile as p = [s - tau]_+^(1/(alpha-1)) / Z (softmax: exp2(s - tau)).
+The alpha-entmax Jacobian is diag(g) - g g^T / sum g with g = p^(2-alpha) on the support, hence
+
+    dz_ij = g_ij (dO_i . v_j - delta_i),   delta_i = sum_j g_ij dO_i . v_j / sum_j g_ij = dO_i . o2_i,
+
+and z = q_scale * scale * q.k + bias gives dq_i = q_scale_i scale sum_j dz_ij k_j,
+dk_j = scale sum_i q_scale_i dz_ij q_i, dv_j = sum_i p_ij dO_i, dq_scale_i = scale q_i . sum_j dz_ij k_j.
+Two kernels (as FlashAttention-2): one per key block for dk, dv (looping over the query heads of its
+GQA group), one per query block for dq and dq_scale. A tile whose forward max is <= tau on every row
+of the query block is all zeros and is skipped without any matmul.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, tile_logits
+
+
+@triton.jit
+def _probs(s, tau, inv_z, g_scale, inv_am1, MODE: tl.constexpr):
+    """(p, g): the attention weights and their Jacobian weights p^(2-alpha) for one tile."""
+    if MODE == 0:
+        p = tl.exp2(s - tau[:, None])
+        g = p
+    else:
+        u = tl.maximum(s - tau[:, None], 0.0)
+        p = entmax_power(u, inv_am1, MODE) * inv_z[:, None]
+        g = entmax_slope(u, inv_am1, MODE) * g_scale[:, None]
+    return p, g
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "n_qb", "n_kb"])
+def _entmax_attention_bwd_dkdv(
+    Q, K, V, DO, DK, DV, Tau, InvZ, GScale, Delta, TileMax, QScale, Slopes, KPM,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
+    n_heads, group, n_q, n_k, n_qb, n_kb, head_dim, scale, bias_mult, inv_am1,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    n_kv_heads = n_heads // group
+    b = pid_bk // n_kv_heads
+    hk = pid_bk % n_kv_heads
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_in = offs_d < head_dim
+    kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
+    k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+    kt = tl.trans(k)
+    kpm_ptr = KPM + b * n_k
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo = 0  # first query block that may see this key block
+    if CAUSAL:
+        first_row = start_n - (n_k - n_q)
+        if first_row > 0:
+            lo = (first_row // BLOCK_M) * BLOCK_M
+    for j in range(0, group):
+        h = hk * group + j
+        bh = b * n_heads + h
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(Slopes + bh) * bias_mult
+        for start_m in range(lo, n_q, BLOCK_M):
+            offs_m = start_m + offs_m0
+            row_in = offs_m < n_q
+            row_ptr = bh * n_q + offs_m
+            tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
+            tile_max = tl.load(TileMax + (bh * n_qb + start_m // BLOCK_M) * n_kb + pid_n)
+            if (MODE == 0) or (tile_max > tl.min(tau, 0)):
+                pos_m = offs_m + (n_k - n_q)
+                q_mask = row_in[:, None] & d_in[None, :]
+                q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask,
+                            other=0.0)
+                do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
+                             other=0.0)
+                zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+                if HAS_QSCALE:
+                    zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+                s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL,
+                                HAS_ALIBI, HAS_KPM, DOT_PRECISION)
+                inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
+                g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
+                delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
+                p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+                dz = g * (dp - delta[:, None]) * zmult[:, None]
+                dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
+    out_mask = (offs_n[:, None] < n_k) & d_in[None, :]
+    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
+             dk.to(DK.dtype.element_ty), mask=out_mask)
+    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvn + offs_d[None, :],
+             dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "n_kb"])
+def _entmax_attention_bwd_dq(
+    Q, K, V, DO, DQ, DQScale, Tau, InvZ, GScale, Delta, TileMax, QScale, Slopes, KPM,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdqb, sdqh, sdqm,
+    n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    hk = h // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_in = offs_d < head_dim
+    row_in = offs_m < n_q
+    pos_m = offs_m + (n_k - n_q)
+    row_ptr = pid_bh * n_q + offs_m
+    q_mask = row_in[:, None] & d_in[None, :]
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask, other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask, other=0.0)
+    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+    if HAS_QSCALE:
+        zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+    rowmult = zmult * bias_mult
+    tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
+    inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
+    g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
+    delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
+    tau_min = tl.min(tau, 0)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + pid_bh) * bias_mult
+    kpm_ptr = KPM + b * n_k
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    tiles = TileMax + (pid_bh * tl.num_programs(0) + pid_m) * n_kb
+    hi = n_k  # keys [0, hi) may be visible to this block
+    if CAUSAL:
+        rows_after = n_q - (pid_m + 1) * BLOCK_M
+        if rows_after > 0:
+            hi = n_k - rows_after
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, hi, BLOCK_N):
+        if (MODE == 0) or (tl.load(tiles + start_n // BLOCK_N) > tau_min):
+            offs_n = start_n + offs_n0
+            kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
+            k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+            s = tile_logits(q, tl.trans(k), rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+                            HAS_KPM, DOT_PRECISION)
+            p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            dz = g * (dp - delta[:, None])
+            acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
+             (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=q_mask)
+    if HAS_QSCALE:
+        tl.store(DQScale + row_ptr, scale * tl.sum(q.to(tl.float32) * acc, 1), mask=row_in)
+
+
+def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,
+                         q_scale, kpm, blocks):
+    """Gradients (dq, dk, dv, dq_scale or None) of the fused forward; arguments as its launcher returned."""
+    batch, heads, n_q, dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    block_m, block_n, num_warps, num_stages = blocks
+    n_qb, n_kb = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
+    c = 1.4426950408889634 if mode == 0 else alpha - 1.0
+    inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    do = do.contiguous()
+    if mode == 0:
+        delta = (do.float() * out.float()).sum(-1)
+        g_scale = inv_z
+    else:
+        delta = (do.float() * o2).sum(-1)
+        g_scale = inv_z ** (2.0 - alpha)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dq_scale = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32) if q_scale is not None \
+        else None
+    dummy = tau
+    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
+                  CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
+                  HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                  num_warps=num_warps, num_stages=num_stages)
+    extras = (tile_max, q_scale if q_scale is not None else dummy, slopes if slopes is not None else dummy,
+              kpm if kpm is not None else tile_max)
+    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _entmax_attention_bwd_dkdv[(n_kb, batch * kv_heads)](
+        q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras, *strides,
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+        heads, group, n_q, n_k, n_qb, n_kb, dim, scale, c, inv_am1, **common)
+    _entmax_attention_bwd_dq[(n_qb, batch * heads)](
+        q, k, v, do, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta, *extras,
+        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **common)
+    return dq, dk, dv, dq_scale

@@ -1,0 +1,77 @@
+"""Shared Triton helpers of the fused entmax attention kernels (forward and backward).
+
+Layout (batch, heads, seq, head_dim). The kernels work in "s units": s = c * z with z the attention logit of
+PAPER.md section 2 (z = q_scale * scale * q.k - slope * |pos(r) - j|) and c = alpha - 1 for entmax
+(p = [s - tau]_+^(1/(alpha-1))) or c = log2(e) for softmax (p = exp2(s - tau)). `MODE` picks the
+normaliser at compile time: 0 softmax, 1 entmax-1.5 (p = u^2), 2 sparsemax (p = u), 3 any other alpha.
+"""
+
+import triton
+import triton.language as tl
+
+MODE_SOFTMAX, MODE_ENTMAX15, MODE_SPARSEMAX, MODE_GENERAL = 0, 1, 2, 3
+
+
+def mode_of(alpha):
+    """Compile-time normaliser id for `alpha` (>= 1)."""
+    if alpha == 1.0:
+        return MODE_SOFTMAX
+    if alpha == 1.5:
+        return MODE_ENTMAX15
+    if alpha == 2.0:
+        return MODE_SPARSEMAX
+    return MODE_GENERAL
+
+
+def block_config(head_dim, n_q):
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) shared by forward and backward (the tile mask written
+    by the forward has this granularity). Keyed on head_dim only (and decoding), never on the length."""
+    if n_q <= 16:
+        return 16, 64, 4, 2
+    if head_dim <= 64:
+        return 64, 64, 4, 2
+    if head_dim <= 128:
+        return 64, 64, 8, 2
+    return 32, 32, 8, 1
+
+
+@triton.jit
+def tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
+                CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """s = rowmult * (q @ kt) - slope * |pos - j| on visible keys, -inf elsewhere. (BLOCK_M, BLOCK_N) fp32.
+
+    q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); rowmult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
+    """
+    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * rowmult[:, None]
+    if HAS_ALIBI:
+        s = s - slope * tl.abs(pos_m[:, None] - offs_n[None, :]).to(tl.float32)
+    visible = (offs_n < n_k)[None, :]
+    if CAUSAL:
+        visible = visible & (offs_n[None, :] <= pos_m[:, None])
+    if HAS_KPM:
+        real = tl.load(kpm_ptr + offs_n, mask=offs_n < n_k, other=0) != 0
+        visible = visible & real[None, :]
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def entmax_power(u, inv_am1, MODE: tl.constexpr):
+    """u^(1/(alpha-1)) for u >= 0 (the unnormalised entmax weight)."""
+    if MODE == 1:
+        return u * u
+    elif MODE == 2:
+        return u
+    else:
+        return tl.where(u > 0, tl.exp2(tl.log2(u) * inv_am1), 0.0)
+
+
+@triton.jit
+def entmax_slope(u, inv_am1, MODE: tl.constexpr):
+    """u^((2-alpha)/(alpha-1)) on u > 0, else 0: proportional to p^(2-alpha), the entmax Jacobian weight."""
+    if MODE == 1:
+        return u
+    elif MODE == 2:
+        return tl.where(u > 0, 1.0, 0.0)
+    else:
+        return tl.where(u > 0, tl.exp2(tl.log2(u) * (inv_am1 - 1.0)), 0.0)

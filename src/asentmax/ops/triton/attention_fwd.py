@@ -1,0 +1,199 @@
+"""Fused entmax attention forward kernel (PAPER.md section 2) and its launcher.
+
+Layout (batch, heads, seq, head_dim). One program owns BLOCK_M query rows of one head and makes several
+passes over that head's keys, never materialising the (Nq, Nk) logits:
+
+1. max pass: m = max_j s_j per row (s = (alpha-1) z), and the max of every (BLOCK_M, BLOCK_N) tile, kept
+   in a small tile table (B, H, Nq/BLOCK_M, Nk/BLOCK_N) that later passes and the backward read.
+2. threshold passes (alpha > 1): Newton's method on h(t) = ||[s - t]_+||_p, p = 1/(alpha-1), from
+   t0 = m - 1 <= tau. h is convex and decreasing, so every iterate stays a lower bound of tau, and it is
+   exact in one step when the top scores are equal. One pass gathers f = sum u^p and G = sum u^(p-1)
+   (u = [s - t]_+); the step is t += (f - f^(2-alpha)) / G. Passes stop once f(t) - 1 <= tol.
+   A tile whose max is <= t for every row of the block holds only zeros: it costs no matmul.
+3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
+   will follow, also the Jacobian accumulator o2 = (g @ v) / sum g with g = p^(2-alpha), so that the
+   backward's delta = dO . o2 needs no extra pass.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, tile_logits
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "n_kb", "max_iter"])
+def _entmax_attention_fwd(
+    Q, K, V, Out, O2, Tau, InvZ, Support, TileMax, QScale, Slopes, KPM,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
+    n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1, two_minus_alpha, tol, max_iter,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
+    WRITE_O2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_heads
+    h = pid_bh % n_heads
+    hk = h // group
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_in = offs_m < n_q
+    pos_m = offs_m + (n_k - n_q)
+
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
+                mask=row_in[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+    if HAS_QSCALE:
+        zmult = zmult * tl.load(QScale + pid_bh * n_q + offs_m, mask=row_in, other=1.0).to(tl.float32)
+    rowmult = zmult * bias_mult  # same rounding as the backward's
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + pid_bh) * bias_mult
+    kpm_ptr = KPM + b * n_k
+    k_base = K + b * skb + hk * skh
+    v_base = V + b * svb + hk * svh
+    d_in = offs_d < head_dim
+    tiles = TileMax + (pid_bh * tl.num_programs(0) + pid_m) * n_kb
+
+    hi = n_k  # keys [0, hi) may be visible to this block
+    if CAUSAL:
+        rows_after = n_q - (pid_m + 1) * BLOCK_M
+        if rows_after > 0:
+            hi = n_k - rows_after
+
+    # 1. max pass (+ the tile table)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION)
+        s = tl.where(row_in[:, None], s, float("-inf"))
+        tile_max = tl.max(s, 1)
+        tl.store(tiles + start_n // BLOCK_N, tl.max(tile_max, 0))
+        m = tl.maximum(m, tile_max)
+    row_ok = m > float("-inf")  # rows outside the sequence or with no visible key are not ok
+    m = tl.where(row_ok, m, 0.0)
+
+    # 2. threshold passes
+    if MODE == 0:
+        t = m
+    else:
+        t = m - 1.0
+        it = 0
+        err = tol + 1.0
+        while (it < max_iter) & (err > tol):
+            t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
+            f = tl.zeros([BLOCK_M], tl.float32)
+            g_sum = tl.zeros([BLOCK_M], tl.float32)
+            for start_n in range(0, hi, BLOCK_N):
+                if tl.load(tiles + start_n // BLOCK_N) > t_min:
+                    offs_n = start_n + offs_n0
+                    kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                                 mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+                    s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+                                    HAS_KPM, DOT_PRECISION)
+                    u = tl.maximum(s - t[:, None], 0.0)
+                    f += tl.sum(entmax_power(u, inv_am1, MODE), 1)
+                    g_sum += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
+            if MODE == 1:
+                f_pow = tl.sqrt(f)
+            elif MODE == 2:
+                f_pow = tl.full([BLOCK_M], 1.0, tl.float32)
+            else:
+                f_pow = tl.exp2(tl.log2(f) * two_minus_alpha)
+            step = tl.where(row_ok & (g_sum > 0), (f - f_pow) / g_sum, 0.0)
+            err = tl.max(tl.where(row_ok, f - 1.0, 0.0), 0)
+            t = t + step
+            it += 1
+
+    # 3. output pass
+    t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    z_sum = tl.zeros([BLOCK_M], tl.float32)
+    support = tl.zeros([BLOCK_M], tl.int32)
+    if WRITE_O2:
+        acc2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        g_sum = tl.zeros([BLOCK_M], tl.float32)
+    for start_n in range(0, hi, BLOCK_N):
+        if (MODE == 0) or (tl.load(tiles + start_n // BLOCK_N) > t_min):
+            offs_n = start_n + offs_n0
+            kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                         mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
+                        mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
+            s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                            DOT_PRECISION)
+            if MODE == 0:
+                p = tl.exp2(s - t[:, None])
+            else:
+                u = tl.maximum(s - t[:, None], 0.0)
+                p = entmax_power(u, inv_am1, MODE)
+            z_sum += tl.sum(p, 1)
+            support += tl.sum((p > 0).to(tl.int32), 1)
+            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            if WRITE_O2:
+                g = entmax_slope(u, inv_am1, MODE)
+                g_sum += tl.sum(g, 1)
+                acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
+
+    ok = row_ok & (z_sum > 0)
+    inv_z = tl.where(ok, 1.0 / z_sum, 0.0)
+    out = acc * inv_z[:, None]
+    if MODE == 0:
+        tau = t + tl.log2(z_sum)
+        inv_z = tl.where(ok, 1.0, 0.0)
+    else:
+        tau = t
+    tau = tl.where(ok, tau, float("inf"))
+    row_ptr = pid_bh * n_q + offs_m
+    tl.store(Tau + row_ptr, tau, mask=row_in)
+    tl.store(InvZ + row_ptr, inv_z, mask=row_in)
+    tl.store(Support + row_ptr, tl.where(ok, support, 0), mask=row_in)
+    o_ptrs = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]
+    o_mask = row_in[:, None] & d_in[None, :]
+    tl.store(Out + o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
+    if WRITE_O2:
+        o2 = acc2 * tl.where(ok & (g_sum > 0), 1.0 / g_sum, 0.0)[:, None]
+        tl.store(O2 + (pid_bh * n_q + offs_m[:, None]) * head_dim + offs_d[None, :], o2, mask=o_mask)
+
+
+def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, write_o2, tol,
+                         max_iter, blocks):
+    """Launch the forward kernel. q (B, H, Nq, D), k/v (B, Hkv, Nk, D) with unit last stride; slopes
+    (B, H) fp32 or None; q_scale (B, H, Nq) fp32 contiguous or None; kpm (B, Nk) uint8 or None.
+
+    Returns out (B, H, Nq, D) q.dtype, o2 (B, H, Nq, D) fp32 or None, tau_s and inv_z (B, H, Nq) fp32
+    in s units, support (B, H, Nq) int32, tile_max (B, H, Nq/BLOCK_M, Nk/BLOCK_N) fp32.
+    """
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    block_m, block_n, num_warps, num_stages = blocks
+    n_qb, n_kb = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
+    c = 1.4426950408889634 if mode == 0 else alpha - 1.0
+    inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    dev = q.device
+    out = torch.empty_like(q)
+    o2 = torch.empty(batch, heads, n_q, dim, device=dev, dtype=torch.float32) if write_o2 else None
+    tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
+    inv_z = torch.empty_like(tau)
+    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
+    tile_max = torch.empty(batch, heads, n_qb, n_kb, device=dev, dtype=torch.float32)
+    dummy = tau
+    grid = (n_qb, batch * heads)
+    _entmax_attention_fwd[grid](
+        q, k, v, out, o2 if write_o2 else dummy, tau, inv_z, support, tile_max,
+        q_scale if q_scale is not None else dummy, slopes if slopes is not None else dummy,
+        kpm if kpm is not None else support,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        heads, heads // k.shape[1], n_q, n_k, n_kb, dim, scale, c, inv_am1, 2.0 - alpha, tol, max_iter,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
+        CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
+        WRITE_O2=write_o2, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out, o2, tau, inv_z, support, tile_max
