@@ -1,0 +1,379 @@
+"""Row-wise alpha-entmax in Triton, forward and backward (PAPER.md section 2, the alpha-entmax definition).
+
+For each row z of a contiguous 2D tensor (R, N) and s = (alpha - 1) z, the forward finds tau with
+    p_i = [s_i - tau]_+ ^ q,   q = 1 / (alpha - 1),   sum_i p_i = 1,
+and the backward returns dx = g*dp - g * sum(g*dp) / sum(g) with g = p^(2 - alpha) on the support.
+
+How tau is found (all math in fp32, one read of x and one write of p when the row fits on chip):
+  1. one reduction gives max(s), and the sum and count of the finite entries. Two lower bounds for tau
+     (F(t) = sum_i [s_i - t]_+^q >= 1 at both): max(s) - 1, and, by Jensen (q >= 1),
+     mean_finite(s) - n_finite^(1 - alpha). The start t is the larger one.
+  2. Newton steps on phi(t) = F(t)^(1/q) - 1 (phi is convex and decreasing for q >= 1, so the steps
+     approach tau from below, safely, and converge faster than Newton on F). Fast paths:
+     alpha = 2 (q = 1): the support S = {s > t} gives the closed form tau = (sum_S s - 1) / |S|;
+     alpha = 1.5 (q = 2): tau is the smaller root of sum_S (s - tau)^2 = 1.
+     The closed form is exact as soon as it does not cut into S (tau <= min_S s): then we stop.
+     General alpha: Newton on phi until the step is below fp32 resolution; for alpha > 2 (q < 1)
+     each step is safeguarded by a bisection bracket.
+Rows of up to MAX_BLOCK_N entries are held in registers (several short rows per program); longer rows
+are processed chunk by chunk (each Newton step re-reads the row, mostly from L2).
+Rows that are entirely -inf give p = 0 and tau = +inf; a row containing NaN gives a NaN row.
+
+Public: `entmax_rows(x2d, alpha)` (autograd) and `entmax_rows_threshold(x2d, alpha)`.
+Importing this module needs no GPU; the kernels also run under TRITON_INTERPRET=1.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_BLOCK_N = 32768  # longest row (power of two) kept in registers; longer rows loop over chunks
+LONG_CHUNK = 4096  # chunk length of the looping kernels
+MAX_ITERS_FAST = 32  # alpha in {1.5, 2}: typically 2-7 steps
+MAX_ITERS_GENERAL = 60
+
+MODE_15, MODE_2, MODE_GENERAL = 0, 1, 2
+_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------- jit helpers
+
+
+@triton.jit
+def _first_stats(s):
+    """(BLOCK_R, BLOCK_N) tile -> per row: max, sum and count of the finite entries."""
+    finite = s > float("-inf")
+    return tl.max(s, 1), tl.sum(tl.where(finite, s, 0.0), 1), tl.sum(finite.to(tl.float32), 1)
+
+
+@triton.jit
+def _start(m, total, count, alpha, MODE: tl.constexpr):
+    """Lower bound for tau from the first statistics; invalid = all -inf row; nan = row has a NaN."""
+    nan_row = total != total
+    valid = (m > float("-inf")) & (~nan_row)
+    t = m - 1.0
+    if MODE == 0:
+        jensen = total / count - tl.math.rsqrt(count)
+        t = tl.maximum(t, jensen)
+    elif MODE == 1:
+        t = tl.maximum(t, (total - 1.0) / count)
+    else:
+        if alpha <= 2.0:
+            jensen = total / count - tl.exp2((1.0 - alpha) * tl.log2(count))
+            t = tl.maximum(t, jensen)
+    t = tl.where(valid, t, 0.0)
+    return t, valid, nan_row
+
+
+@triton.jit
+def _iter_stats(s, t, q, MODE: tl.constexpr):
+    """Per row, at threshold t: |S|, and sums over S = {s > t} of d = s - t:
+    MODE 1.5: (sum d, sum d^2); MODE 2: (sum d, sum d); general: (sum d^(q-1), sum d^q); plus min_S d."""
+    d = s - t[:, None]
+    pos = d > 0.0
+    dp = tl.maximum(d, 0.0)
+    if MODE == 0:
+        f1 = dp
+        f2 = dp * dp
+    elif MODE == 1:
+        f1 = dp
+        f2 = dp
+    else:
+        f2 = tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0)
+        f1 = tl.where(pos, f2 / tl.where(pos, d, 1.0), 0.0)
+    k = tl.sum(pos.to(tl.float32), 1)
+    mn = tl.min(tl.where(pos, d, float("inf")), 1)
+    s1 = tl.sum(f1, 1)
+    if MODE == 1:
+        s2 = s1
+    else:
+        s2 = tl.sum(f2, 1)
+    return k, s1, s2, mn
+
+
+@triton.jit
+def _step(t, lo, hi, done, k, f1, f2, mn, q, MODE: tl.constexpr):
+    """One update of tau per row from the statistics at t; rows already done keep their t."""
+    if MODE == 0:
+        # F(t) = f2, F'(t) = -2 f1; closed form on S: smaller root u of k u^2 - 2 f1 u + f2 - 1 = 0
+        disc = f1 * f1 - k * (f2 - 1.0)
+        u_exact = (f2 - 1.0) / (f1 + tl.sqrt(tl.maximum(disc, 0.0)))
+        exact = (disc >= 0.0) & (u_exact <= mn)
+        u_newton = (f2 - tl.sqrt(f2)) / f1
+        u = tl.where(exact, u_exact, u_newton)
+    elif MODE == 1:
+        u = (f1 - 1.0) / k
+        exact = u <= mn
+    else:
+        # Newton on phi = F^q' - 1 (q' = 1/q): u = (F - F^(1 - 1/q)) / sum d^(q-1)
+        big = f2 >= 1.0
+        lo = tl.where(big & ~done, t, lo)
+        hi = tl.where(big | done, hi, t)
+        u = (f2 - tl.exp2((1.0 - 1.0 / q) * tl.log2(f2))) / f1
+        t_try = t + u
+        outside = (t_try < lo) | (t_try > hi) | (t_try != t_try)
+        u = tl.where(outside, 0.5 * (lo + hi) - t, u)
+        exact = tl.abs(u) <= 1e-7 * tl.maximum(tl.abs(t), 1.0)
+    stuck = k == 0.0  # cannot happen for t below tau; guard against dividing by zero
+    t = tl.where(done | stuck, t, t + u)
+    return t, lo, hi, done | exact | stuck
+
+
+@triton.jit
+def _probs(s, t, q, MODE: tl.constexpr):
+    dp = tl.maximum(s - t[:, None], 0.0)
+    if MODE == 0:
+        p = dp * dp
+    elif MODE == 1:
+        p = dp
+    else:
+        p = tl.where(dp > 0.0, tl.exp2(q * tl.log2(tl.where(dp > 0.0, dp, 1.0))), 0.0)
+    return p
+
+
+@triton.jit
+def _finish(p, valid, nan_row):
+    p = tl.where(valid[:, None], p, 0.0)
+    return tl.where(nan_row[:, None], float("nan"), p)
+
+
+@triton.jit
+def _tau_out(t, valid, nan_row):
+    t = tl.where(valid, t, float("inf"))
+    return tl.where(nan_row, float("nan"), t)
+
+
+# ----------------------------------------------------------------------------- forward kernels
+
+
+@triton.jit
+def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
+                     MODE: tl.constexpr, WRITE_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    """BLOCK_R whole rows per program, held in registers: one read of x, one write of p."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < R) & (cols[None, :] < N)
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
+    s = x * (alpha - 1.0)
+
+    m, total, count = _first_stats(s)
+    t, valid, nan_row = _start(m, total, count, alpha, MODE)
+    lo = t
+    hi = tl.where(valid, m, 0.0)
+    done = ~valid
+    it = 0
+    while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
+        k, f1, f2, mn = _iter_stats(s, t, q, MODE)
+        t, lo, hi, done = _step(t, lo, hi, done, k, f1, f2, mn, q, MODE)
+        it += 1
+
+    tl.store(tau_ptr + rows, _tau_out(t, valid, nan_row), mask=rows < R)
+    if WRITE_P:
+        p = _finish(_probs(s, t, q, MODE), valid, nan_row)
+        tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
+                     MODE: tl.constexpr, WRITE_P: tl.constexpr, CHUNK: tl.constexpr):
+    """One long row per program; every pass loops over chunks of the row."""
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * N
+    cols = tl.arange(0, CHUNK)[None, :]
+    zero = tl.zeros([1], tl.float32)
+
+    m, total, count = zero + float("-inf"), zero, zero
+    for start in range(0, N, CHUNK):
+        x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
+        cm, ct, cc = _first_stats(x * (alpha - 1.0))
+        m, total, count = tl.maximum(m, cm), total + ct, count + cc
+    t, valid, nan_row = _start(m, total, count, alpha, MODE)
+    lo = t
+    hi = tl.where(valid, m, 0.0)
+    done = ~valid
+    it = 0
+    while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
+        k, f1, f2, mn = zero, zero, zero, zero + float("inf")
+        for start in range(0, N, CHUNK):
+            x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
+            ck, c1, c2, cmn = _iter_stats(x * (alpha - 1.0), t, q, MODE)
+            k, f1, f2, mn = k + ck, f1 + c1, f2 + c2, tl.minimum(mn, cmn)
+        t, lo, hi, done = _step(t, lo, hi, done, k, f1, f2, mn, q, MODE)
+        it += 1
+
+    tl.store(tau_ptr + row + tl.arange(0, 1), _tau_out(t, valid, nan_row))
+    if WRITE_P:
+        for start in range(0, N, CHUNK):
+            x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
+            p = _finish(_probs(x * (alpha - 1.0), t, q, MODE), valid, nan_row)
+            tl.store(p_ptr + row * N + start + cols, p.to(p_ptr.dtype.element_ty), mask=start + cols < N)
+
+
+# ----------------------------------------------------------------------------- backward kernels
+
+
+@triton.jit
+def _gate(p, alpha, MODE: tl.constexpr):
+    """g = p^(2 - alpha) on the support (NaN kept so that a NaN row stays NaN)."""
+    keep = (p > 0.0) | (p != p)
+    if MODE == 0:
+        g = tl.sqrt(p)
+    elif MODE == 1:
+        g = tl.where(p != p, p, 1.0)
+    else:
+        g = tl.exp2((2.0 - alpha) * tl.log2(tl.where(keep, p, 1.0)))
+    return tl.where(keep, g, 0.0)
+
+
+@triton.jit
+def _bwd_rows_kernel(p_ptr, dp_ptr, dx_ptr, R, N, alpha,
+                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < R) & (cols[None, :] < N)
+    offs = rows[:, None].to(tl.int64) * N + cols[None, :]
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    dp = tl.load(dp_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = _gate(p, alpha, MODE)
+    gdp = g * dp
+    sum_g = tl.sum(g, 1)
+    coef = tl.where(sum_g > 0.0, tl.sum(gdp, 1) / sum_g, 0.0)
+    dx = gdp - g * coef[:, None]
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_long_kernel(p_ptr, dp_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, CHUNK)
+    sum_g = tl.zeros([CHUNK], tl.float32)
+    sum_gdp = tl.zeros([CHUNK], tl.float32)
+    for start in range(0, N, CHUNK):
+        mask = start + cols < N
+        p = tl.load(p_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dp = tl.load(dp_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _gate(p, alpha, MODE)
+        sum_g += g
+        sum_gdp += g * dp
+    total_g = tl.sum(sum_g, 0)
+    coef = tl.where(total_g > 0.0, tl.sum(sum_gdp, 0) / total_g, 0.0)
+    for start in range(0, N, CHUNK):
+        mask = start + cols < N
+        p = tl.load(p_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        dp = tl.load(dp_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        g = _gate(p, alpha, MODE)
+        dx = g * dp - g * coef
+        tl.store(dx_ptr + row * N + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _mode(alpha: float) -> int:
+    if alpha == 1.5:
+        return MODE_15
+    if alpha == 2.0:
+        return MODE_2
+    return MODE_GENERAL
+
+
+def _check(x2d: torch.Tensor, alpha) -> float:
+    if not isinstance(x2d, torch.Tensor) or x2d.dim() != 2:
+        raise ValueError(f"entmax_rows expects a 2D tensor (rows, n), got {getattr(x2d, 'shape', type(x2d))}")
+    if x2d.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(f"entmax_rows supports float32, float16 and bfloat16, got {x2d.dtype}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"entmax_rows expects alpha as a python float, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not alpha > 1.0 or alpha == float("inf"):
+        raise ValueError(f"entmax_rows needs a finite alpha > 1, got {alpha}")
+    return alpha
+
+
+def _row_config(n: int, num_warps=None, elems_per_program=None):
+    """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels."""
+    block_n = triton.next_power_of_2(max(n, 1))
+    target = elems_per_program or 2048
+    block_r = max(1, min(64, target // block_n))
+    if num_warps is None:
+        elems = block_r * block_n
+        num_warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    return block_r, block_n, num_warps
+
+
+def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None):
+    """Launch the forward; returns (p or None, tau fp32 (R,)). Keyword arguments tune/test the launch."""
+    x2d = x2d.contiguous()
+    R, N = x2d.shape
+    mode = _mode(alpha)
+    q = 1.0 / (alpha - 1.0)
+    max_iters = MAX_ITERS_GENERAL if mode == MODE_GENERAL else MAX_ITERS_FAST
+    tau = torch.empty(R, device=x2d.device, dtype=torch.float32)
+    p = torch.empty_like(x2d) if write_p else None
+    if R == 0 or N == 0:
+        return p, tau.fill_(float("inf"))
+    out = p if write_p else x2d  # never written when WRITE_P is False
+    if triton.next_power_of_2(N) <= max_block_n:
+        block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
+        _fwd_rows_kernel[(triton.cdiv(R, block_r),)](
+            x2d, out, tau, R, N, alpha, q, max_iters,
+            MODE=mode, WRITE_P=write_p, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+    else:
+        chunk = min(LONG_CHUNK, max_block_n)
+        _fwd_long_kernel[(R,)](x2d, out, tau, N, alpha, q, max_iters,
+                               MODE=mode, WRITE_P=write_p, CHUNK=chunk, num_warps=num_warps or 8)
+    return p, tau
+
+
+def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None):
+    dp = dp.contiguous()
+    R, N = p.shape
+    dx = torch.empty_like(p)
+    if R == 0 or N == 0:
+        return dx
+    mode = _mode(alpha)
+    if triton.next_power_of_2(N) <= max_block_n:
+        block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
+        _bwd_rows_kernel[(triton.cdiv(R, block_r),)](p, dp, dx, R, N, alpha, MODE=mode,
+                                                     BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+    else:
+        chunk = min(LONG_CHUNK, max_block_n)
+        _bwd_long_kernel[(R,)](p, dp, dx, N, alpha, MODE=mode, CHUNK=chunk, num_warps=num_warps or 8)
+    return dx
+
+
+class _EntmaxRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, alpha):
+        p, _ = _forward(x2d, alpha)
+        ctx.save_for_backward(p)
+        ctx.alpha = alpha
+        return p
+
+    @staticmethod
+    def backward(ctx, dp):
+        (p,) = ctx.saved_tensors
+        return _backward(p, dp.to(p.dtype), ctx.alpha), None
+
+
+def entmax_rows(x2d: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
+    """alpha-entmax over the last dim of a 2D tensor, with autograd for x2d.
+
+    Args:
+        x2d: (R, N) float32 / float16 / bfloat16 tensor on a CUDA device (or CPU under TRITON_INTERPRET=1).
+        alpha: python float > 1 (1.5 and 2.0 take exact closed-form fast paths).
+    Returns:
+        p: (R, N), x2d's dtype, rows summing to 1 (all -inf rows: zeros; rows with a NaN: NaN).
+    """
+    alpha = _check(x2d, alpha)
+    return _EntmaxRows.apply(x2d, alpha)
+
+
+def entmax_rows_threshold(x2d: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
+    """tau (R,) float32 with p = clamp((alpha - 1) * x - tau, min=0) ** (1 / (alpha - 1)).
+
+    Rows that are entirely -inf give +inf, rows with a NaN give NaN. No autograd.
+    """
+    alpha = _check(x2d, alpha)
+    return _forward(x2d.detach(), alpha, write_p=False)[1]
