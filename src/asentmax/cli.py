@@ -66,8 +66,9 @@ def add_config_flags(parser, cls, *, skip=(), defaults_note: str | None = None) 
             kind = _parse_bool
         default = f.default if f.default is not dataclasses.MISSING else None
         note = defaults_note or f"default: {default}"
-        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs, choices=choices,
-                           default=argparse.SUPPRESS, metavar=None if choices else f.name.upper(),
+        group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs,
+                           choices=choices, default=argparse.SUPPRESS,
+                           metavar=None if choices else f.name.upper(),
                            help=f"{f.metadata.get('help', f.name.replace('_', ' '))} ({note})")
         names.append(f.name)
     return names
@@ -225,7 +226,8 @@ def _run_demo(args) -> None:
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="asentmax", description="ASEntmax length-generalisation experiments (arXiv:2506.16640)")
+    parser = Parser(prog="asentmax",
+                    description="ASEntmax length-generalisation experiments (arXiv:2506.16640)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for add in (_train_parser, _eval_parser, _compare_parser, _demo_parser):
         add(sub)

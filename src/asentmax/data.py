@@ -60,14 +60,14 @@ def collate(task, examples) -> Batch:
 
 
 def length_buckets(min_length: int, max_length: int, n_buckets: int) -> list[tuple[int, int]]:
-    """Split [min_length, max_length] into at most n_buckets contiguous inclusive ranges of near-equal size."""
+    """Split [min_length, max_length] into at most n_buckets contiguous inclusive ranges of equal-ish size."""
     if not 1 <= min_length <= max_length:
         raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")
     if n_buckets < 1:
         raise ValueError(f"n_buckets must be >= 1, got {n_buckets}")
     edges = np.linspace(min_length, max_length + 1, min(n_buckets, max_length - min_length + 1) + 1)
     edges = np.round(edges).astype(int)
-    return [(int(lo), int(hi) - 1) for lo, hi in zip(edges[:-1], edges[1:]) if hi > lo]
+    return [(int(lo), int(hi) - 1) for lo, hi in zip(edges[:-1], edges[1:], strict=False) if hi > lo]
 
 
 def step_generator(seed: int, rank: int, step: int) -> np.random.Generator:

@@ -37,6 +37,9 @@ class EvalConfig:
     batch_size: int = field(default=64, metadata={"help": "most sequences decoded at once"})
     max_batch_tokens: int = field(default=32768, metadata={"help": "most prompt tokens decoded at once"})
     seed: int = field(default=1234, metadata={"help": "seed of the evaluation sets"})
+    dispersion_samples: int = field(default=8, metadata={"help": "samples per length for attention stats"})
+    dispersion_max_tokens: int = field(
+        default=2048, metadata={"help": "longest sequence for attention statistics (they are dense: O(n^2))"})
     confidence: float = field(default=0.95, metadata={"help": "confidence level of the Wilson interval"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
@@ -44,6 +47,8 @@ class EvalConfig:
     def validate(self) -> None:
         if not self.multipliers or any(not m > 0 for m in self.multipliers):
             raise ValueError(f"multipliers must be positive, got {self.multipliers}")
+        if self.dispersion_samples < 0 or self.dispersion_max_tokens < 0:
+            raise ValueError("dispersion-samples and dispersion-max-tokens must be >= 0")
         for name in ("samples", "batch_size", "max_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -136,10 +141,29 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
             "token_accuracy": correct / total}
 
 
+@torch.no_grad()
+def answer_dispersion(model, task, examples, *, device) -> dict:
+    """Attention statistics (asentmax.nn.stats) at the scored (answer) positions of a teacher-forced pass:
+    means over layers, heads and those queries of the normalised entropy H(p) / log n and support size."""
+    batch = collate(task, examples).to(device)
+    _, stats = model(batch.input_ids, return_stats=True)
+    scored = (batch.labels != IGNORE_INDEX)[:, None, :]  # (B, 1, T)
+    entropy = torch.stack([s.normalised_entropy.float() for s in stats])  # (L, B, H, T)
+    support = torch.stack([s.support_size.float() for s in stats])
+    at_answers_entropy = entropy[:, scored.expand_as(entropy[0])]  # (L, n_answer_queries * H)
+    at_answers_support = support[:, scored.expand_as(support[0])]
+    return {"normalised_entropy": float(at_answers_entropy.mean()),
+            "support_size": float(at_answers_support.mean()),
+            "normalised_entropy_per_layer": at_answers_entropy.mean(1).tolist(),
+            "support_size_per_layer": at_answers_support.mean(1).tolist(),
+            "n_samples": len(examples)}
+
+
 def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_dtype=None,
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
-             progress=None) -> list[dict]:
-    """One row per length: exact match (+ Wilson interval), per-token accuracy, seconds taken."""
+             dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, progress=None) -> list[dict]:
+    """One row per length: exact match (+ Wilson interval), per-token accuracy, seconds taken, and (for
+    sequences up to dispersion_max_tokens) attention dispersion on the first dispersion_samples examples."""
     from asentmax.tasks import make_eval_set
 
     rows = []
@@ -152,6 +176,9 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
         low, high = wilson_interval(scores["n_exact"], scores["n"], confidence)
         row = {"length": length, **scores, "ci_low": low, "ci_high": high,
                "seconds": time.perf_counter() - start}
+        subset = examples[:dispersion_samples]
+        if subset and max(len(e.source) + len(e.target) + 2 for e in subset) <= dispersion_max_tokens:
+            row["dispersion"] = answer_dispersion(model, task, subset, device=device)
         rows.append(row)
         if progress is not None:
             progress(row)
@@ -178,7 +205,8 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
              "|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['length']} | {format_multiplier(row['length'] / id_length)} | "
-                     f"{100 * row['exact_match']:.1f} | {100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f} | "
+                     f"{100 * row['exact_match']:.1f} | "
+                     f"{100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f} | "
                      f"{100 * row['token_accuracy']:.1f} | {row['n']} |")
     return "\n".join(lines) + "\n"
 
@@ -205,6 +233,8 @@ def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | N
     rows = evaluate(model, task, lengths, samples=config.samples, seed=config.seed, device=device,
                     autocast_dtype=torch.bfloat16 if use_bf16 else None, batch_size=config.batch_size,
                     max_batch_tokens=config.max_batch_tokens, confidence=config.confidence,
+                    dispersion_samples=config.dispersion_samples,
+                    dispersion_max_tokens=config.dispersion_max_tokens,
                     progress=lambda r: log(f"length {r['length']}: exact match {100 * r['exact_match']:.1f}% "
                                            f"({r['n_exact']}/{r['n']}), {r['seconds']:.1f}s"))
     result = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length, "rows": rows,

@@ -72,7 +72,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run."""
         if not 1 <= self.min_length <= self.max_length:
-            raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length} and {self.max_length}")
+            raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
         positive = ("steps", "batch_size", "length_buckets", "val_samples", "log_every")
         for name in positive:
             if getattr(self, name) < 1:
@@ -289,7 +289,7 @@ def tensorboard_writer(run_dir: Path):
 
 def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "runs/run", *,
           resume: bool = False, stop_at_step: int | None = None, progress: bool = True) -> dict:
-    """Train (or resume) a model in `run_dir`; returns a summary dict. `model_config` None = the task's preset.
+    """Train (or resume) a model in `run_dir`; returns a summary. `model_config` None = the task's preset.
 
     `stop_at_step` ends the run early after that many total steps with a checkpoint (as if killed there);
     a later `resume=True` call continues exactly. On resume the configs saved in the checkpoint are used."""
@@ -301,8 +301,8 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
     checkpoint = None
     if resume:
         checkpoint = load_checkpoint(run_dir / CHECKPOINT_NAME)
-        train_config = TrainConfig(**{**checkpoint["train_config"],
-                                      "val_multipliers": tuple(checkpoint["train_config"]["val_multipliers"])})
+        saved = checkpoint["train_config"]
+        train_config = TrainConfig(**{**saved, "val_multipliers": tuple(saved["val_multipliers"])})
         model_config = ModelConfig(**checkpoint["model_config"])
     train_config.validate()
     task = get_task(train_config.task)
@@ -320,8 +320,8 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.lr, weight_decay=train_config.weight_decay,
-                                  betas=(train_config.beta1, train_config.beta2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.lr, betas=(train_config.beta1,
+                                  train_config.beta2), weight_decay=train_config.weight_decay)
     schedule = WarmupCosine(train_config.warmup_steps, train_config.steps, train_config.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     step = 0

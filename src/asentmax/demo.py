@@ -1,0 +1,103 @@
+"""`make demo`: softmax vs ASEntmax length generalisation on a laptop CPU in minutes (issue 5; PAPER.md s. 4).
+
+Trains a small softmax model and a small ASEntmax model (same architecture, same data, NAPE positions)
+on a short-length synthetic task, evaluates both from 1x to 16x the training length, prints the
+comparison table and writes the plots (asentmax.compare) under the output directory. The two runs go
+through the `asentmax` CLI in two child processes with one thread each, so a 2-core machine trains
+both at once. The settings below were picked by measurement (see results/demo/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DEMO_TASK = "reverse"
+DEMO_TRAIN = {"min-length": 8, "max-length": 16, "steps": 1200, "batch-size": 32, "lr": 2e-3,
+              "warmup-steps": 100, "val-every": 400, "val-samples": 32, "checkpoint-every": 400,
+              "log-every": 20, "seed": 0}
+DEMO_MODEL = {"d-model": 64, "n-layers": 2, "n-heads": 4, "d-ff": 256, "position": "nape"}
+DEMO_METHODS = ("softmax", "asentmax")
+DEMO_EVAL = {"multipliers": ("1", "2", "4", "8", "16"), "samples": 100}
+
+
+def _flags(options: dict) -> list[str]:
+    out = []
+    for name, value in options.items():
+        out.append(f"--{name}")
+        out.extend(value if isinstance(value, tuple) else (str(value),))
+    return out
+
+
+def _child(args: list[str], log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=log, stderr=subprocess.STDOUT,
+                            env=env)
+
+
+def _last_step(run_dir: Path) -> str:
+    log = run_dir / "log.csv"
+    if not log.is_file():
+        return "starting"
+    lines = log.read_text().strip().splitlines()
+    if len(lines) < 2:
+        return "starting"
+    step, loss = lines[-1].split(",")[:2]
+    return f"step {step} loss {float(loss):.3f}"
+
+
+def run_demo(output_dir: Path | str = "results/demo", steps: int | None = None) -> str:
+    """Train, evaluate and compare the demo runs under `output_dir`; returns the markdown table."""
+    from asentmax.compare import compare_runs
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    train_options = {**DEMO_TRAIN, **({"steps": steps} if steps else {})}
+    start = time.perf_counter()
+    runs = {method: output_dir / f"{DEMO_TASK}_{method}" for method in DEMO_METHODS}
+    children = {}
+    for method, run_dir in runs.items():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        args = ["train", "--run-dir", str(run_dir), "--overwrite", "--no-progress", "--task", DEMO_TASK,
+                *_flags(train_options), *_flags(DEMO_MODEL), "--attention", method]
+        children[method] = _child(args, output_dir / f"{method}.train.log")
+    print(f"training {', '.join(DEMO_METHODS)} on {DEMO_TASK} (lengths {train_options['min-length']}-"
+          f"{train_options['max-length']}, {train_options['steps']} steps) in parallel; logs in {output_dir}")
+    while any(child.poll() is None for child in children.values()):
+        time.sleep(15)
+        status = "; ".join(f"{m}: {_last_step(runs[m])}" for m in DEMO_METHODS)
+        print(f"  [{time.perf_counter() - start:5.0f}s] {status}", flush=True)
+    for method, child in children.items():
+        if child.returncode:
+            raise RuntimeError(f"training {method} failed; see {output_dir / f'{method}.train.log'}")
+    train_seconds = time.perf_counter() - start
+    print(f"trained in {train_seconds:.0f}s; evaluating at {', '.join(DEMO_EVAL['multipliers'])}x")
+    children = {method: _child(["eval", str(run_dir), *_flags(DEMO_EVAL)], output_dir / f"{method}.eval.log")
+                for method, run_dir in runs.items()}
+    for method, child in children.items():
+        if child.wait():
+            raise RuntimeError(f"evaluating {method} failed; see {output_dir / f'{method}.eval.log'}")
+    table = compare_runs(list(runs.values()), output_dir)
+    total = time.perf_counter() - start
+    summary = {"task": DEMO_TASK, "train": train_options, "model": DEMO_MODEL, "eval": DEMO_EVAL,
+               "train_seconds": round(train_seconds, 1), "total_seconds": round(total, 1),
+               "command": "make demo  (python -m asentmax.demo)", "cpu_count": os.cpu_count()}
+    (output_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(table)
+    print(f"demo finished in {total:.0f}s (training {train_seconds:.0f}s); outputs in {output_dir}")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    from asentmax.cli import main as cli_main
+
+    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
