@@ -92,8 +92,11 @@ def _iter_stats(s, t, q, MODE: tl.constexpr):
 
 
 @triton.jit
-def _step(t, lo, hi, done, k, f1, f2, mn, q, MODE: tl.constexpr):
-    """One update of tau per row from the statistics at t; rows already done keep their t."""
+def _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE: tl.constexpr):
+    """One update of tau per row from the statistics at t; rows already done keep their t.
+
+    General alpha also keeps a bisection bracket [lo, hi] and norm = F(t) at the final t (p is divided
+    by it, which matters only for alpha > 2 where F is badly conditioned in fp32)."""
     if MODE == 0:
         # F(t) = f2, F'(t) = -2 f1; closed form on S: smaller root u of k u^2 - 2 f1 u + f2 - 1 = 0
         disc = f1 * f1 - k * (f2 - 1.0)
@@ -101,33 +104,36 @@ def _step(t, lo, hi, done, k, f1, f2, mn, q, MODE: tl.constexpr):
         exact = (disc >= 0.0) & (u_exact <= mn)
         u_newton = (f2 - tl.sqrt(f2)) / f1
         u = tl.where(exact, u_exact, u_newton)
+        move = ~done
     elif MODE == 1:
         u = (f1 - 1.0) / k
         exact = u <= mn
+        move = ~done
     else:
-        # Newton on phi = F^q' - 1 (q' = 1/q): u = (F - F^(1 - 1/q)) / sum d^(q-1)
+        # Newton on phi = F^(1/q) - 1: u = (F - F^(1 - 1/q)) / sum d^(q-1); bisection if it leaves (lo, hi)
         big = f2 >= 1.0
         lo = tl.where(big & ~done, t, lo)
         hi = tl.where(big | done, hi, t)
         u = (f2 - tl.exp2((1.0 - 1.0 / q) * tl.log2(f2))) / f1
-        t_try = t + u
-        outside = (t_try < lo) | (t_try > hi) | (t_try != t_try)
-        u = tl.where(outside, 0.5 * (lo + hi) - t, u)
         exact = tl.abs(u) <= 1e-7 * tl.maximum(tl.abs(t), 1.0)
+        inside = (t + u > lo) & (t + u < hi)
+        u = tl.where(inside, u, 0.5 * (lo + hi) - t)
+        norm = tl.where(done, norm, f2)
+        move = ~done & ~exact
     stuck = k == 0.0  # cannot happen for t below tau; guard against dividing by zero
-    t = tl.where(done | stuck, t, t + u)
-    return t, lo, hi, done | exact | stuck
+    t = tl.where(move & ~stuck, t + u, t)
+    return t, lo, hi, norm, done | exact | stuck
 
 
 @triton.jit
-def _probs(s, t, q, MODE: tl.constexpr):
+def _probs(s, t, norm, q, MODE: tl.constexpr):
     dp = tl.maximum(s - t[:, None], 0.0)
     if MODE == 0:
         p = dp * dp
     elif MODE == 1:
         p = dp
     else:
-        p = tl.where(dp > 0.0, tl.exp2(q * tl.log2(tl.where(dp > 0.0, dp, 1.0))), 0.0)
+        p = tl.where(dp > 0.0, tl.exp2(q * tl.log2(tl.where(dp > 0.0, dp, 1.0))), 0.0) / norm[:, None]
     return p
 
 
@@ -161,16 +167,17 @@ def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
     t, valid, nan_row = _start(m, total, count, alpha, MODE)
     lo = t
     hi = tl.where(valid, m, 0.0)
+    norm = tl.zeros_like(t) + 1.0
     done = ~valid
     it = 0
     while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
         k, f1, f2, mn = _iter_stats(s, t, q, MODE)
-        t, lo, hi, done = _step(t, lo, hi, done, k, f1, f2, mn, q, MODE)
+        t, lo, hi, norm, done = _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE)
         it += 1
 
     tl.store(tau_ptr + rows, _tau_out(t, valid, nan_row), mask=rows < R)
     if WRITE_P:
-        p = _finish(_probs(s, t, q, MODE), valid, nan_row)
+        p = _finish(_probs(s, t, norm, q, MODE), valid, nan_row)
         tl.store(p_ptr + offs, p.to(p_ptr.dtype.element_ty), mask=mask)
 
 
@@ -191,6 +198,7 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
     t, valid, nan_row = _start(m, total, count, alpha, MODE)
     lo = t
     hi = tl.where(valid, m, 0.0)
+    norm = tl.zeros_like(t) + 1.0
     done = ~valid
     it = 0
     while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
@@ -199,14 +207,14 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
             x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
             ck, c1, c2, cmn = _iter_stats(x * (alpha - 1.0), t, q, MODE)
             k, f1, f2, mn = k + ck, f1 + c1, f2 + c2, tl.minimum(mn, cmn)
-        t, lo, hi, done = _step(t, lo, hi, done, k, f1, f2, mn, q, MODE)
+        t, lo, hi, norm, done = _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE)
         it += 1
 
     tl.store(tau_ptr + row + tl.arange(0, 1), _tau_out(t, valid, nan_row))
     if WRITE_P:
         for start in range(0, N, CHUNK):
             x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
-            p = _finish(_probs(x * (alpha - 1.0), t, q, MODE), valid, nan_row)
+            p = _finish(_probs(x * (alpha - 1.0), t, norm, q, MODE), valid, nan_row)
             tl.store(p_ptr + row * N + start + cols, p.to(p_ptr.dtype.element_ty), mask=start + cols < N)
 
 
