@@ -50,9 +50,11 @@ def parse_mqmtar(source, length, n_queries):
             continue
         k1, k2, sep, v1, v2 = context[i : i + 5]
         assert sep == colon and blank not in (k1, k2, v1, v2) and colon not in (k1, k2, v1, v2)
-        assert (k1, k2) not in pairs  # pairs are distinct
+        assert (k1, k2) not in pairs  # keys are distinct
+        assert i + 5 < length and context[i + 5] == blank  # every pair is followed by a blank
         pairs[(k1, k2)] = (v1, v2)
-        i += 5
+        i += 6
+        blanks += 1
     assert len(tail) == 3 * n_queries
     queries = [tuple(tail[j : j + 3]) for j in range(0, len(tail), 3)]
     assert all(q[0] == query for q in queries)
@@ -61,21 +63,35 @@ def parse_mqmtar(source, length, n_queries):
 
 @pytest.mark.parametrize("n_queries", [4, 1, 7])
 def test_mqmtar_answers(n_queries):
-    lengths = [5, 6, 7, 8, 14, 15, 16, 29, 30, 32, 63, 64, 111, 130, 4096]
+    lengths = [6, 7, 8, 14, 15, 16, 29, 30, 32, 63, 64, 111, 130, 4096]
     task, examples = draw("mqmtar", lengths=lengths, per_length=3, n_queries=n_queries)
-    table = {tuple(k): tuple(v) for k, v in zip(task.keys.tolist(), task.values.tolist(), strict=True)}
+    key_table, value_table = set(map(tuple, task.keys.tolist())), set(map(tuple, task.values.tolist()))
     for length, example in zip([n for n in lengths for _ in range(3)], examples, strict=True):
         assert len(example.source) == length + 3 * n_queries
         pairs, blanks, asked = parse_mqmtar(example.source, length, n_queries)
         expected_pairs = max(1, int(Fraction(4, 5) * length / 6))  # floor(0.8 L / 6)
         assert len(pairs) == expected_pairs and blanks == length - 5 * expected_pairs
-        assert all(table[k] == v for k, v in pairs.items())  # pairs come from the fixed table
+        assert set(pairs) <= key_table and set(pairs.values()) <= value_table  # words from the tables
+        assert len(set(pairs.values())) == len(pairs)  # values are distinct too
         expected = [tok for key in asked for tok in (FIRST_SYMBOL + 2, *pairs[key])]
         assert example.target == expected
 
 
+def test_mqmtar_pairing_is_per_sample():
+    """Keys and values are paired afresh in every sample, so the answer is not in a fixed table."""
+    task = get_task("mqmtar", table_size=50)
+    rng = np.random.default_rng(3)
+    values_of = {}
+    for _ in range(200):
+        pairs, _, _ = parse_mqmtar(task.sample(64, rng).source, 64, 4)
+        for key, value in pairs.items():
+            values_of.setdefault(key, set()).add(value)
+    assert len(values_of) == 50 and all(len(v) > 3 for v in values_of.values())
+
+
 def test_mqmtar_positions_are_spread():
-    """Pairs are scattered: over many samples every context position is sometimes covered by a pair."""
+    """Pairs are scattered: over many samples every context position but the last (always the blank
+    after a pair or a background blank) is sometimes covered by a pair."""
     task = get_task("mqmtar")
     rng = np.random.default_rng(5)
     covered = np.zeros(64, dtype=int)
@@ -84,7 +100,7 @@ def test_mqmtar_positions_are_spread():
         context = np.array(task.sample(64, rng).source[:64])
         covered += context != FIRST_SYMBOL
         first_pair_start.append(int(np.argmax(context != FIRST_SYMBOL)))
-    assert (covered > 0).all()
+    assert (covered[:-1] > 0).all() and covered[-1] == 0
     assert len(set(first_pair_start)) > 5
 
 
@@ -112,10 +128,15 @@ def simulate_flipflop(source):
     return memory
 
 
-def test_flipflop_answers():
-    task, examples = draw("flipflop", lengths=[3, 4, 5, 6, 17, 63, 64, 111, 130, 4096], per_length=20)
+@pytest.mark.parametrize("p_read", [0.0, 0.1])
+def test_flipflop_answers(p_read):
+    lengths = [3, 4, 5, 6, 17, 63, 64, 111, 130, 4096]
+    task, examples = draw("flipflop", lengths=lengths, per_length=20, p_read=p_read)
+    n_reads = 0
     for example in examples:
         assert example.target == [simulate_flipflop(example.source)]
+        n_reads += example.source[:-1].count(FIRST_SYMBOL + 2)
+    assert (n_reads > 0) == (p_read > 0)  # the default (paper) variant reads only at the end
     answers = [e.target[0] for e in examples]
     assert 0.3 < answers.count(FIRST_SYMBOL + 3) / len(answers) < 0.7
 
@@ -130,27 +151,37 @@ def test_flipflop_instruction_rates():
     assert simulate_flipflop(source) == task.sample(20001, np.random.default_rng(0)).target[0]
 
 
-def local_counts(source, max_count):
-    out, count = [], 0
-    for i, symbol in enumerate(source):
-        count = count + 1 if i > 0 and symbol == source[i - 1] else 0
-        out.append(min(count, max_count - 1))
-    return out
+def runs(source):
+    """Lengths of the maximal runs of equal symbols."""
+    lengths = [1]
+    for previous, symbol in zip(source, source[1:]):  # noqa: B905 (source[1:] is one shorter)
+        if symbol == previous:
+            lengths[-1] += 1
+        else:
+            lengths.append(1)
+    return lengths
 
 
-@pytest.mark.parametrize("n_symbols,max_count", [(4, 32), (2, 3), (3, 40)])
-def test_local_count_answers(n_symbols, max_count):
-    task, examples = draw("local_count", n_symbols=n_symbols, max_count=max_count)
+@pytest.mark.parametrize("n_symbols,min_run,max_run", [(32, 2, 12), (2, 1, 3), (5, 4, 4)])
+def test_local_count_answers(n_symbols, min_run, max_run):
+    task, examples = draw("local_count", n_symbols=n_symbols, min_run=min_run, max_run=max_run)
     first_count = FIRST_SYMBOL + n_symbols
-    assert task.vocab_size == first_count + max_count
-    saturated = 0
+    assert task.vocab_size == first_count + max_run
     for example in examples:
-        assert all(FIRST_SYMBOL <= s < first_count for s in example.source)
-        counts = [t - first_count for t in example.target]
-        assert counts == local_counts(example.source, max_count)
-        saturated += counts.count(max_count - 1)
-    if max_count == 3:
-        assert saturated > 0  # the cap is exercised
+        source = example.source
+        assert all(FIRST_SYMBOL <= s < first_count for s in source)
+        expected = [0]
+        for i in range(1, len(source)):
+            expected.append(expected[-1] + 1 if source[i] == source[i - 1] else 0)
+        assert [t - first_count for t in example.target] == expected
+        lengths = runs(source)
+        assert all(min_run <= n <= max_run for n in lengths[:-1]) and lengths[-1] <= max_run
+
+
+def test_local_count_run_lengths_cover_the_range():
+    task = get_task("local_count")
+    lengths = runs(task.sample(5000, np.random.default_rng(0)).source)[:-1]
+    assert set(lengths) == set(range(2, 13))
 
 
 def test_two_back_answers():
@@ -171,7 +202,7 @@ def test_two_back_answers():
         ("mqmtar", {"n_queries": 0}),
         ("mqmtar", {"table_size": 70_000}),
         ("flipflop", {"p_write": 0.7, "p_read": 0.5}),
-        ("local_count", {"max_count": 1}),
+        ("local_count", {"min_run": 3, "max_run": 2}),
     ],
 )
 def test_bad_task_arguments(name, kwargs):

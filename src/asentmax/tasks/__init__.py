@@ -10,7 +10,7 @@ symbols from 4 up. Default vocabularies (fixed, independent of the length) and s
 | reverse     | 36    | length       | the source reversed                             | sequence.py   |
 | sort        | 36    | length       | the source sorted                               | sequence.py   |
 | flipflop    | 9     | length       | one bit: the last written bit                   | flipflop.py   |
-| local_count | 40    | length       | per position, the 0-based count within its run  | local_count.py|
+| local_count | 48    | length       | per position, the 0-based count within its run  | local_count.py|
 | two_back    | 37    | length       | per position, the token two steps earlier       | two_back.py   |
 
 For MQMTAR `length` is the paper's L, the pairs-and-blanks context; the 4 queries follow it.

@@ -6,12 +6,13 @@ Vocabulary (fixed, 9 ids): 4 specials, then `w`=4 (write), `i`=5 (ignore), `r`=6
 
 Source (exactly `length` tokens, minimum 3): m = (length - 1) // 2 pairs (instruction, bit), then
 a final lone `r` (the query). The first pair is always a write; each later instruction is write with
-probability p_write (0.1), read with p_read (0.1), ignore otherwise; every bit is uniform except that
-a read pair's bit is the correct one (the last written bit), as in the flip-flop language. When
+probability p_write (0.1), read with probability p_read, ignore otherwise; bits are uniform. The
+default p_read = 0 is the paper's variant (write / ignore pairs, then the read); p_read > 0 adds reads
+inside the sequence as in Liu et al.'s language, each followed by the correct (stored) bit. When
 `length` is even, one extra uniform noise bit (no instruction, never read) precedes the pairs, so that
 every length is exact. Target: one bit, the last written bit at the final `r`.
 
-Example (length 8): `0 w 1 i 0 r 1 r` -> target `1`.
+Examples: length 7 `w 1 i 0 w 0 r` -> `0`; length 8 (p_read > 0) `0 w 1 i 0 r 1 r` -> `1`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class FlipFlopTask(Task):
     name = "flipflop"
     min_length = 3
 
-    def __init__(self, p_write: float = 0.1, p_read: float = 0.1):
+    def __init__(self, p_write: float = 0.1, p_read: float = 0.0):
         ok = all(isinstance(p, (int, float)) and 0 <= p <= 1 for p in (p_write, p_read))
         if not ok or p_write + p_read > 1:
             raise ValueError(

@@ -3,20 +3,22 @@
 Vocabulary (fixed, 263 ids): 4 specials, BLANK=4 (`_`), COLON=5 (`:`, key-value separator),
 QUERY=6 (`?`, query marker), then the 256 alphabet symbols (ids 7..262, named x0..x255).
 
-A fixed table, drawn once from `numpy.random.default_rng(table_seed)`, holds `table_size` (10,000)
-distinct keys and 10,000 distinct values, each a 2-symbol word; key i is paired with value i.
+A fixed key table and a fixed value table, drawn once from `numpy.random.default_rng(table_seed)`,
+hold `table_size` (10,000) distinct 2-symbol words each. Every sample draws its P keys and, independently,
+its P values from the tables without replacement, so which value goes with which key is decided
+per sample: the answer can only come from the context, never from memorised weights.
 
 Lengths. `length` is the paper's L: the number of tokens of the pairs-and-blanks context. A sample
-holds P = floor(0.8 L / 6) = (2 L) // 15 distinct table pairs (capped at `table_size`, at least 1),
-each written `k1 k2 : v1 v2` (5 tokens) at uniformly random non-overlapping positions in a
-background of L - 5 P blanks. The context is followed by `n_queries` (4) queries `? k1 k2`, keys
-drawn with replacement from the sample's pairs, so
+holds P = floor(0.8 L / 6) = (2 L) // 15 pairs (capped at `table_size`, at least 1), each written
+`k1 k2 : v1 v2` and followed by a blank (a 6-token block, so pairs never touch), with the P blocks at
+uniformly random non-overlapping positions in a background of L - 6 P further blanks. The context is
+followed by `n_queries` (4) queries `? k1 k2`, keys drawn with replacement from the sample's pairs:
 
     len(source) = L + 3 * n_queries   (= L + 12; `source_length(L)` returns it)
     target      = `? v1 v2` per query  (3 * n_queries = 12 tokens)
 
 Thus ID = 64 gives P = 8 pairs and 1024x gives a 65,536-token context, as in the paper.
-The minimum length is 5 (one pair, no blank).
+The minimum length is 6 (one block).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from asentmax.tasks.base import FIRST_SYMBOL, Task
 BLANK, COLON, QUERY = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
 ALPHABET_START = FIRST_SYMBOL + 3
 ALPHABET_SIZE = 256
-PAIR_TOKENS = 5
+BLOCK_TOKENS = 6  # k1 k2 : v1 v2 _
 
 
 def pairs_for_length(length: int, table_size: int) -> int:
@@ -38,7 +40,7 @@ def pairs_for_length(length: int, table_size: int) -> int:
 
 class MQMTARTask(Task):
     name = "mqmtar"
-    min_length = PAIR_TOKENS
+    min_length = BLOCK_TOKENS
 
     def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0):
         if not isinstance(n_queries, int) or n_queries < 1:
@@ -64,14 +66,14 @@ class MQMTARTask(Task):
 
     def _generate(self, length, rng):
         n_pairs = pairs_for_length(length, self.table_size)
-        chosen = rng.choice(self.table_size, n_pairs, replace=False)
-        # Place n_pairs blocks among n_blanks blanks: pick which of the (blanks + blocks) items are
-        # blocks; the i-th block (in order) then starts at its item index + 4 i.
-        n_blanks = length - PAIR_TOKENS * n_pairs
-        items = np.sort(rng.choice(n_blanks + n_pairs, n_pairs, replace=False))
-        starts = items + (PAIR_TOKENS - 1) * np.arange(n_pairs)
+        keys = self.keys[rng.choice(self.table_size, n_pairs, replace=False)]
+        values = self.values[rng.choice(self.table_size, n_pairs, replace=False)]
+        # Place n_pairs blocks among the free blanks: pick which of the (free blanks + blocks) items
+        # are blocks; the i-th block (in order) then starts at its item index + 5 i.
+        n_free = length - BLOCK_TOKENS * n_pairs
+        items = np.sort(rng.choice(n_free + n_pairs, n_pairs, replace=False))
+        starts = items + (BLOCK_TOKENS - 1) * np.arange(n_pairs)
         context = np.full(length, BLANK, dtype=np.int64)
-        keys, values = self.keys[chosen], self.values[chosen]
         context[starts], context[starts + 1] = keys[:, 0], keys[:, 1]
         context[starts + 2] = COLON
         context[starts + 3], context[starts + 4] = values[:, 0], values[:, 1]
