@@ -1,0 +1,163 @@
+"""Transformer invariants: KV-cache decoding == full forward (every normaliser x position, fp64), padding
+invariance, n_i while decoding, backend parity, gradients into the temperature parameters (checked by
+finite differences), a few optimisation steps reduce the loss, and clear errors for bad inputs."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from asentmax.nn import KVCache, ModelConfig, Transformer
+
+NORMALISERS = ("softmax", "ssmax", "topk", "entmax", "asentmax")
+POSITIONS = ("nope", "alibi", "rope", "nape")
+COMBOS = list(itertools.product(NORMALISERS, POSITIONS))
+VOCAB = 13
+
+
+def make_model(attention, position, seed=0, **overrides) -> Transformer:
+    base = dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=48, topk_k=3,
+                attention=attention, position=position, attention_backend="chunked")
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(**{**base, **overrides})).double()
+    with torch.no_grad():  # non-trivial temperatures (the zero init makes theta constant over tokens)
+        for block in model.blocks:
+            temperature = block.attn.temperature
+            for name, p in ([] if temperature is None else temperature.named_parameters()):
+                p.copy_(0.3 * torch.randn_like(p).abs() if name == "s" else 0.5 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("attention,position", COMBOS, ids=lambda v: str(v))
+def test_cached_decoding_equals_full_forward(attention, position):
+    """Prefill 5 tokens, then a 3-token chunk, then 1 token at a time; also with a left-padded row."""
+    model = make_model(attention, position)
+    ids = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
+    full = model(ids)
+    cache = KVCache()
+    steps = [model(ids[:, :5], cache=cache), model(ids[:, 5:8], cache=cache)]
+    steps += [model(ids[:, t:t + 1], cache=cache) for t in range(8, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-12)
+    assert cache.length == 12 and cache.n_real.tolist() == [12, 12]
+
+    # row 1 left-padded by 4: its real-token logits must equal the unpadded row's
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids[1:, :8]], dim=1)
+    mask = torch.tensor([[True] * 12, [False] * 4 + [True] * 8])
+    cache = KVCache()
+    prefill = model(torch.cat([ids[:1, :12], padded]), attention_mask=mask, cache=cache)
+    assert cache.n_real.tolist() == [12, 8]
+    torch.testing.assert_close(prefill[1, 4:], model(ids[1:, :8])[0], rtol=1e-10, atol=1e-12)
+    step = model(torch.stack([ids[0, :1], ids[1, 8:9]]), cache=cache)
+    torch.testing.assert_close(step[1, 0], full[1, 8], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("attention,position", [("asentmax", "nape"), ("softmax", "alibi"), ("topk", "rope")],
+                         ids=lambda v: str(v))
+def test_right_padding_without_cache(attention, position):
+    model = make_model(attention, position)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    mask = torch.tensor([[True] * 9, [True] * 6 + [False] * 3])
+    logits = model(ids, attention_mask=mask)
+    torch.testing.assert_close(logits[1, :6], model(ids[1:, :6])[0], rtol=1e-10, atol=1e-12)
+    assert torch.isfinite(logits).all()
+
+
+def test_n_keys_while_decoding():
+    model = make_model("asentmax", "nape")
+    cache = KVCache()
+    mask = torch.tensor([[False, False, True, True, True], [True] * 5])
+    _, stats = model(torch.ones(2, 5, dtype=torch.long), attention_mask=mask, cache=cache, return_stats=True)
+    assert stats[0].n_keys.tolist() == [[1, 1, 1, 2, 3], [1, 2, 3, 4, 5]]
+    _, stats = model(torch.ones(2, 1, dtype=torch.long), cache=cache, return_stats=True)
+    assert stats[1].n_keys.tolist() == [[4], [6]]  # real cached tokens + 1
+    assert len(stats) == 2 and stats[0].theta.shape == (2, 4, 1)
+
+
+@pytest.mark.parametrize("attention", ["entmax", "asentmax"])
+def test_backend_parity_reference_vs_chunked(attention):
+    ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 17, dtype=torch.bool)
+    mask[1, :5] = False
+    results = []
+    for backend in ("reference", "chunked"):
+        model = make_model(attention, "nape", attention_backend=backend)
+        logits = model(ids, attention_mask=mask)
+        logits[mask].square().sum().backward()
+        results.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (ref, ref_grads), (chunked, chunked_grads) = results
+    torch.testing.assert_close(chunked[mask], ref[mask], rtol=1e-10, atol=1e-12)
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-8, atol=1e-10, msg=name)
+
+
+def _loss(model, ids):
+    logits = model(ids[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+TEMPERATURE_PARAMETERS = [("asentmax", "beta_proj.bias"), ("asentmax", "gamma_proj.bias"),
+                          ("asentmax", "beta_proj.weight"), ("ssmax", "s")]
+
+
+@pytest.mark.parametrize("attention,parameter", TEMPERATURE_PARAMETERS)
+def test_gradients_reach_temperature_parameters(attention, parameter):
+    """Autograd gradient of the temperature parameters == central finite difference (fp64)."""
+    model = make_model(attention, "nape")
+    ids = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(4))
+    param = model.blocks[0].attn.temperature.get_parameter(parameter)
+    _loss(model, ids).backward()
+    grad = param.grad.flatten()
+    assert grad.abs().max() > 1e-6
+    index, eps = int(grad.abs().argmax()), 1e-6
+    with torch.no_grad():
+        flat = param.view(-1)
+        flat[index] += eps
+        plus = _loss(model, ids)
+        flat[index] -= 2 * eps
+        minus = _loss(model, ids)
+        flat[index] += eps
+    torch.testing.assert_close(grad[index], (plus - minus) / (2 * eps), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("attention", NORMALISERS)
+def test_optimisation_reduces_loss(attention):
+    model = make_model(attention, "nape", seed=5).float()
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.randint(4, VOCAB, (8, 16), generator=gen)
+    ids[:, 8:] = ids[:, :8]  # second half copies the first: learnable by attention
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(25):
+        loss = _loss(model, ids)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_alibi_needs_contiguous_tokens_with_cache():
+    model = make_model("entmax", "nape")
+    cache = KVCache()
+    model(torch.ones(1, 4, dtype=torch.long), attention_mask=torch.tensor([[True, True, False, False]]),
+          cache=cache)
+    with pytest.raises(ValueError, match="contiguous"):
+        model(torch.ones(1, 1, dtype=torch.long), cache=cache)
+
+
+def test_bad_forward_inputs():
+    model = make_model("softmax", "nope")
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.ones(2, 3))
+    with pytest.raises(ValueError, match="input_ids"):
+        model(torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(torch.ones(2, 3, dtype=torch.long), attention_mask=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="no tokens"):
+        model(torch.ones(2, 0, dtype=torch.long))
+    cache = KVCache()
+    model(torch.ones(2, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="cache holds 2 rows"):
+        model(torch.ones(3, 1, dtype=torch.long), cache=cache)
