@@ -1,0 +1,166 @@
+"""Triton entmax attention (asentmax.ops.triton) vs the dense fp64 reference, forward, aux and all gradients.
+
+Runs the kernels under TRITON_INTERPRET=1 on the CPU (CI) on tiny awkward shapes; the same checker runs at
+real sizes on the GPU in test_triton_attention_gpu.py. Tolerances follow DESIGN.md: the kernel's error vs
+the fp64 reference may be at most C times the error of the reference run in the input dtype, plus a small
+floor. Every buffer the kernels allocate is NaN-poisoned, so an unwritten element fails.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from asentmax.ops.attention import entmax_attention
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("interpreter tests: run with TRITON_INTERPRET=1 (GPU runs use the gpu-marked file)",
+                allow_module_level=True)
+pytest.importorskip("triton")
+
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def make_inputs(case, device="cpu", scale_inputs=1.0, seed=0):
+    """Random inputs (leaf tensors requiring grad) for one case dict."""
+    gen = torch.Generator().manual_seed(seed)
+    b, h, hkv, nq, nk, d = case["B"], case["H"], case["Hkv"], case["Nq"], case["Nk"], case["D"]
+    dtype = case["dtype"]
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=gen) * scale_inputs).to(device=device, dtype=dtype)
+
+    q, k, v = rand(b, h, nq, d), rand(b, hkv, nk, d), rand(b, hkv, nk, d)
+    options = dict(alpha=case["alpha"], causal=case["causal"])
+    if case.get("alibi"):
+        slopes = torch.tensor([1.0 / (i + 1) if i < h // 2 else 0.0 for i in range(h)])  # NAPE
+        if case["alibi"] == "batch":
+            slopes = slopes[None].repeat(b, 1) * torch.rand(b, 1, generator=gen).add(0.5)
+        options["alibi_slopes"] = slopes.to(device)
+    if case.get("q_scale"):
+        options["q_scale"] = (1.0 + torch.rand(b, h, nq, generator=gen)).to(device=device, dtype=dtype)
+    if case.get("kpm"):
+        mask = torch.rand(b, nk, generator=gen) > 0.3
+        mask[0, : nk // 2 + 1] = False  # rows of batch 0 whose causal window is all padding
+        if b > 1:
+            mask[1] = False  # a batch whose every row has no visible key
+        options["key_padding_mask"] = mask.to(device)
+    tensors = [q, k, v] + ([options["q_scale"]] if "q_scale" in options else [])
+    for x in tensors:
+        x.requires_grad_(True)
+    return q, k, v, options, tensors
+
+
+def run_attention(q, k, v, options, tensors, d_out, backend, dtype=None):
+    """(out, tau, support, grads) of entmax_attention, inputs cast to `dtype` (leaf grads in that dtype)."""
+    cast = [x.detach().to(dtype or x.dtype).requires_grad_(True) for x in tensors]
+    opts = dict(options)
+    if "q_scale" in opts:
+        opts["q_scale"] = cast[3]
+    out, aux = entmax_attention(*cast[:3], backend=backend, return_aux=True, **opts)
+    grads = torch.autograd.grad(out, cast, d_out.to(out.dtype))
+    return out, aux.tau, aux.support_size, grads
+
+
+def max_err(x, ref):
+    return (x.double() - ref.double()).abs().max().item()
+
+
+def check_case(case, device="cpu", scale_inputs=1.0, fwd_factor=2.0, bwd_factor=3.0):
+    q, k, v, options, tensors = make_inputs(case, device, scale_inputs)
+    gen = torch.Generator().manual_seed(1)
+    d_out = torch.randn(q.shape, generator=gen).to(device)
+    with poisoned_allocations():
+        out, tau, support, grads = run_attention(q, k, v, options, tensors, d_out, "triton")
+    ref = run_attention(q, k, v, options, tensors, d_out, "reference", torch.float64)
+    low = run_attention(q, k, v, options, tensors, d_out, "reference")
+    floor = FLOOR[case["dtype"]]
+
+    def assert_close(name, x, r, lo, factor):
+        assert torch.isfinite(x).all(), f"{name}: non-finite values"
+        allowed = factor * max_err(lo, r) + floor * max(1.0, r.abs().max().item())
+        assert max_err(x, r) <= allowed, f"{name}: error {max_err(x, r):.3g} > allowed {allowed:.3g}"
+
+    assert_close("out", out, ref[0], low[0], fwd_factor)
+    names = ("dq", "dk", "dv", "dq_scale")[: len(grads)]
+    for name, g, r, lo in zip(names, grads, ref[3], low[3], strict=True):
+        assert g.shape == r.shape and g.dtype == lo.dtype, f"{name}: shape or dtype differs"
+        assert_close(name, g, r, lo, bwd_factor)
+
+    empty = torch.isinf(ref[1])
+    assert torch.equal(torch.isinf(tau), empty), "tau must be +inf exactly on rows with no visible key"
+    assert torch.equal(support[empty], torch.zeros_like(support[empty]))
+    assert (out[empty.nonzero(as_tuple=True)] == 0).all(), "rows with no visible key must output 0"
+    tau_tol = 1e-4 if case["dtype"] == torch.float32 else 1e-3
+    assert max_err(tau[~empty], ref[1][~empty]) <= tau_tol * max(1.0, ref[1][~empty].abs().max().item())
+    # support sizes may differ only for keys whose weight is within rounding of 0
+    assert (support.long() - ref[2].long()).abs().max().item() <= max(1, int(0.02 * ref[2].max().item()))
+
+
+class poisoned_allocations:
+    """Within the block, torch.empty / empty_like return NaN-filled (or -1-filled integer) tensors."""
+
+    def __enter__(self):
+        self.empty, self.empty_like = torch.empty, torch.empty_like
+
+        def fill(x):
+            return x.fill_(float("nan") if x.is_floating_point() else -1)
+
+        torch.empty = lambda *a, **kw: fill(self.empty(*a, **kw))
+        torch.empty_like = lambda *a, **kw: fill(self.empty_like(*a, **kw))
+
+    def __exit__(self, *exc):
+        torch.empty, torch.empty_like = self.empty, self.empty_like
+
+
+def case_id(case):
+    flags = [name for name in ("alibi", "q_scale", "kpm") if case.get(name)]
+    return (f"a{case['alpha']}-{'causal' if case['causal'] else 'full'}-Nq{case['Nq']}-Nk{case['Nk']}"
+            f"-D{case['D']}-H{case['H']}/{case['Hkv']}-{str(case['dtype'])[6:]}"
+            + "".join("-" + f for f in flags))
+
+
+def C(alpha, causal, nq, nk, d, dtype=torch.float32, B=1, H=2, Hkv=2, **flags):
+    return dict(alpha=alpha, causal=causal, Nq=nq, Nk=nk, D=d, dtype=dtype, B=B, H=H, Hkv=Hkv, **flags)
+
+
+# bf16 runs on the GPU only: the triton 3.6 interpreter's tl.dot on bf16 operands returns garbage.
+INTERPRETER_CASES = [
+    C(1.5, True, 1, 1, 16),
+    C(1.5, False, 17, 17, 48, H=4, Hkv=2, alibi="heads", q_scale=True),
+    C(2.0, True, 63, 63, 16, B=2, kpm=True),
+    C(1.25, True, 17, 63, 16, B=2, alibi="batch", q_scale=True),
+    C(1.5, True, 130, 130, 16, dtype=torch.float16, H=4, Hkv=1, alibi="heads"),
+    C(1.0, True, 63, 63, 48, B=2, H=4, Hkv=2, alibi="heads", q_scale=True, kpm=True),
+    C(1.5, True, 1, 130, 16, dtype=torch.float16, B=2, kpm=True, q_scale=True),
+    C(1.75, False, 17, 130, 48, alibi="heads", kpm=True, B=2),
+]
+
+
+@pytest.mark.parametrize("case", INTERPRETER_CASES, ids=case_id)
+def test_triton_matches_reference(case):
+    check_case(case)
+
+
+def test_rows_sum_to_one():
+    """With v = 1 every output entry is sum_j p_j: 1 on rows with a visible key, 0 on the others."""
+    case = C(1.5, True, 63, 63, 16, B=2, alibi="heads", q_scale=True, kpm=True)
+    q, k, v, options, _ = make_inputs(case)
+    out, aux = entmax_attention(q, k, torch.ones_like(v), backend="triton", return_aux=True, **options)
+    empty = torch.isinf(aux.tau)
+    assert torch.allclose(out[~empty], torch.ones(()), atol=1e-3)
+    assert (out[empty] == 0).all()
+
+
+def test_exact_zeros_and_tile_skipping():
+    """Strong ALiBi makes far tiles all-zero: their weights are exactly 0 and the result still matches."""
+    case = C(1.5, True, 130, 130, 16, H=2, Hkv=2, alibi="heads")
+    q, k, v, options, _ = make_inputs(case)
+    options["alibi_slopes"] = torch.tensor([4.0, 2.0])
+    out, aux = entmax_attention(q, k, v, backend="triton", return_aux=True, **options)
+    ref, ref_aux = entmax_attention(q.double(), k.double(), v.double(), backend="reference", return_aux=True,
+                                    **options)
+    assert aux.support_size.max() < 20
+    assert max_err(out, ref) < 1e-5
+    assert math.isclose(aux.tau[0, 0, -1].item(), ref_aux.tau[0, 0, -1].item(), abs_tol=1e-5)
