@@ -87,6 +87,7 @@ def test_mqmtar_pairing_is_per_sample():
         for key, value in pairs.items():
             values_of.setdefault(key, set()).add(value)
     assert len(values_of) == 50 and all(len(v) > 3 for v in values_of.values())
+    assert len(set().union(*values_of.values())) == 50  # every value of the table gets used
 
 
 def test_mqmtar_positions_are_spread():
