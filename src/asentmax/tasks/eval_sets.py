@@ -4,7 +4,9 @@
 (and its constructor arguments), `length`, `n` and `seed`; the set for n is a prefix of the set
 for n' > n. Each length draws from its own stream, `numpy.random.default_rng([seed, length])`.
 
-JSONL: one example per line, `{"source": [ids...], "target": [ids...]}`.
+JSONL: one example per line, `{"source": [ids...], "target": [ids...]}`. numpy keeps a seeded
+Generator's stream stable in practice but does not promise it across releases, so to compare results
+exactly across machines share the JSONL files rather than the seed.
 """
 
 from __future__ import annotations
