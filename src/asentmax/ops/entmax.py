@@ -1,47 +1,277 @@
-"""alpha-entmax (PAPER.md section 2): p_i = [(alpha-1) z_i - tau]_+^(1/(alpha-1)), sum_i p_i = 1.
+"""Exact alpha-entmax with autograd for x and alpha (PAPER.md section 2, the alpha-entmax definition).
 
-PLACEHOLDER (bisection, correct but slow): replaced by the exact fast implementation.
+    p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)),   tau such that sum_i p_i = 1.
+
+alpha -> 1+ is softmax, alpha = 1.5 the paper's default, alpha = 2 sparsemax. Public functions:
+`entmax(x, alpha, dim)`, `entmax15`, `sparsemax` (differentiable in x and, for tensor alpha, in alpha)
+and `entmax_threshold(x, alpha, dim) -> tau`. Any alpha > 1; alpha is a float or a tensor that
+broadcasts to x and has size 1 along `dim` (one alpha per row).
+
+How tau is found on the CPU (asentmax.ops._entmax_solver does the root finding):
+  * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
+    [-1, 0) and only entries with z > m - 1/(alpha - 1) can be in the support. No row is sorted.
+  * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
+    they are few; otherwise Newton passes over the full rows raise the lower bound until they are.
+  * The solver finds tau to working precision (closed forms on the support for alpha = 1.5 and 2).
+  * p is written only at the candidate positions of a zero-filled output.
+CUDA tensors with a python-float alpha go to the Triton row kernel (asentmax.ops.triton.entmax_rows).
+
+Backward (u = p^(2 - alpha) on the support, U = sum u):
+    dx_i = u_i (g_i - sum_j u_j g_j / U)
+    d p_i / d alpha = (p_i - u_i/U) / (alpha-1)^2 - (p_i log p_i - (u_i/U) sum_j p_j log p_j) / (alpha-1)
+(differentiate sum_i p_i = 1 to get d tau / d alpha, then substitute; see tests/test_entmax_grad.py).
+Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
 import torch
 
+from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
-class _EntmaxBisect(torch.autograd.Function):
+# A row is compacted when its candidates fill at most this fraction of the longest row.
+_COMPACT_FRACTION = 0.25
+
+
+def _check_inputs(x, alpha, dim):
+    """Validate; return alpha as a python float or a tensor, and the normalised dim."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"entmax expects a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"entmax needs a floating-point input, got dtype {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError("entmax needs an input with at least one dimension, got a 0-d tensor")
+    dim = dim % x.dim() if -x.dim() <= dim < x.dim() else None
+    if dim is None:
+        raise ValueError(f"dim out of range for an input with {x.dim()} dimensions")
+    if isinstance(alpha, torch.Tensor):
+        if not alpha.is_floating_point():
+            raise ValueError(f"alpha must be a floating-point tensor, got dtype {alpha.dtype}")
+        if alpha.dim() > x.dim():
+            raise ValueError(f"alpha of shape {tuple(alpha.shape)} has more dims than x {tuple(x.shape)}")
+        shape = (1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape)
+        for i, (sa, sx) in enumerate(zip(shape, x.shape, strict=True)):
+            if sa not in (1, sx) or (i == dim and sa != 1):
+                raise ValueError(
+                    f"alpha of shape {tuple(alpha.shape)} must broadcast to x of shape {tuple(x.shape)} "
+                    f"with size 1 along dim {dim}")
+        if not bool((alpha.detach() > 1).all()):
+            raise ValueError("alpha must be > 1 everywhere (alpha = 1 is softmax: use torch.softmax)")
+        if alpha.dim() == 0 and not alpha.requires_grad:
+            alpha = float(alpha)
+    else:
+        alpha = float(alpha)
+        if not alpha > 1:
+            raise ValueError(f"alpha must be > 1 (alpha = 1 is softmax: use torch.softmax), got {alpha}")
+    return alpha, dim
+
+
+def _compute_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _alpha_rows(alpha, x, dim):
+    """A tensor alpha as an (R, 1) column matching the rows of x moved to 2D (dim last)."""
+    shape = list(x.shape)
+    shape[dim] = 1
+    a = alpha.to(_compute_dtype(x.dtype)).reshape((1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape))
+    return a.expand(shape).movedim(dim, -1).reshape(-1, 1)
+
+
+def _candidates(x, marks):
+    """Entries where marks != 0 as a compact (R, k) fp64 matrix of x padded with -inf.
+
+    Returns (compact, flat_index, rows, slots): compact[rows, slots] = x.view(-1)[flat_index]. A row
+    without candidates (a NaN or all -inf row) gets 0 in its first slot; its result is overwritten."""
+    n_rows, n = x.shape
+    flat_index = marks.view(-1).nonzero().squeeze(1)
+    rows = torch.div(flat_index, n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=n_rows)
+    starts = torch.cumsum(counts, 0) - counts
+    slots = torch.arange(flat_index.numel()) - starts[rows]
+    compact = torch.full((n_rows, max(int(counts.max()), 1)), float("-inf"), dtype=torch.float64)
+    compact[rows, slots] = x.view(-1)[flat_index].double()
+    compact[:, 0].masked_fill_(counts == 0, 0.0)
+    return compact, flat_index, rows, slots
+
+
+def _probs_from(s, tau, alpha):
+    """p = [s - tau]_+ ^ (1/(alpha-1)), computed in place in s."""
+    d = s.sub_(tau).clamp_(min=0)
+    if isinstance(alpha, float) and alpha == 2.0:
+        return d
+    if isinstance(alpha, float) and alpha == 1.5:
+        return d.mul_(d)
+    return d.pow_(1.0 / (alpha - 1.0))
+
+
+def _raise_lower_bound(x, m, alpha, buf):
+    """Newton passes (fp32 on the full rows) that raise a certified lower bound t of tau - (alpha-1) m.
+
+    Starts at t = -1. A Newton iterate is kept only where F(t) >= 1 + 1e-3 holds in the evaluation
+    (a safe margin over rounding), so t stays a true lower bound. Stops when the candidates x > m + t /
+    (alpha - 1) are few enough to compact, or a pass no longer shrinks them by a tenth.
+    Returns t (R, 1) and buf holding 1.0 at the candidates (0.0 elsewhere)."""
+    n = x.shape[1]
+    a = alpha - 1.0
+    t = torch.full_like(m, -1.0)
+    torch.gt(x, m + t / a, out=buf)
+    counts = buf.sum(1, keepdim=True)
+    q = 1.0 / a
+    s = None
+    while float(counts.max()) > _COMPACT_FRACTION * n:
+        if s is None:
+            s = torch.sub(x, m).mul_(a)
+        d = torch.sub(s, t, out=buf).clamp_(min=0)
+        f, df = power_sums(d, q)
+        t_new = t + (f - f.pow(1.0 - a)) / df
+        d = torch.sub(s, t_new, out=buf).clamp_(min=0)
+        f_new, _ = power_sums(d, q)
+        valid = f_new >= 1 + 1e-3
+        t = torch.where(valid, t_new, t)
+        torch.gt(s, t, out=buf)
+        new_counts = buf.sum(1, keepdim=True)
+        shrunk = float(new_counts.max()) < 0.9 * float(counts.max())
+        counts = new_counts
+        if not shrunk:
+            break
+    return t, float(counts.max())
+
+
+def _forward_2d(x, alpha, out):
+    """x (R, n) fp32/fp64 contiguous; alpha float or (R, 1); out an (R, n) buffer of x's dtype.
+
+    Returns p (in out) and tau (R, 1), tau in absolute units: p = [(alpha - 1) x - tau]_+^(1/(alpha-1))."""
+    n = x.shape[1]
+    a = alpha - 1.0
+    m = x.amax(dim=1, keepdim=True)
+    nan_rows = torch.isnan(m) | (m == float("inf"))  # NaN in gives NaN out (as softmax does for +inf)
+    empty_rows = m == float("-inf")  # fully masked: p = 0, tau = +inf
+    bad = nan_rows | empty_rows
+    any_bad = bool(bad.any())
+    if any_bad:
+        x = x.masked_fill(bad, 0.0)
+        m = m.masked_fill(bad, 0.0)
+    t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
+    alpha64 = alpha if isinstance(alpha, float) else alpha.double()
+    if kmax <= 0.5 * n:  # out holds the candidate marks
+        compact, flat_index, rows, slots = _candidates(x, out)
+        s = compact.sub_(m.double()).mul_(alpha64 - 1.0)
+        t = solve_threshold(s, alpha64)
+        p_compact = _probs_from(s, t, alpha64)
+        out.zero_().view(-1)[flat_index] = p_compact[rows, slots].to(x.dtype)
+    else:
+        s = torch.sub(x.double(), m.double()).mul_(alpha64 - 1.0)
+        t = solve_threshold(s, alpha64)
+        out.copy_(_probs_from(s, t, alpha64))
+    tau = t.to(x.dtype) + a * m
+    if any_bad:
+        out.masked_fill_(empty_rows, 0.0).masked_fill_(nan_rows, float("nan"))
+        tau = tau.masked_fill(empty_rows, float("inf")).masked_fill(nan_rows, float("nan"))
+    return out, tau
+
+
+def _move_to_rows(x, dim):
+    """x with dim moved last, as a contiguous (R, n) tensor in the compute dtype."""
+    return x.movedim(dim, -1).to(_compute_dtype(x.dtype)).reshape(-1, x.shape[dim]).contiguous()
+
+
+def _from_rows(p2d, x, dim):
+    shape = list(x.movedim(dim, -1).shape)
+    return p2d.reshape(shape).movedim(-1, dim)
+
+
+def _gate(p, alpha):
+    """u = p^(2 - alpha) on the support, 0 elsewhere (the entmax Jacobian weight)."""
+    if isinstance(alpha, float) and alpha == 2.0:
+        return torch.sign(p)
+    if isinstance(alpha, float) and alpha == 1.5:
+        return p.sqrt()
+    return torch.where(p > 0, p, 1.0).pow_(2.0 - alpha).masked_fill_(p <= 0, 0.0)
+
+
+class _EntmaxFunction(torch.autograd.Function):
+    """Autograd on (R, n) rows; alpha is a float or an (R, 1) tensor."""
+
     @staticmethod
-    def forward(ctx, x, alpha, dim):
-        xf = x.float().transpose(dim, -1)
-        s = (alpha - 1) * xf
-        m = s.amax(-1, keepdim=True)
-        lo, hi = m - 1, m
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            p = torch.clamp(s - mid, min=0) ** (1 / (alpha - 1))
-            big = p.sum(-1, keepdim=True) >= 1
-            lo = torch.where(big, mid, lo)
-            hi = torch.where(big, hi, mid)
-        p = torch.clamp(s - lo, min=0) ** (1 / (alpha - 1))
-        p = p / p.sum(-1, keepdim=True)
-        p = p.transpose(dim, -1).to(x.dtype)
-        ctx.save_for_backward(p)
-        ctx.alpha, ctx.dim = alpha, dim
+    def forward(ctx, x2d, alpha_rows, alpha_float):
+        alpha = alpha_float if alpha_rows is None else alpha_rows
+        p, _ = _forward_2d(x2d, alpha, torch.empty_like(x2d))
+        ctx.alpha = alpha
+        ctx.save_for_backward(p, x2d if alpha_rows is not None and ctx.needs_input_grad[1] else None)
         return p
 
     @staticmethod
-    def backward(ctx, dp):
-        (p,) = ctx.saved_tensors
-        g = torch.where(p > 0, p ** (2 - ctx.alpha), torch.zeros_like(p))
-        gd = g * dp
-        dx = gd - g * gd.sum(ctx.dim, keepdim=True) / g.sum(ctx.dim, keepdim=True)
-        return dx, None, None
+    def backward(ctx, grad):
+        p, x2d = ctx.saved_tensors
+        alpha = ctx.alpha
+        u = _gate(p, alpha)
+        u_total = u.sum(1, keepdim=True)
+        safe_total = torch.where(u_total > 0, u_total, 1.0)  # all -inf rows: u = 0, gradient 0
+        ug = u * grad
+        mean_g = ug.sum(1, keepdim=True) / safe_total
+        dx = ug.sub_(u * mean_g) if ctx.needs_input_grad[0] else None
+        dalpha = None
+        if ctx.needs_input_grad[1]:
+            a = alpha - 1.0
+            plogp = torch.xlogy(p, p)
+            skew = u / safe_total
+            dp_da = (p - skew) / (a * a) - (plogp - skew * plogp.sum(1, keepdim=True)) / a
+            dalpha = (grad * dp_da).sum(1, keepdim=True)
+        return dx, dalpha, None
+
+
+def _triton_rows(x, alpha, dim):
+    """CUDA fast path: the Triton row kernel (owner: ops/triton/entmax_rows.py), or None if unusable."""
+    if not (x.is_cuda and isinstance(alpha, float)):
+        return None
+    try:
+        from asentmax.ops.triton.entmax_rows import entmax_rows
+    except ImportError:
+        return None
+    x2d = x.movedim(dim, -1).reshape(-1, x.shape[dim]).contiguous()
+    return _from_rows(entmax_rows(x2d, alpha), x, dim)
 
 
 def entmax(x, alpha=1.5, dim=-1):
-    return _EntmaxBisect.apply(x, float(alpha), dim)
+    """alpha-entmax of x along dim, differentiable in x and (tensor alpha) in alpha.
+
+    Args:
+        x: floating tensor, any shape; -inf entries get exactly 0, an all -inf row gives zeros.
+        alpha: float > 1, or tensor > 1 broadcastable to x with size 1 along dim (e.g. per row).
+        dim: the dimension that sums to 1.
+    Returns p with x's shape and dtype (fp16/bf16 computed in fp32).
+    """
+    alpha, dim = _check_inputs(x, alpha, dim)
+    out = _triton_rows(x, alpha, dim)
+    if out is not None:
+        return out
+    x2d = _move_to_rows(x, dim)
+    if isinstance(alpha, torch.Tensor):
+        p2d = _EntmaxFunction.apply(x2d, _alpha_rows(alpha, x, dim), None)
+    else:
+        p2d = _EntmaxFunction.apply(x2d, None, alpha)
+    return _from_rows(p2d, x, dim).to(x.dtype)
 
 
 def entmax15(x, dim=-1):
+    """1.5-entmax (the paper's default) along dim."""
     return entmax(x, 1.5, dim)
 
 
 def sparsemax(x, dim=-1):
+    """sparsemax (2-entmax) along dim."""
     return entmax(x, 2.0, dim)
+
+
+def entmax_threshold(x, alpha=1.5, dim=-1):
+    """tau with p = clamp((alpha-1) x - tau, min=0) ** (1/(alpha-1)) summing to 1 along dim.
+
+    keepdim shape; fp64 for fp64 x, fp32 otherwise; +inf for all -inf rows, NaN for rows with NaN.
+    Not differentiable."""
+    alpha, dim = _check_inputs(x, alpha, dim)
+    with torch.no_grad():
+        x2d = _move_to_rows(x, dim)
+        rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
+        _, tau = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
+    shape = list(x.movedim(dim, -1).shape)
+    shape[-1] = 1
+    return tau.reshape(shape).movedim(-1, dim)

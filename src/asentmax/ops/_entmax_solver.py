@@ -1,0 +1,88 @@
+"""Root finding for the alpha-entmax threshold (PAPER.md section 2): rows of s with max exactly 0.
+
+For each row of s (entries <= 0, max 0, -inf allowed) find t in [-1, 0) with
+    F(t) = sum_i [s_i - t]_+^q = 1,     q = 1 / (alpha - 1).
+F(-1) >= 1 (the max alone gives 1) and F(0) = 0, so [-1, 0) brackets t.
+
+Method (vectorised over rows, no sorting):
+  * Newton steps on phi(t) = F(t)^(1/q) - 1. For q >= 1 (alpha <= 2) phi is an L_q norm of
+    [s - t]_+ minus 1: convex and decreasing, so Newton from the lower end -1 increases monotonically
+    towards the root without overshooting, while the support {s > t} shrinks to the true one; once it
+    has, convergence is quadratic. Each step is safeguarded by the bracket [lo, hi] (bisection when a
+    step leaves it), which matters for alpha > 2 (q < 1) where phi is not convex.
+  * Stop on a convergence criterion: a row is done when its Newton step is below a few units of the
+    working precision (scaled by q and the row length, the rounding floor of the sums) or its bracket
+    is that narrow. The iteration cap only guards against a pathological rounding cycle.
+  * Exact finish on the support for the closed forms: alpha = 2 (q = 1) the Michelot step
+    t + (sum_S d - 1)/|S| and alpha = 1.5 (q = 2) the smaller root of sum_S (d - delta)^2 = 1, both
+    from the support statistics (count, sum, sum of squares) at the converged t.
+"""
+
+import math
+
+import torch
+
+_MAX_ITER = 200
+
+
+def power_sums(d, q):
+    """F = sum d^q and D = sum d^(q-1) over d > 0, per row (keepdim)."""
+    if isinstance(q, float) and q == 1.0:
+        return d.sum(1, keepdim=True), torch.sign(d).sum(1, keepdim=True)
+    if isinstance(q, float) and q == 2.0:
+        return torch.linalg.vector_norm(d, 2, dim=1, keepdim=True).square(), d.sum(1, keepdim=True)
+    w = d.pow(q - 1.0)
+    if not (isinstance(q, float) and q > 1.0):
+        w.masked_fill_(d <= 0, 0.0)  # 0^(q-1) is inf (q < 1) or 1 (q = 1): only d > 0 counts
+    dw = w.sum(1, keepdim=True)
+    return w.mul_(d).sum(1, keepdim=True), dw
+
+
+def _closed_form(d, t, q):
+    """Exact threshold from the support statistics of d = [s - t]_+ (q = 1 or 2), t near the root."""
+    count = torch.sign(d).sum(1, keepdim=True).clamp_(min=1)
+    s1 = d.sum(1, keepdim=True)
+    if q == 1.0:
+        return t + (s1 - 1) / count
+    s2 = torch.linalg.vector_norm(d, 2, dim=1, keepdim=True).square()
+    disc = (s1 * s1 - count * (s2 - 1)).clamp_(min=0)
+    return t + (s1 - disc.sqrt()) / count
+
+
+def solve_threshold(s, alpha):
+    """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor. Returns t (R, 1)."""
+    n_rows, k = s.shape
+    q = 1.0 / (alpha - 1.0)
+    eps = torch.finfo(s.dtype).eps
+    qmax = float(q.max()) if isinstance(q, torch.Tensor) else q
+    tol = 8 * eps * (max(qmax, 1.0) + math.log2(k + 1))
+    lo = torch.full((n_rows, 1), -1.0, dtype=s.dtype)
+    hi = torch.zeros((n_rows, 1), dtype=s.dtype)
+    t = lo.clone()
+    d = torch.empty_like(s)
+    active = torch.arange(n_rows)
+    for _ in range(_MAX_ITER):
+        everyone = active.numel() == n_rows
+        sa, ta = (s, t) if everyone else (s[active], t[active])
+        qa = q[active] if isinstance(q, torch.Tensor) and not everyone else q
+        da = d[: active.numel()]
+        torch.sub(sa, ta, out=da).clamp_(min=0)
+        f, df = power_sums(da, qa)
+        above = f >= 1
+        lo_a = torch.where(above, ta, lo[active])
+        hi_a = torch.where(above, hi[active], ta)
+        step = (f - f.pow(1.0 - 1.0 / qa)) / df
+        t_new = ta + step
+        outside = ~((t_new > lo_a) & (t_new < hi_a))
+        t_new = torch.where(outside & ~(step.abs() <= tol), (lo_a + hi_a) / 2, t_new)
+        done = (step.abs() <= tol) | (hi_a - lo_a <= tol)
+        lo[active], hi[active] = lo_a, hi_a
+        # converged rows keep the evaluation point for the closed forms, else the last Newton iterate
+        t[active] = torch.where(done, ta if isinstance(q, float) and q in (1.0, 2.0) else t_new, t_new)
+        active = active[~done.squeeze(1)]
+        if active.numel() == 0:
+            break
+    if isinstance(q, float) and q in (1.0, 2.0):
+        torch.sub(s, t, out=d).clamp_(min=0)
+        t = _closed_form(d, t, q)
+    return t
