@@ -300,13 +300,12 @@ def _check(x2d: torch.Tensor, alpha) -> float:
 
 
 def _row_config(n: int, num_warps=None, elems_per_program=None):
-    """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels."""
+    """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels: about 16 fp32 values per thread
+    (32 at the longest rows; measured free of spills with ptxas for sm_90)."""
     block_n = triton.next_power_of_2(max(n, 1))
-    target = elems_per_program or 2048
-    block_r = max(1, min(64, target // block_n))
+    block_r = max(1, min(64, (elems_per_program or 2048) // block_n))
     if num_warps is None:
-        elems = block_r * block_n
-        num_warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+        num_warps = min(32, max(4, triton.next_power_of_2(block_r * block_n // 512)))
     return block_r, block_n, num_warps
 
 
