@@ -14,10 +14,9 @@ import torch
 
 from asentmax.ops.attention import entmax_attention
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("interpreter tests: run with TRITON_INTERPRET=1 (GPU runs use the gpu-marked file)",
-                allow_module_level=True)
 pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests: run with TRITON_INTERPRET=1 (GPU: *_gpu.py)")
 
 FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
