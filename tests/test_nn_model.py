@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from asentmax.nn import KVCache, ModelConfig, Transformer
+from asentmax.nn import attention as attention_module
 
 NORMALISERS = ("softmax", "ssmax", "topk", "entmax", "asentmax")
 POSITIONS = ("nope", "alibi", "rope", "nape")
@@ -161,3 +162,22 @@ def test_bad_forward_inputs():
     model(torch.ones(2, 3, dtype=torch.long), cache=cache)
     with pytest.raises(ValueError, match="cache holds 2 rows"):
         model(torch.ones(3, 1, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("attention,position", [("softmax", "nape"), ("ssmax", "alibi"), ("ssmax", "nope")],
+                         ids=lambda v: str(v))
+def test_softmax_without_sdpa_mask_matches_sdpa(attention, position, monkeypatch):
+    """Above SDPA_MASK_LIMIT, softmax/SSMax run through entmax_attention(alpha=1): same logits and grads."""
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[0, :4] = False
+    results = []
+    for limit in (2**62, 0):
+        monkeypatch.setattr(attention_module, "SDPA_MASK_LIMIT", limit)
+        model = make_model(attention, position)
+        logits = model(ids, attention_mask=mask)
+        logits[mask].square().sum().backward()
+        results.append((logits.detach()[mask], [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-10, atol=1e-12)
+    for grad_sdpa, grad_chunked in zip(results[0][1], results[1][1], strict=True):
+        torch.testing.assert_close(grad_chunked, grad_sdpa, rtol=1e-8, atol=1e-10)

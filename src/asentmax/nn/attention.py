@@ -2,7 +2,9 @@
 
 Logits z_hij = theta_hi * scale * (q_hi . k_hj) + m_h (j - i), j <= i, over real keys only.
   softmax, ssmax  -> torch scaled_dot_product_attention, theta * scale folded into q, ALiBi as an
-                     additive float mask (the fastest path a user of plain torch would get);
+                     additive float mask (the fastest path a user of plain torch would get); when that
+                     mask would exceed SDPA_MASK_LIMIT elements (long-context evaluation), the same
+                     softmax runs through entmax_attention(alpha=1), which never materialises it;
   topk            -> dense logits, softmax over each query's k largest;
   entmax, asentmax -> asentmax.ops.attention.entmax_attention(alpha, q_scale=theta, alibi_slopes, ...).
 Layout inside: (batch, heads, seq, head_dim). Slots: with a cache of S slots and T new tokens, new query r
@@ -25,6 +27,10 @@ from asentmax.nn.stats import AttentionStats, attention_stats
 from asentmax.nn.temperature import make_temperature
 from asentmax.ops.attention import entmax_attention
 from asentmax.ops.entmax import entmax
+
+# Largest explicit SDPA mask (elements) before softmax/SSMax switch to entmax_attention(alpha=1):
+# 2^27 fp32 elements = 512 MiB.
+SDPA_MASK_LIMIT = 2**27
 
 
 @dataclass
@@ -73,6 +79,15 @@ class AttentionContext:
             self._additive[dtype] = torch.where(visible, bias, torch.tensor(float("-inf"), dtype=dtype,
                                                                             device=device))
         return self._additive[dtype]
+
+    def sdpa_mask_elements(self, n_heads: int) -> int:
+        """Size of the explicit mask sdpa_mask would build (0 when SDPA needs none)."""
+        batch = 1 if self.key_padding_mask is None else self.key_padding_mask.shape[0]
+        if self.slopes is not None:
+            return batch * n_heads * self.n_new * self.n_total
+        if self.key_padding_mask is None and (self.offset == 0 or self.n_new == 1):
+            return 0
+        return batch * self.n_new * self.n_total
 
     def sdpa_mask(self, dtype: torch.dtype, device) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal) for torch SDPA, using its fast causal path where nothing else is needed."""
@@ -133,13 +148,14 @@ class Attention(nn.Module):
             k, v = cache.update(self.layer, k, v)  # (B, Hkv, Nk, D)
         theta = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
 
-        if cfg.attention in ("entmax", "asentmax"):
-            slopes = None if ctx.slopes is None else ctx.slopes.to(device=q.device, dtype=_math_dtype(q))
-            out = entmax_attention(q, k, v, alpha=cfg.alpha, causal=True, alibi_slopes=slopes, q_scale=theta,
-                                   key_padding_mask=ctx.key_padding_mask, backend=cfg.attention_backend)
-        elif cfg.attention == "topk":
+        if cfg.attention == "topk":
             p = topk_probabilities(dense_logits(q, k, theta, ctx, _math_dtype(q)), cfg.topk_k)
             out = torch.matmul(p.to(v.dtype), _expand_kv(v, cfg.n_heads))
+        elif cfg.attention in ("entmax", "asentmax") or ctx.sdpa_mask_elements(cfg.n_heads) > SDPA_MASK_LIMIT:
+            alpha = cfg.alpha if cfg.attention in ("entmax", "asentmax") else 1.0
+            slopes = None if ctx.slopes is None else ctx.slopes.to(device=q.device, dtype=_math_dtype(q))
+            out = entmax_attention(q, k, v, alpha=alpha, causal=True, alibi_slopes=slopes, q_scale=theta,
+                                   key_padding_mask=ctx.key_padding_mask, backend=cfg.attention_backend)
         else:
             out = self._sdpa(q, k, v, theta, ctx)
 
