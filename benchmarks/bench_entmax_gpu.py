@@ -109,18 +109,17 @@ def run_sweep(shapes):
         g = torch.randn(rows, n, device="cuda")
         p, _ = er._forward(x, 1.5)
         block = triton.next_power_of_2(n)
-        warps_options = [4, 8, 16] if block <= 4096 else [16, 32]
-        elems_options = [1024, 2048, 4096] if block <= 2048 else [block]
-        for warps in warps_options:
-            for elems in elems_options:
-                fwd = do_bench(lambda: er._forward(x, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
-                               return_mode="median")
-                bwd = do_bench(lambda: er._backward(p, g, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
-                               return_mode="median")
-                records.append({"shape": [rows, n], "num_warps": warps, "elems_per_program": elems,
-                                "fwd_ms": fwd, "bwd_ms": bwd})
-                print(f"sweep {rows}x{n} warps={warps} elems={elems}: fwd {fwd:.4f} bwd {bwd:.4f}",
-                      flush=True)
+        configs = [(1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048), (4, 4096), (8, 4096)]
+        if block > 4096:
+            configs = [(16, block), (32, block)]
+        for warps, elems in configs:
+            fwd = do_bench(lambda: er._forward(x, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
+                           return_mode="median")
+            bwd = do_bench(lambda: er._backward(p, g, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
+                           return_mode="median")
+            records.append({"shape": [rows, n], "num_warps": warps, "elems_per_program": elems,
+                            "fwd_ms": fwd, "bwd_ms": bwd})
+            print(f"sweep {rows}x{n} warps={warps} elems={elems}: fwd {fwd:.4f} bwd {bwd:.4f}", flush=True)
         if block > 4096:  # the chunk-looping kernel on the same shape, for comparison
             fwd = do_bench(lambda: er._forward(x, 1.5, max_block_n=4096), return_mode="median")  # noqa: B023
             bwd = do_bench(lambda: er._backward(p, g, 1.5, max_block_n=4096), return_mode="median")  # noqa: B023
