@@ -241,7 +241,7 @@ def test_bad_inputs_raise():
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25, 2.5], ids=lambda a: f"a{a}")
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25], ids=lambda a: f"a{a}")
 @pytest.mark.parametrize("shape", [(4096, 1024), (64, 32768), (4, 100_000), (3000, 77)], ids=str)
 def test_gpu_large(shape, alpha):
     rows, n = shape
