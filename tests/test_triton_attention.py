@@ -163,3 +163,23 @@ def test_exact_zeros_and_tile_skipping():
     assert aux.support_size.max() < 20
     assert max_err(out, ref) < 1e-5
     assert math.isclose(aux.tau[0, 0, -1].item(), ref_aux.tau[0, 0, -1].item(), abs_tol=1e-5)
+
+
+@pytest.mark.parametrize("case", [C(1.5, True, 1, 2100, 16, B=2, H=4, Hkv=2, alibi="heads", q_scale=True,
+                                    kpm=True),
+                                  C(1.0, False, 5, 130, 48, dtype=torch.float16, q_scale=True),
+                                  C(1.25, True, 3, 63, 16, B=2, kpm=True)], ids=case_id)
+def test_decoding_path_forward(case):
+    """Nq <= 16 without gradients takes the split-over-keys decoding kernels (attention_decode.py)."""
+    q, k, v, options, _ = make_inputs(case)
+    with torch.no_grad(), poisoned_allocations():
+        out, aux = entmax_attention(q, k, v, backend="triton", return_aux=True, **options)
+    with torch.no_grad():
+        ref, ref_aux = entmax_attention(q.double(), k.double(), v.double(), backend="reference",
+                                        return_aux=True, **options)
+        low = entmax_attention(q, k, v, backend="reference", **options)
+    assert max_err(out, ref) <= 2 * max_err(low, ref) + FLOOR[case["dtype"]]
+    empty = torch.isinf(ref_aux.tau)
+    assert torch.equal(torch.isinf(aux.tau), empty)
+    assert max_err(aux.tau[~empty], ref_aux.tau[~empty]) <= 1e-3
+    assert (aux.support_size.long() - ref_aux.support_size.long()).abs().max().item() <= 1

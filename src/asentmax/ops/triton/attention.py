@@ -12,6 +12,7 @@ import torch
 from asentmax.ops.attention import AttentionAux
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import block_config, mode_of
+from asentmax.ops.triton.attention_decode import MAX_QUERIES, entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 
 # Newton passes stop once sum_j p_j (at the current lower bound of tau) is within tol of 1; one more
@@ -63,7 +64,15 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     if q_scale is not None:
         qs = q_scale.float().contiguous()
     kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-    out, tau, support = _EntmaxAttention.apply(q, k, v, qs, float(alpha), causal, float(scale), slopes, kpm)
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, q_scale))
+    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding: split over the keys, forward only
+        out, tau, support = entmax_attention_decode(
+            q, k, v, mode=mode_of(alpha), alpha=float(alpha), scale=float(scale), causal=causal,
+            slopes=slopes, q_scale=qs, kpm=kpm, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES)
+    else:
+        out, tau, support = _EntmaxAttention.apply(q, k, v, qs, float(alpha), causal, float(scale), slopes,
+                                                   kpm)
     out = out.to(in_dtype)
     if not return_aux:
         return out
