@@ -73,6 +73,7 @@ def oracle_theta(attn, cfg: ModelConfig, x_i: torch.Tensor, n: int) -> list[floa
     return theta
 
 
+@torch.no_grad()
 def oracle_layer(attn, cfg: ModelConfig, x: torch.Tensor, mask: torch.Tensor):
     """(output (B, T, d_model), probabilities {(b, h, i): p over the row's real keys <= i})."""
     b_size, t_size, _ = x.shape
@@ -184,7 +185,7 @@ def test_theta_hand_computation():
         t.gamma_proj.bias.copy_(torch.tensor([0.0, 0.2], dtype=torch.float64))
     x = torch.tensor([[[1.0, 2.0], [-0.5, 0.25]]], dtype=torch.float64)
     n_keys = torch.tensor([[1, 37]])
-    theta = t(x, n_keys)
+    theta = t(x, n_keys).detach()
     softplus = lambda a: math.log(1 + math.exp(a))
     # query 0 (x = (1, 2), n = 1), head 0: beta = softplus(0.5 - 2 + 0.1), gamma = 2 tanh(1)
     h00 = 1 + softplus(-1.4) * math.log(2) ** (2 * math.tanh(1.0))
