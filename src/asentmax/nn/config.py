@@ -10,7 +10,7 @@ Every default lives here, once. Presets (presets.py) are plain functions that ov
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 ATTENTIONS = ("softmax", "ssmax", "topk", "entmax", "asentmax")
 POSITIONS = ("nope", "alibi", "rope", "nape")
@@ -21,46 +21,47 @@ SSMAX_FORMS = ("delta", "plain")
 BACKENDS = ("auto", "reference", "chunked", "triton")
 
 
+def _field(default, help: str):
+    """A dataclass field with its help text (the CLI builds its flags from these)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class ModelConfig:
-    vocab_size: int
-    d_model: int = 256
-    n_layers: int = 2
-    n_heads: int = 8
-    # None = n_heads (plain multi-head attention); fewer = grouped-query attention.
-    n_kv_heads: int | None = None
-    d_ff: int = 1024
-    mlp: str = "swiglu"
-    attention: str = "asentmax"
-    # alpha of alpha-entmax (entmax, asentmax); must be > 1. Ignored by softmax/ssmax/topk.
-    alpha: float = 1.5
-    # topk: softmax over each query's k largest logits (k = 32 in the paper's Sort runs).
-    topk_k: int = 32
-    position: str = "nape"
-    # ALiBi slopes over the m ALiBi heads (all heads for alibi, the first H/2 for nape):
-    # "harmonic" = 1, 1/2, ..., 1/m (the paper's reference code); "geometric" = 2^(-8 i / m) (Press et al.).
-    alibi_slopes: str = "harmonic"
-    rope_base: float = 10000.0
-    # delta of theta = delta + ... (ASEntmax, and SSMax in its "delta" form). PAPER.md: delta = 1.
-    theta_delta: float = 1.0
-    # s of gamma = s * tanh(w_gamma . x + b) (ASEntmax). PAPER.md: s = 2.
-    gamma_range: float = 2.0
-    # Initialisation of the ASEntmax beta/gamma projections: "zero" (weights and biases 0, so at the start
-    # beta = softplus(0) = log 2 and gamma = 0 for every token) or "reference" (nn.Linear's default random
-    # weights, zero biases, as in the paper's code). PAPER.md: an independent reproduction escaped the
-    # MQMTAR plateau only with zero init. Default "zero" is provisional: to be confirmed by measurement.
-    asentmax_init: str = "zero"
-    # SSMax: "delta" theta = delta + s_h log(n+1) (the paper's runs) or "plain" theta = s_h log(n+1).
-    ssmax_form: str = "delta"
-    # Initial s_h. None = 0.0 for the delta form (starts as softmax) and 1/log(65) for the plain form
-    # (theta = 1 at the in-distribution length 64).
-    ssmax_s_init: float | None = None
-    tie_embeddings: bool = True
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-    # entmax_attention's backend for entmax/asentmax: auto | reference | chunked | triton.
-    attention_backend: str = "auto"
+    vocab_size: int = field(metadata={"help": "vocabulary size (token ids 0 .. vocab_size-1)"})
+    d_model: int = _field(256, "hidden size")
+    n_layers: int = _field(2, "number of Transformer blocks")
+    n_heads: int = _field(8, "attention (query) heads; must divide d_model")
+    n_kv_heads: int | None = _field(None, "key/value heads for grouped-query attention; None = n_heads")
+    d_ff: int = _field(1024, "MLP hidden size")
+    mlp: str = _field("swiglu", "MLP: swiglu | gelu")
+    attention: str = _field("asentmax", "attention normaliser: softmax | ssmax | topk | entmax | asentmax")
+    alpha: float = _field(1.5, "alpha of alpha-entmax (entmax, asentmax), > 1; 1.5 in the paper")
+    topk_k: int = _field(32, "topk: softmax over each query's k largest logits (32 in the paper's Sort runs)")
+    position: str = _field("nape", "positions: nope | alibi | rope | nape (first H/2 heads ALiBi, rest NoPE)")
+    alibi_slopes: str = _field(
+        "harmonic", "slopes of the m ALiBi heads: harmonic = 1, 1/2, ..., 1/m (the paper's NAPE code) | "
+        "geometric = 2^(-8 i/m) (Press et al.)")
+    rope_base: float = _field(10000.0, "RoPE base")
+    theta_delta: float = _field(1.0, "delta in theta = delta + ... (ASEntmax, SSMax delta form); paper: 1")
+    gamma_range: float = _field(2.0, "s in gamma = s tanh(w_gamma . x + b) (ASEntmax); 2 in the paper")
+    # Default "zero" is provisional: PAPER.md reports that an independent reproduction escaped the MQMTAR
+    # plateau only with zero-initialised projections; to be confirmed by measurement.
+    asentmax_init: str = _field(
+        "zero", "ASEntmax beta/gamma projections at init: zero (weights and biases 0: beta = log 2, "
+        "gamma = 0) | reference (nn.Linear's random weights, zero biases: beta ~ softplus(0), gamma ~ 0)")
+    ssmax_form: str = _field("delta", "SSMax: delta (theta = delta + s_h log(n+1), the paper's runs) | "
+                                      "plain (theta = s_h log(n+1))")
+    ssmax_s_init: float | None = _field(
+        None, "initial SSMax s_h; None = 0 for the delta form (starts as softmax), 1/log(65) for the plain "
+        "form (theta = 1 at length 64)")
+    tie_embeddings: bool = _field(True, "share the input embedding and the output head")
+    dropout: float = _field(0.0, "dropout on embeddings and residual branches")
+    norm_eps: float = _field(1e-5, "RMSNorm epsilon")
+    init_std: float = _field(0.02, "std of the normal weight init (residual outputs / sqrt(2 n_layers))")
+    attention_backend: str = _field(
+        "auto", "entmax_attention backend for entmax/asentmax (and long-context softmax/ssmax): "
+        "auto | reference | chunked | triton")
 
     def __post_init__(self):
         def need(cond: bool, message: str):
