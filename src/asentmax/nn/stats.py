@@ -29,7 +29,7 @@ def attention_stats(p: torch.Tensor, theta: torch.Tensor | None, n_keys: torch.T
     nan = torch.full_like(entropy, float("nan"))
     normalised = torch.where(log_n > 0, entropy / log_n.clamp_min(1e-30), nan)
     support = (p > 0).sum(-1)
-    theta = torch.ones_like(entropy) if theta is None else theta.to(entropy.dtype)
+    theta = torch.ones_like(entropy) if theta is None else theta.detach().to(entropy.dtype)
     if query_mask is not None:
         pad = ~query_mask[:, None, :]
         entropy = entropy.masked_fill(pad, float("nan"))
