@@ -53,36 +53,45 @@ def solve_threshold(s, alpha):
     """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor. Returns t (R, 1)."""
     n_rows, k = s.shape
     q = 1.0 / (alpha - 1.0)
+    closed_form = isinstance(q, float) and q in (1.0, 2.0)
     eps = torch.finfo(s.dtype).eps
     qmax = float(q.max()) if isinstance(q, torch.Tensor) else q
     tol = 8 * eps * (max(qmax, 1.0) + math.log2(k + 1))
-    lo = torch.full((n_rows, 1), -1.0, dtype=s.dtype)
-    hi = torch.zeros((n_rows, 1), dtype=s.dtype)
-    t = lo.clone()
+    t_out = torch.empty((n_rows, 1), dtype=s.dtype)
+    # the working set: rows still iterating (shrunk by gathering when half of them are done)
+    rows = torch.arange(n_rows)
+    sw, qw = s, q
+    t = torch.full((n_rows, 1), -1.0, dtype=s.dtype)
+    lo, hi = t.clone(), torch.zeros_like(t)
+    done = torch.zeros((n_rows, 1), dtype=torch.bool)
     d = torch.empty_like(s)
-    active = torch.arange(n_rows)
     for _ in range(_MAX_ITER):
-        everyone = active.numel() == n_rows
-        sa, ta = (s, t) if everyone else (s[active], t[active])
-        qa = q[active] if isinstance(q, torch.Tensor) and not everyone else q
-        da = d[: active.numel()]
-        torch.sub(sa, ta, out=da).clamp_(min=0)
-        f, df = power_sums(da, qa)
+        torch.sub(sw, t, out=d).clamp_(min=0)
+        f, df = power_sums(d, qw)
         above = f >= 1
-        lo_a = torch.where(above, ta, lo[active])
-        hi_a = torch.where(above, hi[active], ta)
-        step = (f - f.pow(1.0 - 1.0 / qa)) / df
-        t_new = ta + step
-        outside = ~((t_new > lo_a) & (t_new < hi_a))
-        t_new = torch.where(outside & ~(step.abs() <= tol), (lo_a + hi_a) / 2, t_new)
-        done = (step.abs() <= tol) | (hi_a - lo_a <= tol)
-        lo[active], hi[active] = lo_a, hi_a
-        # converged rows keep the evaluation point for the closed forms, else the last Newton iterate
-        t[active] = torch.where(done, ta if isinstance(q, float) and q in (1.0, 2.0) else t_new, t_new)
-        active = active[~done.squeeze(1)]
-        if active.numel() == 0:
+        lo = torch.where(above, torch.maximum(lo, t), lo)
+        hi = torch.where(above, hi, torch.minimum(hi, t))
+        step = (f - f.pow(1.0 - 1.0 / qw)) / df
+        converged = ~(step.abs() > tol) & ~torch.isnan(step) | (hi - lo <= tol)
+        t_new = t + step
+        outside = ~((t_new > lo) & (t_new < hi)) & ~converged
+        t_new = torch.where(outside, (lo + hi) / 2, t_new)
+        # converged rows keep their evaluation point (closed forms finish from its support) or iterate
+        finished = done | converged
+        t = torch.where(done, t, torch.where(converged, t if closed_form else t_new, t_new))
+        done = finished
+        n_left = int((~done).sum())
+        if n_left == 0:
             break
-    if isinstance(q, float) and q in (1.0, 2.0):
-        torch.sub(s, t, out=d).clamp_(min=0)
-        t = _closed_form(d, t, q)
-    return t
+        if n_left <= rows.numel() // 2:
+            t_out[rows[done.squeeze(1)]] = t[done.squeeze(1)]
+            keep = (~done).squeeze(1)
+            rows, sw, t, lo, hi = rows[keep], sw[keep], t[keep], lo[keep], hi[keep]
+            qw = qw[keep] if isinstance(qw, torch.Tensor) else qw
+            done = done[keep]
+            d = torch.empty_like(sw)
+    t_out[rows] = t
+    if closed_form:
+        d = torch.sub(s, t_out).clamp_(min=0)
+        t_out = _closed_form(d, t_out, q)
+    return t_out

@@ -23,12 +23,14 @@ Backward (u = p^(2 - alpha) on the support, U = sum u):
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
+import math
+
 import torch
 
 from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
 # A row is compacted when its candidates fill at most this fraction of the longest row.
-_COMPACT_FRACTION = 0.25
+_COMPACT_FRACTION = 0.125
 
 
 def _check_inputs(x, alpha, dim):
@@ -103,37 +105,51 @@ def _probs_from(s, tau, alpha):
     return d.pow_(1.0 / (alpha - 1.0))
 
 
-def _raise_lower_bound(x, m, alpha, buf):
-    """Newton passes (fp32 on the full rows) that raise a certified lower bound t of tau - (alpha-1) m.
+def _surrogate_sums(d, k, scratch):
+    """F = sum d^k and D = sum d^(k-1) (over d > 0), for an integer k <= 4 by multiplications only."""
+    if not isinstance(k, int):
+        return power_sums(d, k)
+    if k == 1:
+        return d.sum(1, keepdim=True), torch.sign(d, out=scratch).sum(1, keepdim=True)
+    if k == 2:
+        return torch.linalg.vector_norm(d, 2, dim=1, keepdim=True).square(), d.sum(1, keepdim=True)
+    w = torch.mul(d, d, out=scratch)
+    for _ in range(k - 3):
+        w.mul_(d)
+    dw = w.sum(1, keepdim=True)
+    return w.mul_(d).sum(1, keepdim=True), dw
 
-    Starts at t = -1. A Newton iterate is kept only where F(t) >= 1 + 1e-3 holds in the evaluation
-    (a safe margin over rounding), so t stays a true lower bound. Stops when the candidates x > m + t /
-    (alpha - 1) are few enough to compact, or a pass no longer shrinks them by a tenth.
-    Returns t (R, 1) and buf holding 1.0 at the candidates (0.0 elsewhere)."""
+
+def _raise_lower_bound(x, m, alpha, marks):
+    """Newton passes over the full rows that raise a lower bound t of tau - (alpha-1) m (fp32 is fine).
+
+    Starts at t = -1. Since 0 <= d = [s - t]_+ <= 1, F_q(t) = sum d^q >= sum d^k for the integer
+    k = ceil(q), so the root of the surrogate sum d^k = 1 is a lower bound of tau; Newton on its
+    phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only (k = q itself,
+    with pow, when ceil(q) > 4). Stops when the candidates {s > t} are few enough to compact, or a
+    pass shrinks them by less than a quarter.
+    Returns t (R, 1), the largest candidate count, and marks (R, n), nonzero exactly at the candidates."""
     n = x.shape[1]
     a = alpha - 1.0
     t = torch.full_like(m, -1.0)
-    torch.gt(x, m + t / a, out=buf)
-    counts = buf.sum(1, keepdim=True)
+    torch.gt(x, m - 1.0 / a, out=marks)
+    kmax = float(marks.sum(1).max())
     q = 1.0 / a
-    s = None
-    while float(counts.max()) > _COMPACT_FRACTION * n:
+    k = math.ceil(float(q.max()) if isinstance(q, torch.Tensor) else q)
+    k = k if k <= 4 else q  # beyond k = 4, pow is cheaper than the multiplications
+    s = scratch = f = None
+    previous = math.inf  # the candidate count before the last pass
+    while kmax > _COMPACT_FRACTION * n and kmax < 0.75 * previous:
         if s is None:
-            s = torch.sub(x, m).mul_(a)
-        d = torch.sub(s, t, out=buf).clamp_(min=0)
-        f, df = power_sums(d, q)
-        t_new = t + (f - f.pow(1.0 - a)) / df
-        d = torch.sub(s, t_new, out=buf).clamp_(min=0)
-        f_new, _ = power_sums(d, q)
-        valid = f_new >= 1 + 1e-3
-        t = torch.where(valid, t_new, t)
-        torch.gt(s, t, out=buf)
-        new_counts = buf.sum(1, keepdim=True)
-        shrunk = float(new_counts.max()) < 0.9 * float(counts.max())
-        counts = new_counts
-        if not shrunk:
-            break
-    return t, float(counts.max())
+            s, scratch = torch.sub(x, m).mul_(a), torch.empty_like(x)
+            f, df = _surrogate_sums(torch.sub(s, t, out=marks).clamp_(min=0), k, scratch)
+        t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
+        t = torch.where(t_new > t, t_new - 1e-4 * (t_new - t), t)  # a hair below, against rounding
+        d = torch.sub(s, t, out=marks).clamp_(min=0)  # nonzero exactly at the candidates of t
+        f, df = _surrogate_sums(d, k, scratch)
+        count = df if isinstance(k, int) and k == 1 else torch.sign(d, out=scratch).sum(1, keepdim=True)
+        previous, kmax = kmax, float(count.max())
+    return t, kmax
 
 
 def _forward_2d(x, alpha, out):
