@@ -137,13 +137,14 @@ def test_gradcheck_custom_backward(alpha):
 
 
 MEMORY_SCRIPT = textwrap.dedent("""
-    import resource, sys, torch
-    from asentmax.ops.attention import entmax_attention
+    import resource, torch
+    from asentmax.ops.chunked import chunked_entmax_attention
     torch.manual_seed(0)
     n, heads, dim = {n}, {heads}, 16
     q, k, v = (torch.randn(1, heads, n, dim, requires_grad=True) for _ in range(3))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out = entmax_attention(q, k, v, alpha=1.5, causal=True, backend="chunked")
+    out = chunked_entmax_attention(q, k, v, alpha=1.5, causal=True, scale=0.25, alibi_slopes=None,
+                                   q_scale=None, key_padding_mask=None, return_aux=False, block_q={block_q})
     out.sum().backward()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
@@ -152,10 +153,11 @@ MEMORY_SCRIPT = textwrap.dedent("""
 
 
 def test_chunked_peak_memory_far_below_dense_logits():
-    n, heads = 8192, 2
-    script = MEMORY_SCRIPT.format(n=n, heads=heads)
+    """8K causal fwd + bwd with 64-row blocks: peak RSS growth is bounded by the block, not by N^2."""
+    n, heads, block_q = 8192, 2, 64
+    script = MEMORY_SCRIPT.format(n=n, heads=heads, block_q=block_q)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     growth = int(result.stdout.split()[-1])
     dense_logits = heads * n * n * 4  # one fp32 (B, H, N, N) tensor: 512 MiB; the reference holds several
-    assert growth < dense_logits / 4, f"peak RSS grew {growth / 2**20:.0f} MiB"
+    assert growth < dense_logits / 6, f"peak RSS grew {growth / 2**20:.0f} MiB"

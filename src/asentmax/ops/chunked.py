@@ -19,7 +19,7 @@ from asentmax.ops.attention import AttentionAux
 from asentmax.ops.entmax import entmax
 from asentmax.ops.reference import compute_dtype
 
-BLOCK_ELEMENTS = 1 << 23  # logits per block buffer (32 MiB in fp32); a block holds ~3 such buffers
+BLOCK_ELEMENTS = 1 << 22  # logits per block buffer (16 MiB in fp32); a block holds a few such buffers
 
 
 def default_block_q(batch, heads, n_q, n_k):
@@ -50,6 +50,7 @@ class _Problem:
             cumulative = key_padding_mask.cumsum(-1)
             counts = cumulative[:, pos] if causal else cumulative[:, -1:].expand(-1, self.n_q)
         self.empty = (counts == 0)[:, None, None, :, None]  # (B or 1, 1, 1, Nq, 1): no visible key
+        self.any_empty = bool(self.empty.any())
 
     def blocks(self):
         """(r0, r1, kend): query rows [r0, r1) and the keys [0, kend) any of them can see."""
@@ -70,15 +71,17 @@ class _Problem:
         keys = torch.arange(kend, device=self.device)
         if self.neg_slopes is not None:
             z.addcmul_(self.neg_slopes, (pos[:, None] - keys[None, :]).abs().to(self.dtype))
-        if self.causal:
-            z.masked_fill_(keys[None, :] > pos[:, None], float("-inf"))
+        if self.causal:  # only keys after the block's first position can be in the future of a row
+            first = r0 + self.offset + 1
+            z[..., first:].masked_fill_(keys[None, first:] > pos[:, None], float("-inf"))
         if self.padding is not None:
             z.masked_fill_(self.padding[..., :kend], float("-inf"))
-        return z.masked_fill_(self.empty[:, :, :, r0:r1], 0.0)
+        if self.any_empty:
+            z.masked_fill_(self.empty[:, :, :, r0:r1], 0.0)
+        return z
 
     def probs(self, z, r0, r1):
         """Forward: p and tau (B, Hkv, G, n, 1) from logits z (overwritten)."""
-        empty = self.empty[:, :, :, r0:r1]
         z_max = z.amax(-1, keepdim=True)
         if self.alpha == 1.0:
             p = z.sub_(z_max).exp_()
@@ -89,7 +92,11 @@ class _Problem:
             p = entmax(z, alpha=self.alpha, dim=-1)
             # p increases with z: at the largest logit p_max^(alpha-1) = (alpha-1) z_max - tau.
             tau = (self.alpha - 1) * z_max - p.amax(-1, keepdim=True) ** (self.alpha - 1)
-        return p.masked_fill_(empty, 0.0), tau.masked_fill_(empty, float("inf"))
+        if self.any_empty:
+            empty = self.empty[:, :, :, r0:r1]
+            p.masked_fill_(empty, 0.0)
+            tau.masked_fill_(empty, float("inf"))
+        return p, tau
 
     def probs_from_tau(self, z, tau):
         """Backward: recompute p = [(alpha-1) z - tau]_+^(1/(alpha-1)) (exp(z - tau) for softmax) in place."""
@@ -112,7 +119,7 @@ class _ChunkedEntmaxAttention(torch.autograd.Function):
         for r0, r1, kend in prob.blocks():
             z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
             p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
-            support[:, :, :, r0:r1] = (p > 0).sum(-1)
+            support[:, :, :, r0:r1] = torch.count_nonzero(p, dim=-1)
             n = r1 - r0
             p_rows = p.view(prob.batch, prob.kv_heads, prob.group * n, kend)
             out[:, :, :, r0:r1] = (p_rows @ vc[:, :, :kend]).view(*shape5[:3], n, prob.dim)
