@@ -121,8 +121,10 @@ def main():
                     rows.append(sdpa)
                     print(json.dumps(sdpa), flush=True)
     command = "python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
-    meta = {"command": command, "torch": torch.__version__, "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "shape": {"batch": BATCH, "heads": HEADS, "dim": DIM}}
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    meta = {"command": command, "git_commit": git.stdout.strip(), "torch": torch.__version__,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "shape": {"batch": BATCH, "heads": HEADS, "dim": DIM}}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
