@@ -1,0 +1,262 @@
+"""Forward tests of asentmax.ops.entmax against independent fp64 computations (PAPER.md section 2).
+
+Oracles written here, independently of the library: sparsemax and 1.5-entmax by sorting the whole row
+(the classic support-size search), and general alpha by 200 bisection steps on tau in fp64.
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asentmax.ops.entmax import entmax, entmax15, entmax_threshold, sparsemax
+
+
+def sorted_closed_form(z, alpha):
+    """fp64 sparsemax (alpha=2) or 1.5-entmax by sorting: the largest k whose threshold is below z_(k)."""
+    s = (alpha - 1) * (z.double() - z.double().amax(-1, keepdim=True))  # shifted: no cancellation
+    srt, _ = torch.sort(s, dim=-1, descending=True)
+    k = torch.arange(1, s.shape[-1] + 1, dtype=torch.float64)
+    c1 = torch.cumsum(srt, -1)
+    if alpha == 2.0:
+        tau_k = (c1 - 1) / k
+    else:
+        mean = c1 / k
+        var = torch.cumsum(srt * srt, -1) / k - mean * mean
+        tau_k = mean - torch.sqrt(torch.clamp((1 - k * var) / k, min=0))
+    support = (tau_k < srt).sum(-1, keepdim=True)
+    tau = tau_k.gather(-1, support - 1)
+    return torch.clamp(s - tau, min=0) ** (1 / (alpha - 1))
+
+
+def bisection(z, alpha, steps=200):
+    """fp64 alpha-entmax by plain bisection on tau (slow, obviously correct)."""
+    s = (alpha - 1) * z.double()
+    hi = s.amax(-1, keepdim=True)
+    lo = hi - 1
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        big = (torch.clamp(s - mid, min=0) ** (1 / (alpha - 1))).sum(-1, keepdim=True) >= 1
+        lo, hi = torch.where(big, mid, lo), torch.where(big, hi, mid)
+    return torch.clamp(s - lo, min=0) ** (1 / (alpha - 1))
+
+
+def rows(n_rows, n, scale, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n_rows, n, generator=g, dtype=dtype) * scale
+
+
+# scales pick the internal path: tiny logits give dense supports, large ones a few candidates
+SHAPES = [(1, 1), (5, 2), (7, 17), (3, 63), (4, 130), (6, 1111), (3, 3000)]
+SCALES = [0.05, 1.0, 8.0]
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_closed_form_alphas_match_sorting(shape, scale, alpha):
+    z = rows(*shape, scale)
+    expected = sorted_closed_form(z, alpha)
+    torch.testing.assert_close(entmax(z, alpha), expected, rtol=0, atol=1e-13)
+    got32 = entmax(z.float(), alpha).double()
+    torch.testing.assert_close(got32, sorted_closed_form(z.float(), alpha), rtol=0, atol=2e-6)
+
+
+def test_named_functions():
+    z = rows(4, 50, 1.0)
+    torch.testing.assert_close(sparsemax(z), sorted_closed_form(z, 2.0), rtol=0, atol=1e-13)
+    torch.testing.assert_close(entmax15(z), sorted_closed_form(z, 1.5), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("alpha", [1.05, 1.25, 1.33, 1.75, 2.5, 4.0])
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("shape", [(3, 17), (4, 130), (3, 2000)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_general_alpha_matches_bisection(shape, scale, alpha):
+    z = rows(*shape, scale, seed=1)
+    torch.testing.assert_close(entmax(z, alpha), bisection(z, alpha), rtol=0, atol=1e-12)
+
+
+def test_per_row_alpha_equals_rowwise_calls():
+    z = rows(6, 300, 1.0, seed=2)
+    alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0], dtype=torch.float64)
+    got = entmax(z, alphas[:, None])
+    for i, a in enumerate(alphas.tolist()):
+        torch.testing.assert_close(got[i], bisection(z[i : i + 1], a)[0], rtol=0, atol=1e-12)
+
+
+def test_alpha_tensor_broadcasts_over_leading_dims():
+    z = rows(2 * 3 * 5, 40, 1.0, seed=3).view(2, 3, 5, 40)
+    alpha = torch.tensor([1.2, 1.5, 2.0], dtype=torch.float64).view(3, 1, 1)
+    got = entmax(z, alpha)
+    for h, a in enumerate([1.2, 1.5, 2.0]):
+        torch.testing.assert_close(got[:, h], bisection(z[:, h], a), rtol=0, atol=1e-12)
+
+
+def test_alpha_to_one_approaches_softmax():
+    z = rows(4, 200, 2.0, seed=4)
+    errors = [(entmax(z, 1 + eps) - torch.softmax(z, -1)).abs().max().item() for eps in (1e-2, 1e-3, 1e-4)]
+    assert errors[0] > 5 * errors[1] > 25 * errors[2] and errors[2] < 1e-3  # O(alpha - 1)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 3.0])
+def test_two_element_closed_form(alpha):
+    z = rows(200, 2, 1.5, seed=5)
+    p = entmax(z, alpha)
+    a = alpha - 1
+    gap = (z[:, 0] - z[:, 1]) * a
+    both = gap.abs() < 1  # both in the support iff |a (z1 - z2)| < 1
+    # both in the support: p1^(a) - p2^(a) = a (z1 - z2) and p1 + p2 = 1
+    torch.testing.assert_close(p[both, 0] ** a - p[both, 1] ** a, gap[both], rtol=0, atol=1e-12)
+    top = torch.where(gap >= 0, 0, 1)
+    winners = p[~both].gather(1, top[~both, None]).squeeze(1)
+    assert torch.equal(winners, torch.ones_like(winners))
+    if alpha == 2.0:
+        torch.testing.assert_close(p[:, 0], torch.clamp((gap + 1) / 2, 0, 1), rtol=0, atol=1e-15)
+
+
+def mass(z, tau, alpha):
+    """sum_i [(alpha-1) z_i - tau]_+^(1/(alpha-1)) in fp64."""
+    return (torch.clamp((alpha - 1) * z.double() - tau.double(), min=0) ** (1 / (alpha - 1))).sum(-1)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0, 2.5])
+def test_threshold_sums_to_one_independently(alpha):
+    z = rows(8, 777, 1.0, seed=6)
+    z[0, :700] = float("-inf")
+    tau = entmax_threshold(z, alpha)
+    assert tau.shape == (8, 1) and tau.dtype == torch.float64
+    torch.testing.assert_close(mass(z, tau, alpha), torch.ones(8, dtype=torch.float64), rtol=0, atol=1e-13)
+    from_tau = torch.clamp((alpha - 1) * z - tau, min=0) ** (1 / (alpha - 1))
+    torch.testing.assert_close(entmax(z, alpha), from_tau, rtol=0, atol=1e-13)
+    # fp32: tau is the root to within 2 units in the last place (the mass brackets 1 around it)
+    z32 = z.float()
+    tau32 = entmax_threshold(z32, alpha)
+    assert tau32.dtype == torch.float32
+    below, above = tau32, tau32
+    for _ in range(2):
+        below, above = torch.nextafter(below, below - 1), torch.nextafter(above, above + 1)
+    assert (mass(z32, below, alpha) >= 1).all() and (mass(z32, above, alpha) <= 1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0])
+def test_sums_to_one_fp32_big_rows(alpha, dtype):
+    z = rows(64, 4096, 1.0, seed=7, dtype=dtype)
+    p = entmax(z, alpha)
+    assert (p.double().sum(-1) - 1).abs().max() <= (1e-6 if dtype == torch.float32 else 1e-13)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2])
+def test_other_dims(dim):
+    z = rows(5 * 7, 9, 1.0, seed=8).view(5, 7, 9)
+    moved = z.movedim(dim, -1)
+    expected = sorted_closed_form(moved, 1.5).movedim(-1, dim)
+    torch.testing.assert_close(entmax(z, 1.5, dim=dim), expected, rtol=0, atol=1e-13)
+    tau = entmax_threshold(z, 1.5, dim=dim)
+    assert tau.shape[dim % 3] == 1 and tau.numel() == z.numel() // z.shape[dim]
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
+def test_against_entmax_package(alpha):
+    entmax_pkg = pytest.importorskip("entmax")
+    z = rows(16, 500, 1.0, seed=9)
+    if alpha == 1.5:
+        expected = entmax_pkg.entmax15(z, dim=-1)
+    elif alpha == 2.0:
+        expected = entmax_pkg.sparsemax(z, dim=-1)
+    else:
+        expected = entmax_pkg.entmax_bisect(z, alpha, dim=-1, n_iter=100)
+    torch.testing.assert_close(entmax(z, alpha), expected, rtol=0, atol=1e-12)
+
+
+# ---- robustness -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_computed_in_fp32(dtype):
+    z = rows(8, 333, 2.0, seed=10).to(dtype)
+    p = entmax(z, 1.5)
+    assert p.dtype == dtype
+    expected = sorted_closed_form(z.double(), 1.5).to(dtype)
+    torch.testing.assert_close(p, expected, rtol=0, atol=torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0])
+def test_minus_inf_entries_and_empty_rows(alpha):
+    z = rows(4, 300, 1.0, seed=11)
+    z[0] = float("-inf")
+    z[1, ::2] = float("-inf")
+    z[2, 1:] = float("-inf")
+    p = entmax(z, alpha)
+    assert torch.equal(p[0], torch.zeros(300, dtype=p.dtype))
+    assert torch.equal(p[1, ::2], torch.zeros(150, dtype=p.dtype))
+    assert p[2, 0] == 1 and torch.equal(p[2, 1:], torch.zeros(299, dtype=p.dtype))
+    finite = z[1, 1::2]
+    torch.testing.assert_close(p[1, 1::2], bisection(finite[None], alpha)[0], rtol=0, atol=1e-12)
+    tau = entmax_threshold(z, alpha)
+    assert tau[0].item() == math.inf and torch.isfinite(tau[1:]).all()
+
+
+def test_nan_stays_in_its_row():
+    z = rows(3, 50, 1.0, seed=12)
+    z[1, 7] = float("nan")
+    p = entmax(z, 1.5)
+    assert torch.isnan(p[1]).all() and torch.isfinite(p[[0, 2]]).all()
+    torch.testing.assert_close(p[[0, 2]], sorted_closed_form(z[[0, 2]], 1.5), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.75, 2.0])
+def test_large_magnitude_inputs(alpha):
+    z = rows(4, 400, 1.0, seed=13) + 1e4
+    z32 = z.float()
+    p = entmax(z32, alpha)
+    assert torch.isfinite(p).all()
+    torch.testing.assert_close(p.double(), bisection(z32.double(), alpha), rtol=0, atol=1e-5)
+    assert (p.double().sum(-1) - 1).abs().max() < 1e-6
+
+
+def test_bad_inputs_raise():
+    z = torch.randn(3, 4)
+    for alpha in (1.0, 0.5, -2.0, float("nan")):
+        with pytest.raises(ValueError, match="alpha"):
+            entmax(z, alpha)
+    with pytest.raises(ValueError, match="alpha"):
+        entmax(z, torch.tensor([[1.5], [1.0], [2.0]]))
+    with pytest.raises(ValueError, match="floating"):
+        entmax(torch.arange(6).view(2, 3), 1.5)
+    with pytest.raises(ValueError, match="size 1 along dim"):
+        entmax(z, torch.full((3, 4), 1.5))
+    with pytest.raises(ValueError, match="dim"):
+        entmax(z, 1.5, dim=2)
+    with pytest.raises(ValueError, match="floating"):
+        entmax_threshold(torch.ones(2, 2, dtype=torch.int32))
+
+
+# ---- properties (hypothesis) ------------------------------------------------------------------
+
+finite_rows = st.lists(st.floats(-30, 30, allow_nan=False, width=64), min_size=1, max_size=40)
+alphas = st.sampled_from([1.1, 1.5, 1.7, 2.0, 2.6])
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=finite_rows, alpha=alphas)
+def test_simplex_and_exact_zeros(values, alpha):
+    z = torch.tensor([values], dtype=torch.float64)
+    p = entmax(z, alpha)
+    assert (p >= 0).all()
+    assert abs(p.sum().item() - 1) < 1e-12
+    tau = entmax_threshold(z, alpha)
+    outside = (alpha - 1) * z <= tau
+    assert (p[outside] == 0).all() and (p[~outside] > 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(values=finite_rows, alpha=alphas, seed=st.integers(0, 10_000), shift=st.floats(-50, 50))
+def test_permutation_equivariance_and_shift_invariance(values, alpha, seed, shift):
+    z = torch.tensor([values], dtype=torch.float64)
+    p = entmax(z, alpha)
+    perm = torch.randperm(z.shape[1], generator=torch.Generator().manual_seed(seed))
+    torch.testing.assert_close(entmax(z[:, perm], alpha), p[:, perm], rtol=0, atol=1e-12)
+    torch.testing.assert_close(entmax(z + shift, alpha), p, rtol=0, atol=1e-9)
