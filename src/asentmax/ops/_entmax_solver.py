@@ -49,8 +49,10 @@ def _closed_form(d, t, q):
     return t + (s1 - disc.sqrt()) / count
 
 
-def solve_threshold(s, alpha):
-    """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor. Returns t (R, 1)."""
+def solve_threshold(s, alpha, start=None):
+    """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor. Returns t (R, 1).
+
+    start: optional (R, 1) first iterate, normally a lower bound of t (the bracket stays [-1, 0))."""
     n_rows, k = s.shape
     q = 1.0 / (alpha - 1.0)
     closed_form = isinstance(q, float) and q in (1.0, 2.0)
@@ -61,8 +63,8 @@ def solve_threshold(s, alpha):
     # the working set: rows still iterating (shrunk by gathering when half of them are done)
     rows = torch.arange(n_rows)
     sw, qw = s, q
-    t = torch.full((n_rows, 1), -1.0, dtype=s.dtype)
-    lo, hi = t.clone(), torch.zeros_like(t)
+    lo, hi = torch.full((n_rows, 1), -1.0, dtype=s.dtype), torch.zeros((n_rows, 1), dtype=s.dtype)
+    t = lo.clone() if start is None else start.to(s.dtype).clamp(-1.0, 0.0)
     done = torch.zeros((n_rows, 1), dtype=torch.bool)
     d = torch.empty_like(s)
     for _ in range(_MAX_ITER):
@@ -74,7 +76,7 @@ def solve_threshold(s, alpha):
         step = (f - f.pow(1.0 - 1.0 / qw)) / df
         converged = ~(step.abs() > tol) & ~torch.isnan(step) | (hi - lo <= tol)
         t_new = t + step
-        outside = ~((t_new > lo) & (t_new < hi)) & ~converged
+        outside = ~((t_new >= lo) & (t_new < hi)) & ~converged
         t_new = torch.where(outside, (lo + hi) / 2, t_new)
         # converged rows keep their evaluation point (closed forms finish from its support) or iterate
         finished = done | converged

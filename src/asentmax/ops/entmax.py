@@ -126,9 +126,9 @@ def _raise_lower_bound(x, m, alpha, marks):
     Starts at t = -1. Since 0 <= d = [s - t]_+ <= 1, F_q(t) = sum d^q >= sum d^k for the integer
     k = ceil(q), so the root of the surrogate sum d^k = 1 is a lower bound of tau; Newton on its
     phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only (k = q itself,
-    with pow, when ceil(q) > 4). Stops when the candidates {s > t} are few enough to compact, or a
-    pass shrinks them by less than a quarter.
-    Returns t (R, 1), the largest candidate count, and marks (R, n), nonzero exactly at the candidates."""
+    with pow, when ceil(q) > 4). The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
+    Stops when the candidates {s > t} are few enough to compact, or a pass shrinks them by less than a
+    quarter. Returns t (R, 1), the largest candidate count, and marks (R, n) = 1.0 at the candidates."""
     n = x.shape[1]
     a = alpha - 1.0
     t = torch.full_like(m, -1.0)
@@ -137,18 +137,18 @@ def _raise_lower_bound(x, m, alpha, marks):
     q = 1.0 / a
     k = math.ceil(float(q.max()) if isinstance(q, torch.Tensor) else q)
     k = k if k <= 4 else q  # beyond k = 4, pow is cheaper than the multiplications
-    s = scratch = f = None
+    scratch = None
     previous = math.inf  # the candidate count before the last pass
     while kmax > _COMPACT_FRACTION * n and kmax < 0.75 * previous:
-        if s is None:
-            s, scratch = torch.sub(x, m).mul_(a), torch.empty_like(x)
-            f, df = _surrogate_sums(torch.sub(s, t, out=marks).clamp_(min=0), k, scratch)
-        t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
-        t = torch.where(t_new > t, t_new - 1e-4 * (t_new - t), t)  # a hair below, against rounding
-        d = torch.sub(s, t, out=marks).clamp_(min=0)  # nonzero exactly at the candidates of t
+        scratch = torch.empty_like(x) if scratch is None else scratch
+        d = torch.sub(x, m + t / a, out=marks).clamp_(min=0)  # [s - t]_+ / (alpha - 1)
         f, df = _surrogate_sums(d, k, scratch)
-        count = df if isinstance(k, int) and k == 1 else torch.sign(d, out=scratch).sum(1, keepdim=True)
-        previous, kmax = kmax, float(count.max())
+        f, df = f * a**k, df * a ** (k - 1)
+        t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
+        # a hair below the iterate, against fp32 rounding (|t| <= 1)
+        t = torch.where(t_new > t, t_new - 1e-4 * (t_new - t) - 1e-6, t)
+        torch.gt(x, m + t / a, out=marks)
+        previous, kmax = kmax, float(marks.sum(1).max())
     return t, kmax
 
 
@@ -171,12 +171,12 @@ def _forward_2d(x, alpha, out):
     if kmax <= 0.5 * n:  # out holds the candidate marks
         compact, flat_index, rows, slots = _candidates(x, out)
         s = compact.sub_(m.double()).mul_(alpha64 - 1.0)
-        t = solve_threshold(s, alpha64)
+        t = solve_threshold(s, alpha64, t_lower.double())
         p_compact = _probs_from(s, t, alpha64)
         out.zero_().view(-1)[flat_index] = p_compact[rows, slots].to(x.dtype)
     else:
         s = torch.sub(x.double(), m.double()).mul_(alpha64 - 1.0)
-        t = solve_threshold(s, alpha64)
+        t = solve_threshold(s, alpha64, t_lower.double())
         out.copy_(_probs_from(s, t, alpha64))
     tau = t.to(x.dtype) + a * m
     if any_bad:
