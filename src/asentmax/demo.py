@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-DEMO_TASK = "reverse"
-DEMO_TRAIN = {"min-length": 8, "max-length": 16, "steps": 1200, "batch-size": 32, "lr": 2e-3,
-              "warmup-steps": 100, "val-every": 400, "val-samples": 32, "checkpoint-every": 400,
-              "log-every": 20, "seed": 0}
+DEMO_TASK = "sort"
+DEMO_TRAIN = {"min-length": 8, "max-length": 16, "steps": 5000, "batch-size": 32, "lr": 2e-3,
+              "warmup-steps": 200, "val-every": 1000, "val-samples": 32, "checkpoint-every": 1000,
+              "log-every": 50, "seed": 0}
 DEMO_MODEL = {"d-model": 64, "n-layers": 2, "n-heads": 4, "d-ff": 256, "position": "nape"}
 DEMO_METHODS = ("softmax", "asentmax")
 DEMO_EVAL = {"multipliers": ("1", "2", "4", "8", "16"), "samples": 100}

@@ -330,8 +330,9 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
         step = checkpoint["step"]
-        states = checkpoint["rng"]
-        set_rng_state(states[world.rank] if len(states) == world.world_size else states[0])
+        rank_states = checkpoint["rank_states"]
+        saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
+        set_rng_state(saved_state["rng"])
     ddp_model = model
     if world.active:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -373,16 +374,18 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         return results
 
     def checkpoint_now() -> None:
+        # per rank: RNG states and the partial loss window, so a resumed run logs the same numbers
+        mine = {"rng": rng_state(), "window": {"loss": window_loss, "targets": window_targets}}
         states = [None] * world.world_size
         if world.active:
-            dist.all_gather_object(states, rng_state())
+            dist.all_gather_object(states, mine)
         else:
-            states = [rng_state()]
+            states = [mine]
         if world.is_main:
             save_checkpoint(run_dir / CHECKPOINT_NAME, {
                 "train_config": asdict(train_config), "model_config": asdict(model_config),
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": states, "step": step, "git_commit": commit,
+                "scheduler": scheduler.state_dict(), "rank_states": states, "step": step, "git_commit": commit,
                 "device": describe_device(world.device), "world_size": world.world_size})
 
     end = train_config.steps if stop_at_step is None else min(train_config.steps, stop_at_step)
@@ -390,6 +393,8 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
                dynamic_ncols=True, desc=f"train {task.name}")
     model.train()
     window_loss, window_targets, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
+    if checkpoint is not None:
+        window_loss, window_targets = saved_state["window"]["loss"], saved_state["window"]["targets"]
     start_time, last_loss, val_results = time.perf_counter(), float("nan"), {}
     while step < end:
         batch = training_batch(task, seed=train_config.seed, rank=world.rank, step=step,
@@ -406,7 +411,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         window_loss += loss_sum
         window_targets += n_targets
         window_tokens += batch.n_tokens * world.world_size
-        if step % train_config.log_every == 0 or step == end:
+        if step % train_config.log_every == 0 or step == train_config.steps:
             totals = torch.tensor([window_loss], dtype=torch.float64, device=world.device)
             if world.active:
                 dist.all_reduce(totals)

@@ -1,0 +1,203 @@
+"""Training driver (asentmax.train, asentmax.data): batching, schedule, loss goes down, exact resume,
+DDP (2 gloo processes) gradients equal to the single-process gradients of the concatenated batch."""
+
+import csv
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from asentmax.data import IGNORE_INDEX, collate, length_buckets, training_batch
+from asentmax.nn import ModelConfig, Transformer
+from asentmax.tasks import get_task
+from asentmax.train import (CHECKPOINT_NAME, Distributed, TrainConfig, WarmupCosine, load_checkpoint, target_loss,
+                            train)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest (and least disturbed by a shared machine) on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny_model(task, **overrides) -> ModelConfig:
+    fields = dict(d_model=32, n_layers=1, n_heads=2, d_ff=64, attention="softmax", position="nape")
+    return ModelConfig(vocab_size=task.vocab_size, **{**fields, **overrides})
+
+
+def tiny_train(**overrides) -> TrainConfig:
+    fields = dict(task="copy", min_length=3, max_length=6, steps=12, batch_size=8, lr=3e-3, warmup_steps=3,
+                  val_every=0, val_multipliers=(1, 2), val_samples=4, log_every=2, checkpoint_every=4, seed=3)
+    return TrainConfig(**{**fields, **overrides})
+
+
+# ---- data ----
+
+@pytest.mark.parametrize("lo,hi,n", [(32, 64, 4), (8, 16, 3), (5, 5, 4), (1, 3, 8), (10, 111, 7)])
+def test_length_buckets_partition_the_range(lo, hi, n):
+    buckets = length_buckets(lo, hi, n)
+    covered = [length for a, b in buckets for length in range(a, b + 1)]
+    assert covered == list(range(lo, hi + 1))
+    assert len(buckets) == min(n, hi - lo + 1)
+    sizes = [b - a + 1 for a, b in buckets]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_length_buckets_reject_bad_ranges():
+    with pytest.raises(ValueError, match="min_length"):
+        length_buckets(10, 5, 2)
+    with pytest.raises(ValueError, match="n_buckets"):
+        length_buckets(5, 10, 0)
+
+
+def test_collate_scores_target_and_eos_only():
+    task = get_task("reverse")
+    rng = np.random.default_rng(0)
+    examples = [task.sample(n, rng) for n in (3, 7, 1)]
+    batch = collate(task, examples)
+    assert batch.input_ids.shape == (3, 7 + 7 + 3 - 1)
+    for row, example in enumerate(examples):
+        sequence = [1, *example.source, 2, *example.target, 3]  # independent layout: BOS src SEP tgt EOS
+        n = len(sequence) - 1
+        assert batch.input_ids[row, :n].tolist() == sequence[:-1]
+        assert (batch.input_ids[row, n:] == 0).all()
+        scored = batch.labels[row] != IGNORE_INDEX
+        first = len(example.source) + 1  # the SEP position predicts target[0]
+        assert scored.nonzero().flatten().tolist() == list(range(first, n))
+        assert batch.labels[row, scored].tolist() == [*example.target, 3]
+
+
+def test_training_batches_are_deterministic_and_distinct_per_rank_and_step():
+    task = get_task("copy")
+    buckets = length_buckets(4, 12, 3)
+    make = lambda rank, step: training_batch(task, seed=5, rank=rank, step=step, batch_size=6, buckets=buckets)
+    a, b = make(0, 7), make(0, 7)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
+    assert not torch.equal(make(1, 7).input_ids[:, :4], a.input_ids[:, :4])
+    assert not torch.equal(make(0, 8).input_ids[:, :4], a.input_ids[:, :4])
+    for step in range(20):  # one bucket per batch: every source length lies inside one bucket
+        lengths = {int(n) for n in (make(0, step).labels != IGNORE_INDEX).sum(1) - 1}
+        assert any(all(lo <= n <= hi for n in lengths) for lo, hi in buckets)
+
+
+# ---- schedule ----
+
+def test_warmup_cosine_schedule():
+    schedule = WarmupCosine(warmup=10, total=110, min_ratio=0.1)
+    assert schedule(0) == pytest.approx(0.1)
+    assert schedule(9) == pytest.approx(1.0)
+    assert schedule(10) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert schedule(110) == pytest.approx(0.1)
+    values = [schedule(s) for s in range(10, 111)]
+    assert all(x >= y for x, y in zip(values, values[1:], strict=False))
+
+
+# ---- training ----
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_training_reduces_the_loss(tmp_path):
+    task = get_task("copy")  # 32 symbols: predicting the marginal gives log(32) nats per token
+    config = tiny_train(steps=150, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=0, val_every=75)
+    summary = train(config, tiny_model(task, d_model=48, n_heads=4), tmp_path / "run", progress=False)
+    losses = [float(r["loss"]) for r in _read_csv(tmp_path / "run" / "log.csv")]
+    assert len(losses) == 15 and summary["step"] == 150
+    assert losses[0] > 0.95 * math.log(32)  # starts at chance
+    assert losses[-1] < 0.85 * losses[0]
+    assert losses[-1] < 0.85 * math.log(32)  # below the marginal: it reads the source
+    val = _read_csv(tmp_path / "run" / "val.csv")
+    assert [int(r["step"]) for r in val] == [75, 75, 150, 150]
+    assert {int(r["length"]) for r in val} == {6, 12}
+
+
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_kill_and_resume_gives_the_same_weights(tmp_path, attention):
+    task = get_task("copy")
+    # dropout > 0 makes the result depend on the restored torch RNG state
+    model_config = tiny_model(task, attention=attention, dropout=0.1)
+    straight = train(tiny_train(), model_config, tmp_path / "straight", progress=False)
+    first = train(tiny_train(), model_config, tmp_path / "resumed", stop_at_step=5, progress=False)
+    assert first["step"] == 5 and load_checkpoint(tmp_path / "resumed" / CHECKPOINT_NAME)["step"] == 5
+    resumed = train(None, None, tmp_path / "resumed", resume=True, progress=False)  # fresh objects
+    assert straight["step"] == resumed["step"] == 12
+    a = load_checkpoint(tmp_path / "straight" / CHECKPOINT_NAME)
+    b = load_checkpoint(tmp_path / "resumed" / CHECKPOINT_NAME)
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for key, state in a["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(b["optimizer"]["state"][key][name]))
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"] == 12
+    assert straight["loss"] == resumed["loss"]
+    log_a, log_b = _read_csv(tmp_path / "straight" / "log.csv"), _read_csv(tmp_path / "resumed" / "log.csv")
+    assert [r["step"] for r in log_a] == [r["step"] for r in log_b]
+    assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+
+
+def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
+    task = get_task("copy")
+    train(tiny_train(steps=4), tiny_model(task), tmp_path / "run", progress=False)
+    checkpoint = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    for key in ("train_config", "model_config", "model", "optimizer", "scheduler", "rank_states", "step",
+                "git_commit", "device"):
+        assert key in checkpoint, key
+    assert set(checkpoint["rank_states"][0]["rng"]) >= {"torch", "numpy", "python"}
+    assert checkpoint["model_config"] == {**tiny_model(task).to_dict()}
+    assert checkpoint["train_config"]["steps"] == 4 and checkpoint["step"] == 4
+    assert not [p for p in os.listdir(tmp_path / "run") if ".tmp" in p]  # atomic write left no temp file
+
+
+def test_mismatched_vocab_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="vocab_size"):
+        train(tiny_train(), ModelConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, d_ff=16),
+              tmp_path / "run", progress=False)
+
+
+# ---- DDP ----
+
+def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_path):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    task = get_task("copy")
+    model = Transformer(tiny_model(task, attention="asentmax"))
+    model.load_state_dict(state)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    batch = collate(task, examples_per_rank[rank])
+    loss, _, _ = target_loss(ddp, batch, Distributed(rank, world_size), None)
+    loss.backward()
+    if rank == 0:
+        torch.save({name: p.grad for name, p in model.named_parameters()}, out_path)
+    dist.destroy_process_group()
+
+
+def test_ddp_gradients_match_single_process(tmp_path):
+    task = get_task("copy")
+    rng = np.random.default_rng(11)
+    # different lengths and counts of target tokens per rank: the loss normalisation must be global
+    shards = [[task.sample(n, rng) for n in (3, 9, 5)], [task.sample(n, rng) for n in (12, 2, 7)]]
+    torch.manual_seed(0)
+    model = Transformer(tiny_model(task, attention="asentmax"))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    out = tmp_path / "grads.pt"
+    mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), shards, state, str(out)), nprocs=2,
+                       join=True, start_method="fork")  # fork: no re-import, seconds faster
+    ddp_grads = torch.load(out)
+
+    loss, loss_sum, n = target_loss(model, collate(task, shards[0] + shards[1]), Distributed(), None)
+    loss.backward()
+    assert n == sum(len(e.target) + 1 for shard in shards for e in shard)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
