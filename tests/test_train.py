@@ -13,8 +13,15 @@ import torch.multiprocessing as mp
 from asentmax.data import IGNORE_INDEX, collate, length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import get_task
-from asentmax.train import (CHECKPOINT_NAME, Distributed, TrainConfig, WarmupCosine, load_checkpoint, target_loss,
-                            train)
+from asentmax.train import (
+    CHECKPOINT_NAME,
+    Distributed,
+    TrainConfig,
+    WarmupCosine,
+    load_checkpoint,
+    target_loss,
+    train,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +83,8 @@ def test_collate_scores_target_and_eos_only():
 def test_training_batches_are_deterministic_and_distinct_per_rank_and_step():
     task = get_task("copy")
     buckets = length_buckets(4, 12, 3)
-    make = lambda rank, step: training_batch(task, seed=5, rank=rank, step=step, batch_size=6, buckets=buckets)
+    make = lambda rank, step: training_batch(task, seed=5, rank=rank, step=step, batch_size=6,
+                                             buckets=buckets)
     a, b = make(0, 7), make(0, 7)
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
     assert not torch.equal(make(1, 7).input_ids[:, :4], a.input_ids[:, :4])
@@ -108,7 +116,8 @@ def _read_csv(path):
 
 def test_training_reduces_the_loss(tmp_path):
     task = get_task("copy")  # 32 symbols: predicting the marginal gives log(32) nats per token
-    config = tiny_train(steps=150, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=0, val_every=75)
+    config = tiny_train(steps=150, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=0,
+                        val_every=75)
     summary = train(config, tiny_model(task, d_model=48, n_heads=4), tmp_path / "run", progress=False)
     losses = [float(r["loss"]) for r in _read_csv(tmp_path / "run" / "log.csv")]
     assert len(losses) == 15 and summary["step"] == 150

@@ -385,8 +385,9 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
             save_checkpoint(run_dir / CHECKPOINT_NAME, {
                 "train_config": asdict(train_config), "model_config": asdict(model_config),
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rank_states": states, "step": step, "git_commit": commit,
-                "device": describe_device(world.device), "world_size": world.world_size})
+                "scheduler": scheduler.state_dict(), "rank_states": states, "step": step,
+                "git_commit": commit, "device": describe_device(world.device),
+                "world_size": world.world_size})
 
     end = train_config.steps if stop_at_step is None else min(train_config.steps, stop_at_step)
     bar = tqdm(total=train_config.steps, initial=step, disable=not (progress and world.is_main),
