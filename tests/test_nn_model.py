@@ -181,3 +181,14 @@ def test_softmax_without_sdpa_mask_matches_sdpa(attention, position, monkeypatch
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-10, atol=1e-12)
     for grad_sdpa, grad_chunked in zip(results[0][1], results[1][1], strict=True):
         torch.testing.assert_close(grad_chunked, grad_sdpa, rtol=1e-8, atol=1e-10)
+
+
+def test_gelu_untied_gqa1_variant():
+    model = make_model("asentmax", "rope", mlp="gelu", tie_embeddings=False, n_kv_heads=1)
+    assert model.head.weight is not model.embed.weight and model.blocks[0].mlp.w_gate is None
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(7))
+    cache = KVCache()
+    steps = [model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), model(ids), rtol=1e-10, atol=1e-12)
+    tied = make_model("softmax", "nope")
+    assert tied.head.weight is tied.embed.weight
