@@ -86,8 +86,9 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
     return lengths
 
 
-def _autocast(device: torch.device, dtype):
-    return torch.autocast(device_type=device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+def _autocast(device, dtype):
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype or torch.bfloat16,
+                          enabled=dtype is not None)
 
 
 def _groups(examples, key, max_batch: int, max_tokens: int):

@@ -1,0 +1,181 @@
+"""Evaluation (asentmax.eval): exact match / token accuracy of hand-built stub models with known answers,
+greedy vs teacher-forced agreement, batching budgets, the Wilson interval against a numeric inversion of
+the score test, length multipliers, and attention dispersion of a real softmax model (support = n)."""
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+import torch
+
+from asentmax.eval import (
+    answer_dispersion,
+    evaluate,
+    greedy_accuracy,
+    multiplier_lengths,
+    teacher_forced_accuracy,
+    wilson_interval,
+)
+from asentmax.nn import ModelConfig, Transformer
+from asentmax.tasks import BOS, EOS, SEP, get_task, make_eval_set
+
+
+class StubModel(torch.nn.Module):
+    """Knows the answer to every example in `examples`; for sources in `corrupt` it answers
+    `corrupt[source]` instead (a list of the same length as target + EOS). Unconditioned on its own
+    outputs, so greedy decoding and teacher forcing see the same mistakes. Records batch shapes."""
+
+    def __init__(self, task, examples, corrupt=None):
+        super().__init__()
+        self.vocab_size = task.vocab_size
+        self.answers = {tuple(e.source): [*e.target, EOS] for e in examples}
+        self.answers.update(corrupt or {})
+        self.shapes = []
+
+    def _sequence(self, row: list[int]) -> list[int]:
+        source = tuple(row[1:row.index(SEP)])
+        return [BOS, *source, SEP, *self.answers[source]]
+
+    def forward(self, input_ids):
+        self.shapes.append(tuple(input_ids.shape))
+        logits = torch.zeros(*input_ids.shape, self.vocab_size)
+        for b, row in enumerate(input_ids.tolist()):
+            sequence = self._sequence(row)
+            for i in range(min(len(row), len(sequence) - 1)):
+                logits[b, i, sequence[i + 1]] = 1.0
+        return logits
+
+    def generate(self, input_ids, max_new_tokens, *, temperature=0.0, **unused):
+        assert temperature == 0.0
+        self.shapes.append(tuple(input_ids.shape))
+        rows = [row + self._sequence(row)[len(row):len(row) + max_new_tokens] for row in input_ids.tolist()]
+        return torch.tensor(rows)
+
+
+def _wrong(token: int, task) -> int:
+    return 4 + (token - 4 + 1) % (task.vocab_size - 4)
+
+
+@pytest.fixture
+def copy_examples():
+    task = get_task("copy")
+    rng = np.random.default_rng(0)
+    return task, [task.sample(n, rng) for n in (5, 5, 9, 9, 9, 1, 17, 5)]
+
+
+@pytest.mark.parametrize("scorer", [greedy_accuracy, teacher_forced_accuracy])
+def test_always_right_and_always_wrong(copy_examples, scorer):
+    task, examples = copy_examples
+    right = StubModel(task, examples)
+    scores = scorer(right, task, examples, device="cpu")
+    assert scores["exact_match"] == 1.0 and scores["token_accuracy"] == 1.0
+    everything_wrong = {tuple(e.source): [_wrong(t, task) for t in [*e.target, EOS]] for e in examples}
+    wrong = StubModel(task, examples, everything_wrong)
+    scores = scorer(wrong, task, examples, device="cpu")
+    assert scores["exact_match"] == 0.0 and scores["token_accuracy"] == 0.0
+
+
+@pytest.mark.parametrize("scorer", [greedy_accuracy, teacher_forced_accuracy])
+def test_known_partial_accuracy(copy_examples, scorer):
+    task, examples = copy_examples
+    corrupt = {}
+    for i in (0, 2, 6):  # one wrong token in each of three examples (a target token, EOS, a middle token)
+        answer = [*examples[i].target, EOS]
+        position = {0: 0, 2: len(answer) - 1, 6: 8}[i]
+        answer[position] = _wrong(answer[position], task)
+        corrupt[tuple(examples[i].source)] = answer
+    model = StubModel(task, examples, corrupt)
+    scores = scorer(model, task, examples, device="cpu", batch_size=3, max_batch_tokens=30)
+    total = sum(len(e.target) + 1 for e in examples)
+    assert scores["exact_match"] == pytest.approx(5 / 8)
+    assert scores["token_accuracy"] == pytest.approx((total - 3) / total)
+    assert all(b <= 3 and (b == 1 or b * t <= 30) for b, t in model.shapes)  # both batch budgets
+    assert max(b for b, _ in model.shapes) > 1
+
+
+def test_evaluate_rows_per_length_with_interval():
+    task = get_task("reverse")
+    lengths, n, seed = [4, 8, 12], 10, 7
+    examples = [e for length in lengths for e in make_eval_set(task, length, n, seed)]
+    # wrong on exactly k examples at length 8 (the first k of its eval set)
+    k = 3
+    corrupt = {tuple(e.source): [_wrong(t, task) for t in [*e.target, EOS]]
+               for e in make_eval_set(task, 8, n, seed)[:k]}
+    model = StubModel(task, examples, corrupt)
+    rows = evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", batch_size=4)
+    assert [r["length"] for r in rows] == lengths
+    assert [r["n_exact"] for r in rows] == [n, n - k, n]
+    assert rows[1]["exact_match"] == pytest.approx((n - k) / n)
+    assert rows[1]["token_accuracy"] == pytest.approx((n - k) / n)
+    for row in rows:
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx(wilson_interval(row["n_exact"], n))
+        assert row["ci_low"] <= row["exact_match"] <= row["ci_high"]
+
+
+def _score_test_bounds(k, n, confidence):
+    """Independent Wilson interval: the p whose score statistic |k/n - p| / sqrt(p(1-p)/n) equals z,
+    found by bisection on each side of k/n."""
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    inside = lambda p: abs(k / n - p) <= z * math.sqrt(p * (1 - p) / n)
+    def edge(outside, inner):
+        for _ in range(200):
+            mid = (outside + inner) / 2
+            outside, inner = (outside, mid) if inside(mid) else (mid, inner)
+        return inner
+    p_hat = k / n
+    low = 0.0 if k == 0 else edge(0.0, p_hat)
+    high = 1.0 if k == n else edge(1.0, p_hat)
+    return low, high
+
+
+@pytest.mark.parametrize("k,n,confidence", [(0, 10, 0.95), (10, 10, 0.95), (3, 10, 0.95), (50, 100, 0.9),
+                                            (999, 1000, 0.99), (1, 1, 0.95), (17, 63, 0.8)])
+def test_wilson_interval_inverts_the_score_test(k, n, confidence):
+    assert wilson_interval(k, n, confidence) == pytest.approx(_score_test_bounds(k, n, confidence), abs=1e-9)
+
+
+def test_wilson_interval_rejects_bad_counts():
+    for k, n in ((1, 0), (-1, 5), (6, 5)):
+        with pytest.raises(ValueError):
+            wilson_interval(k, n)
+
+
+def test_multiplier_lengths():
+    task = get_task("reverse")
+    assert multiplier_lengths(64, (1, 1.5, 2, 1024), task) == [64, 96, 128, 65536]
+    with pytest.raises(ValueError, match="whole number"):
+        multiplier_lengths(15, (1.5,), task)
+    mqmtar = get_task("mqmtar")
+    with pytest.raises(ValueError, match="too small"):
+        multiplier_lengths(mqmtar.min_length, (0.5,), mqmtar)
+
+
+def test_softmax_dispersion_support_is_every_visible_key():
+    torch.manual_seed(0)
+    task = get_task("copy")
+    model = Transformer(ModelConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                                    attention="softmax", position="nope")).eval()
+    rng = np.random.default_rng(1)
+    examples = [task.sample(n, rng) for n in (6, 11)]
+    stats = answer_dispersion(model, task, examples, device="cpu")
+    # answer queries of an example with source length s sit at positions s+1 .. 2s+1 and see i+1 keys
+    keys = [i + 1 for e in examples for i in range(len(e.source) + 1, 2 * len(e.source) + 2)]
+    assert stats["support_size"] == pytest.approx(sum(keys) / len(keys))
+    assert stats["support_size_per_layer"] == pytest.approx([sum(keys) / len(keys)] * 2)
+    assert 0.5 < stats["normalised_entropy"] <= 1.0  # a random model attends almost uniformly
+
+
+def test_entmax_dispersion_is_sparser_than_softmax():
+    task = get_task("copy")
+    rng = np.random.default_rng(2)
+    examples = [task.sample(40, rng) for _ in range(2)]
+    support = {}
+    for attention in ("softmax", "entmax"):
+        torch.manual_seed(0)
+        config = ModelConfig(vocab_size=task.vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                             attention=attention, position="nope", init_std=0.5)
+        stats = answer_dispersion(Transformer(config).eval(), task, examples, device="cpu")
+        support[attention] = stats["support_size"]
+        assert 0 < stats["normalised_entropy"] <= 1.0
+    assert support["entmax"] < 0.9 * support["softmax"]
