@@ -51,14 +51,16 @@ def make_inputs(case, device="cpu", scale_inputs=1.0, seed=0):
     return q, k, v, options, tensors
 
 
-def run_attention(q, k, v, options, tensors, d_out, backend, dtype=None):
-    """(out, tau, support, grads) of entmax_attention, inputs cast to `dtype` (leaf grads in that dtype)."""
-    cast = [x.detach().to(dtype or x.dtype).requires_grad_(True) for x in tensors]
-    opts = dict(options)
+def run_attention(q, k, v, options, tensors, d_out, backend, dtype=None, device=None):
+    """(out, tau, support, grads) of entmax_attention, inputs cast to `dtype` and moved to `device`."""
+    cast = [x.detach().to(device=device or x.device, dtype=dtype or x.dtype).requires_grad_(True)
+            for x in tensors]
+    opts = {name: x.to(device or x.device) if isinstance(x, torch.Tensor) else x
+            for name, x in options.items()}
     if "q_scale" in opts:
         opts["q_scale"] = cast[3]
     out, aux = entmax_attention(*cast[:3], backend=backend, return_aux=True, **opts)
-    grads = torch.autograd.grad(out, cast, d_out.to(out.dtype))
+    grads = torch.autograd.grad(out, cast, d_out.to(out))
     return out, aux.tau, aux.support_size, grads
 
 
@@ -72,8 +74,10 @@ def check_case(case, device="cpu", scale_inputs=1.0, fwd_factor=2.0, bwd_factor=
     d_out = torch.randn(q.shape, generator=gen).to(device)
     with poisoned_allocations():
         out, tau, support, grads = run_attention(q, k, v, options, tensors, d_out, "triton")
-    ref = run_attention(q, k, v, options, tensors, d_out, "reference", torch.float64)
-    low = run_attention(q, k, v, options, tensors, d_out, "reference")
+    # the references run on the CPU: an oracle independent of the GPU code paths
+    ref = run_attention(q, k, v, options, tensors, d_out, "reference", torch.float64, "cpu")
+    low = run_attention(q, k, v, options, tensors, d_out, "reference", device="cpu")
+    out, tau, support, grads = out.cpu(), tau.cpu(), support.cpu(), [g.cpu() for g in grads]
     floor = FLOOR[case["dtype"]]
 
     def assert_close(name, x, r, lo, factor):
