@@ -1,0 +1,114 @@
+"""The `asentmax` command line (asentmax.cli): --help everywhere, train -> eval -> compare end to end on
+a tiny config (with stop and --resume), and argument errors: one line on stderr, exit 2, nothing written."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from asentmax.cli import main
+
+TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "8", "--batch-size", "4",
+        "--warmup-steps", "2", "--val-every", "4", "--val-samples", "2", "--log-every", "2",
+        "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["compare"], ["demo"]])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: asentmax")
+    if command == ["train"]:
+        for flag in ("--preset", "--attention", "--position", "--max-length", "--lr", "--resume",
+                     "--overwrite"):
+            assert flag in out
+        assert "peak learning rate" in out  # help text from the dataclass field
+
+
+def test_python_dash_m_runs_the_cli():
+    result = subprocess.run([sys.executable, "-m", "asentmax", "eval", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "--multipliers" in result.stdout
+
+
+def test_train_eval_compare_end_to_end(tmp_path, capsys):
+    runs = {}
+    for attention in ("softmax", "asentmax"):
+        run = runs[attention] = tmp_path / attention
+        assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention,
+                     "--stop-at-step", "5"]) == 0
+        assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 5
+        assert main(["train", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
+        saved = json.loads((run / "config.json").read_text())
+        assert saved["model_config"]["attention"] == attention and saved["train_config"]["steps"] == 8
+        assert saved["git_commit"] and saved["device"].startswith("cpu")
+        assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 8
+        assert main(["eval", str(run), "--multipliers", "1", "2", "--samples", "3",
+                     "--dispersion-samples", "2"]) == 0
+        result = json.loads((run / "eval.json").read_text())
+        assert [row["length"] for row in result["rows"]] == [6, 12]
+        for row in result["rows"]:
+            assert row["n"] == 3 and 0 <= row["exact_match"] <= 1 and "dispersion" in row
+        assert result["train_step"] == 8 and (run / "eval.md").is_file()
+    out_dir = tmp_path / "report"
+    assert main(["compare", str(runs["softmax"]), str(runs["asentmax"]), "--output-dir", str(out_dir)]) == 0
+    table = (out_dir / "compare.md").read_text()
+    assert "| copy | Softmax | ours (softmax) |" in table
+    assert "| copy | ASEntmax | paper | 100.0 | 100.0 |" in table
+    for name in ("accuracy.png", "dispersion.png", "compare.json"):
+        assert (out_dir / name).stat().st_size > 0
+    assert "| task | method | source | ID | 2x |" in capsys.readouterr().out
+
+
+def _existing_run(tmp_path):
+    run = tmp_path / "existing"
+    run.mkdir()
+    (run / "config.json").write_text("keep me")
+    return run
+
+
+@pytest.mark.parametrize("case", [
+    "unknown-task", "min-above-max", "too-short-for-task", "bad-model", "existing-run-dir", "resume-missing",
+    "resume-with-flags", "eval-missing-checkpoint", "eval-fractional-length", "compare-not-evaluated",
+    "unknown-command", "bad-multiplier"])
+def test_argument_errors_exit_2_with_one_line(case, tmp_path, capsys):
+    existing = _existing_run(tmp_path)
+    new = str(tmp_path / "new")
+    argv = {
+        "unknown-task": ["train", "--run-dir", new, "--task", "juggle"],
+        "min-above-max": ["train", "--run-dir", new, "--min-length", "40", "--max-length", "20"],
+        "too-short-for-task": ["train", "--run-dir", new, "--task", "mqmtar", "--min-length", "1"],
+        "bad-model": ["train", "--run-dir", new, "--d-model", "30", "--n-heads", "4"],
+        "existing-run-dir": ["train", "--run-dir", str(existing), *TINY],
+        "resume-missing": ["train", "--run-dir", new, "--resume"],
+        "resume-with-flags": ["train", "--run-dir", str(existing), "--resume", "--lr", "0.1"],
+        "eval-missing-checkpoint": ["eval", str(existing)],
+        "eval-fractional-length": ["eval", str(existing), "--multipliers", "1.5", "--id-length", "5"],
+        "compare-not-evaluated": ["compare", str(existing), "--output-dir", new],
+        "unknown-command": ["fly"],
+        "bad-multiplier": ["eval", str(existing), "--multipliers", "0"],
+    }[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asentmax") and "error:" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in existing.iterdir()) == ["config.json"]
+    assert (existing / "config.json").read_text() == "keep me"
+
+
+def test_overwrite_replaces_a_run(tmp_path):
+    existing = _existing_run(tmp_path)
+    assert main(["train", "--run-dir", str(existing), *TINY, "--steps", "2", "--overwrite"]) == 0
+    assert json.loads((existing / "config.json").read_text())["train_config"]["steps"] == 2
