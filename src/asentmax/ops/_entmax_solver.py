@@ -25,15 +25,23 @@ import torch
 _MAX_ITER = 200
 
 
-def power_sums(d, q):
-    """F = sum d^q and D = sum d^(q-1) over d > 0, per row (keepdim)."""
-    if isinstance(q, float) and q == 1.0:
-        return d.sum(1, keepdim=True), torch.sign(d).sum(1, keepdim=True)
-    if isinstance(q, float) and q == 2.0:
+def power_sums(d, q, scratch=None):
+    """F = sum d^q and D = sum d^(q-1) over d > 0, per row (keepdim). d >= 0 is left unchanged.
+
+    q is a python number or an (R, 1) tensor; integer q <= 8 uses multiplications, not pow."""
+    integer = not isinstance(q, torch.Tensor) and float(q).is_integer() and 1 <= q <= 8
+    if integer and q == 1:
+        return d.sum(1, keepdim=True), torch.sign(d, out=scratch).sum(1, keepdim=True)
+    if integer and q == 2:
         return torch.linalg.vector_norm(d, 2, dim=1, keepdim=True).square(), d.sum(1, keepdim=True)
-    w = d.pow(q - 1.0)
-    if not (isinstance(q, float) and q > 1.0):
-        w.masked_fill_(d <= 0, 0.0)  # 0^(q-1) is inf (q < 1) or 1 (q = 1): only d > 0 counts
+    if integer:
+        w = torch.mul(d, d, out=scratch)
+        for _ in range(int(q) - 3):
+            w.mul_(d)
+    else:
+        w = torch.pow(d, q - 1.0, out=scratch)
+        if not (isinstance(q, float) and q > 1.0):
+            w.masked_fill_(d <= 0, 0.0)  # 0^(q-1) is inf (q < 1) or 1 (q = 1): only d > 0 counts
     dw = w.sum(1, keepdim=True)
     return w.mul_(d).sum(1, keepdim=True), dw
 
@@ -66,10 +74,10 @@ def solve_threshold(s, alpha, start=None):
     lo, hi = torch.full((n_rows, 1), -1.0, dtype=s.dtype), torch.zeros((n_rows, 1), dtype=s.dtype)
     t = lo.clone() if start is None else start.to(s.dtype).clamp(-1.0, 0.0)
     done = torch.zeros((n_rows, 1), dtype=torch.bool)
-    d = torch.empty_like(s)
+    d, scratch = torch.empty_like(s), torch.empty_like(s)
     for _ in range(_MAX_ITER):
         torch.sub(sw, t, out=d).clamp_(min=0)
-        f, df = power_sums(d, qw)
+        f, df = power_sums(d, qw, scratch)
         above = f >= 1
         lo = torch.where(above, torch.maximum(lo, t), lo)
         hi = torch.where(above, hi, torch.minimum(hi, t))
@@ -91,7 +99,7 @@ def solve_threshold(s, alpha, start=None):
             rows, sw, t, lo, hi = rows[keep], sw[keep], t[keep], lo[keep], hi[keep]
             qw = qw[keep] if isinstance(qw, torch.Tensor) else qw
             done = done[keep]
-            d = torch.empty_like(sw)
+            d, scratch = torch.empty_like(sw), torch.empty_like(sw)
     t_out[rows] = t
     if closed_form:
         d = torch.sub(s, t_out).clamp_(min=0)

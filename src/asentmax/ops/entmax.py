@@ -23,6 +23,7 @@ Backward (u = p^(2 - alpha) on the support, U = sum u):
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
+import contextlib
 import math
 
 import torch
@@ -78,21 +79,40 @@ def _alpha_rows(alpha, x, dim):
     return a.expand(shape).movedim(dim, -1).reshape(-1, 1)
 
 
-def _candidates(x, marks):
-    """Entries where marks != 0 as a compact (R, k) fp64 matrix of x padded with -inf.
+@contextlib.contextmanager
+def _calling_thread_only():
+    """Run torch ops on the calling thread only (restored on exit).
 
-    Returns (compact, flat_index, rows, slots): compact[rows, slots] = x.view(-1)[flat_index]. A row
-    without candidates (a NaN or all -inf row) gets 0 in its first slot; its result is overwritten."""
+    The compact solve works on small matrices, where every intra-op parallel region costs a thread
+    synchronisation that outweighs the work (on a loaded 2-core machine, about a scheduler time
+    slice per op), so it runs single-threaded; the full-row passes stay parallel."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compact_solve(x, m, marks, alpha, t_lower):
+    """Solve on the candidates (marks != 0) gathered into a (R, k) fp64 matrix padded with -inf.
+
+    Returns tau - (alpha - 1) m (R, 1), the flat indices of the candidates, and p at them (x's dtype).
+    A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
     n_rows, n = x.shape
     flat_index = marks.view(-1).nonzero().squeeze(1)
-    rows = torch.div(flat_index, n, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=n_rows)
-    starts = torch.cumsum(counts, 0) - counts
-    slots = torch.arange(flat_index.numel()) - starts[rows]
-    compact = torch.full((n_rows, max(int(counts.max()), 1)), float("-inf"), dtype=torch.float64)
-    compact[rows, slots] = x.view(-1)[flat_index].double()
-    compact[:, 0].masked_fill_(counts == 0, 0.0)
-    return compact, flat_index, rows, slots
+    with _calling_thread_only():
+        rows = torch.div(flat_index, n, rounding_mode="floor")
+        counts = torch.bincount(rows, minlength=n_rows)
+        k = max(int(counts.max()), 1)
+        slots = rows * k + torch.arange(flat_index.numel()) - (torch.cumsum(counts, 0) - counts)[rows]
+        s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64)
+        s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
+        s[:, 0].masked_fill_(counts == 0, 0.0)
+        s.sub_(m.double()).mul_(alpha - 1.0)
+        t = solve_threshold(s, alpha, t_lower.double())
+        p = _probs_from(s, t, alpha).view(-1).index_select(0, slots).to(x.dtype)
+    return t, flat_index, p
 
 
 def _probs_from(s, tau, alpha):
@@ -103,21 +123,6 @@ def _probs_from(s, tau, alpha):
     if isinstance(alpha, float) and alpha == 1.5:
         return d.mul_(d)
     return d.pow_(1.0 / (alpha - 1.0))
-
-
-def _surrogate_sums(d, k, scratch):
-    """F = sum d^k and D = sum d^(k-1) (over d > 0), for an integer k <= 4 by multiplications only."""
-    if not isinstance(k, int):
-        return power_sums(d, k)
-    if k == 1:
-        return d.sum(1, keepdim=True), torch.sign(d, out=scratch).sum(1, keepdim=True)
-    if k == 2:
-        return torch.linalg.vector_norm(d, 2, dim=1, keepdim=True).square(), d.sum(1, keepdim=True)
-    w = torch.mul(d, d, out=scratch)
-    for _ in range(k - 3):
-        w.mul_(d)
-    dw = w.sum(1, keepdim=True)
-    return w.mul_(d).sum(1, keepdim=True), dw
 
 
 def _raise_lower_bound(x, m, alpha, marks):
@@ -142,7 +147,7 @@ def _raise_lower_bound(x, m, alpha, marks):
     while kmax > _COMPACT_FRACTION * n and kmax < 0.75 * previous:
         scratch = torch.empty_like(x) if scratch is None else scratch
         d = torch.sub(x, m + t / a, out=marks).clamp_(min=0)  # [s - t]_+ / (alpha - 1)
-        f, df = _surrogate_sums(d, k, scratch)
+        f, df = power_sums(d, k, scratch)
         f, df = f * a**k, df * a ** (k - 1)
         t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
         # a hair below the iterate, against fp32 rounding (|t| <= 1)
@@ -169,11 +174,8 @@ def _forward_2d(x, alpha, out):
     t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
     if kmax <= 0.5 * n:  # out holds the candidate marks
-        compact, flat_index, rows, slots = _candidates(x, out)
-        s = compact.sub_(m.double()).mul_(alpha64 - 1.0)
-        t = solve_threshold(s, alpha64, t_lower.double())
-        p_compact = _probs_from(s, t, alpha64)
-        out.zero_().view(-1)[flat_index] = p_compact[rows, slots].to(x.dtype)
+        t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
+        out.zero_().view(-1).index_copy_(0, flat_index, p)
     else:
         s = torch.sub(x.double(), m.double()).mul_(alpha64 - 1.0)
         t = solve_threshold(s, alpha64, t_lower.double())
