@@ -51,6 +51,20 @@ def _last_step(run_dir: Path) -> str:
     return f"step {step} loss {float(loss):.3f}"
 
 
+def _report(table: str, train_options: dict, total: float, train_seconds: float) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return "\n".join([
+        "# `make demo` result", "",
+        f"Command: `make demo` (= `python -m asentmax.demo`), run {when} on {os.cpu_count()} CPU cores.",
+        f"Wall time {total:.0f} s (training done at {train_seconds:.0f} s; the two models in parallel).", "",
+        f"Task {DEMO_TASK}, training lengths {train_options['min-length']}-{train_options['max-length']} "
+        f"(ID = {train_options['max-length']}), {train_options['steps']} steps of batch "
+        f"{train_options['batch-size']}; model flags `{' '.join(_flags(DEMO_MODEL))}`.", "",
+        table,
+        "Plots: accuracy.png, dispersion.png; config.json, log.csv, val.csv, eval.json in the run dirs.",
+        ""])
+
+
 def run_demo(output_dir: Path | str = "results/demo", steps: int | None = None) -> str:
     """Train, evaluate and compare the demo runs under `output_dir`; returns the markdown table."""
     from asentmax.compare import compare_runs
@@ -60,34 +74,45 @@ def run_demo(output_dir: Path | str = "results/demo", steps: int | None = None) 
     train_options = {**DEMO_TRAIN, **({"steps": steps} if steps else {})}
     start = time.perf_counter()
     runs = {method: output_dir / f"{DEMO_TASK}_{method}" for method in DEMO_METHODS}
-    children = {}
+    # each method: a train child, then (as soon as it ends) an eval child; the two methods run side by side
+    stages = {method: "train" for method in DEMO_METHODS}
+    children, seconds = {}, {}
     for method, run_dir in runs.items():
         run_dir.mkdir(parents=True, exist_ok=True)
         args = ["train", "--run-dir", str(run_dir), "--overwrite", "--no-progress", "--task", DEMO_TASK,
                 *_flags(train_options), *_flags(DEMO_MODEL), "--attention", method]
         children[method] = _child(args, output_dir / f"{method}.train.log")
     print(f"training {', '.join(DEMO_METHODS)} on {DEMO_TASK} (lengths {train_options['min-length']}-"
-          f"{train_options['max-length']}, {train_options['steps']} steps) in parallel; logs in {output_dir}")
-    while any(child.poll() is None for child in children.values()):
-        time.sleep(15)
-        status = "; ".join(f"{m}: {_last_step(runs[m])}" for m in DEMO_METHODS)
-        print(f"  [{time.perf_counter() - start:5.0f}s] {status}", flush=True)
-    for method, child in children.items():
-        if child.returncode:
-            raise RuntimeError(f"training {method} failed; see {output_dir / f'{method}.train.log'}")
-    train_seconds = time.perf_counter() - start
-    print(f"trained in {train_seconds:.0f}s; evaluating at {', '.join(DEMO_EVAL['multipliers'])}x")
-    children = {method: _child(["eval", str(run_dir), *_flags(DEMO_EVAL)], output_dir / f"{method}.eval.log")
-                for method, run_dir in runs.items()}
-    for method, child in children.items():
-        if child.wait():
-            raise RuntimeError(f"evaluating {method} failed; see {output_dir / f'{method}.eval.log'}")
+          f"{train_options['max-length']}, {train_options['steps']} steps) in parallel, then evaluating "
+          f"each at {', '.join(DEMO_EVAL['multipliers'])}x; logs in {output_dir}", flush=True)
+    while any(stage != "done" for stage in stages.values()):
+        time.sleep(5)
+        for method, child in children.items():
+            if stages[method] == "done" or child.poll() is None:
+                continue
+            if child.returncode:
+                raise RuntimeError(f"{stages[method]} of {method} failed; see "
+                                   f"{output_dir / f'{method}.{stages[method]}.log'}")
+            seconds[f"{method}_{stages[method]}"] = round(time.perf_counter() - start, 1)
+            if stages[method] == "train":
+                stages[method] = "eval"
+                children[method] = _child(["eval", str(runs[method]), *_flags(DEMO_EVAL)],
+                                          output_dir / f"{method}.eval.log")
+            else:
+                stages[method] = "done"
+        if int(time.perf_counter() - start) % 30 < 5:
+            status = "; ".join(f"{m}: {_last_step(runs[m]) if stages[m] == 'train' else stages[m]}"
+                               for m in DEMO_METHODS)
+            print(f"  [{time.perf_counter() - start:5.0f}s] {status}", flush=True)
+    train_seconds = max(seconds[f"{method}_train"] for method in DEMO_METHODS)
     table = compare_runs(list(runs.values()), output_dir)
     total = time.perf_counter() - start
     summary = {"task": DEMO_TASK, "train": train_options, "model": DEMO_MODEL, "eval": DEMO_EVAL,
                "train_seconds": round(train_seconds, 1), "total_seconds": round(total, 1),
+               "finished_at_s": seconds,
                "command": "make demo  (python -m asentmax.demo)", "cpu_count": os.cpu_count()}
     (output_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (output_dir / "demo.md").write_text(_report(table, train_options, total, train_seconds))
     print(table)
     print(f"demo finished in {total:.0f}s (training {train_seconds:.0f}s); outputs in {output_dir}")
     return table

@@ -159,6 +159,7 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # True when setup_distributed created the process group (and must end it)
 
     @property
     def is_main(self) -> bool:
@@ -175,7 +176,8 @@ def setup_distributed(device_name: str) -> Distributed:
     if device_name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and not dist.is_initialized():
+    owns_group = world_size > 1 and not dist.is_initialized()
+    if owns_group:
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -185,7 +187,7 @@ def setup_distributed(device_name: str) -> Distributed:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    return Distributed(rank=rank, world_size=world_size, device=device)
+    return Distributed(rank=rank, world_size=world_size, device=device, owns_group=owns_group)
 
 
 def target_loss(model, batch: Batch, world: Distributed, autocast_dtype) -> tuple[torch.Tensor, float, int]:
@@ -438,5 +440,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
     bar.close()
     if world.is_main and writer is not None:
         writer.close()
+    if world.owns_group:
+        dist.destroy_process_group()
     return {"step": step, "loss": last_loss, "val": val_results, "run_dir": str(run_dir),
             "elapsed_s": time.perf_counter() - start_time}
