@@ -63,10 +63,39 @@ def peers(alpha, with_adasplash):
 
 
 def time_ms(fn, *, backward, x, g):
+    """Eager median: includes the Python/launch time on the host when that exceeds the GPU time."""
     if backward:
         xg = x.clone().requires_grad_(True)
         return do_bench(lambda: fn(xg).backward(g), grad_to_none=[xg], return_mode="median")
     return do_bench(lambda: fn(x), return_mode="median")
+
+
+def graph_ms(step):
+    """Median of CUDA-graph replays of step() (GPU time without host overhead); None if not capturable."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return do_bench(graph.replay, return_mode="median")
+    except Exception as err:  # some peers synchronise or allocate on the host inside
+        print(f"  (no CUDA graph: {type(err).__name__}: {str(err)[:80]})", flush=True)
+        torch.cuda.synchronize()
+        return None
+
+
+def warm_up_gpu(seconds=1.0):
+    """Run matrix products until the clocks have ramped up (the first timings of a run were slow)."""
+    a = torch.randn(4096, 4096, device="cuda")
+    end = time.time() + seconds
+    while time.time() < end:
+        a @ a
+        torch.cuda.synchronize()
 
 
 def accuracy(fn, x, rows):
@@ -89,70 +118,92 @@ def run_peers(shapes, alpha, skip_slow_above, with_adasplash=False):
             if name.startswith("entmax.") and rows * n > skip_slow_above:
                 continue
             rec = {"shape": [rows, n], "alpha": alpha, "method": name, "copy_ms": copy_ms}
-            for backward in (False, True):
-                t0 = time.time()
-                rec["fwd_bwd_ms" if backward else "fwd_ms"] = time_ms(fn, backward=backward, x=x, g=g)
-                rec["wall_s_" + ("bwd" if backward else "fwd")] = round(time.time() - t0, 2)
+            t0 = time.time()
+            rec["fwd_ms"] = time_ms(fn, backward=False, x=x, g=g)
+            rec["fwd_bwd_ms"] = time_ms(fn, backward=True, x=x, g=g)
+            xg = x.clone().requires_grad_(True)
+            rec["fwd_graph_ms"] = graph_ms(lambda: fn(x))  # noqa: B023
+            rec["fwd_bwd_graph_ms"] = graph_ms(lambda: torch.autograd.grad(fn(xg), xg, g))  # noqa: B023
+            rec["wall_s"] = round(time.time() - t0, 2)
             if alpha == 1.5 and name != "softmax":
                 rec["max_abs_sum_err"], rec["max_abs_err_vs_fp64"] = accuracy(fn, x, sample)
             records.append(rec)
-            print(f"{rows}x{n} a={alpha} {name:26s} fwd {rec['fwd_ms']:.4f} ms  "
-                  f"fwd+bwd {rec['fwd_bwd_ms']:.4f} ms", flush=True)
+            print(f"{rows}x{n} a={alpha} {name:24s} fwd {rec['fwd_ms']:.4f} "
+                  f"graph {_fmt(rec['fwd_graph_ms'])} | fwd+bwd {rec['fwd_bwd_ms']:.4f} "
+                  f"graph {_fmt(rec['fwd_bwd_graph_ms'])}", flush=True)
     return records
 
 
-def run_sweep(shapes):
-    """Our launch configurations (num_warps x rows per program) on the target shapes, alpha=1.5."""
+def _fmt(value, digits=4):
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+SWEEP = {  # shape -> (num_warps, elems_per_program, fused reductions)
+    (8192, 1024): [(2, 1024, True), (2, 1024, False), (1, 1024, True), (4, 1024, True), (2, 2048, True),
+                   (4, 2048, True)],
+    (1024, 32768): [(32, 32768, True), (32, 32768, False), (16, 32768, True)],
+    (65536, 128): [(1, 512, True), (2, 1024, True), (4, 2048, True), (1, 256, True), (2, 1024, False)],
+}
+
+
+def run_sweep():
+    """Our launch configurations on a few shapes, alpha=1.5, CUDA-graph medians of the direct launches."""
     records = []
-    for rows, n in shapes:
+    for (rows, n), configs in SWEEP.items():
         x = torch.randn(rows, n, device="cuda")
         g = torch.randn(rows, n, device="cuda")
         p, _ = er._forward(x, 1.5)
-        block = triton.next_power_of_2(n)
-        configs = [(1, 1024), (2, 1024), (2, 2048), (4, 1024), (4, 2048), (4, 4096), (8, 4096)]
-        if block > 4096:
-            configs = [(16, block), (32, block)]
-        for warps, elems in configs:
-            fwd = do_bench(lambda: er._forward(x, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
-                           return_mode="median")
-            bwd = do_bench(lambda: er._backward(p, g, 1.5, num_warps=warps, elems_per_program=elems),  # noqa: B023
-                           return_mode="median")
-            records.append({"shape": [rows, n], "num_warps": warps, "elems_per_program": elems,
-                            "fwd_ms": fwd, "bwd_ms": bwd})
-            print(f"sweep {rows}x{n} warps={warps} elems={elems}: fwd {fwd:.4f} bwd {bwd:.4f}", flush=True)
-        if block > 4096:  # the chunk-looping kernel on the same shape, for comparison
-            fwd = do_bench(lambda: er._forward(x, 1.5, max_block_n=4096), return_mode="median")  # noqa: B023
-            bwd = do_bench(lambda: er._backward(p, g, 1.5, max_block_n=4096), return_mode="median")  # noqa: B023
+        for warps, elems, fused in configs:
+            cfg = {"num_warps": warps, "elems_per_program": elems, "fused": fused}
+            fwd = graph_ms(lambda: er._forward(x, 1.5, **cfg))  # noqa: B023
+            bwd = graph_ms(lambda: er._backward(p, g, 1.5, **cfg))  # noqa: B023
+            records.append({"shape": [rows, n], **cfg, "fwd_ms": fwd, "bwd_ms": bwd})
+            print(f"sweep {rows}x{n} {cfg}: fwd {_fmt(fwd)} bwd {_fmt(bwd)}", flush=True)
+        if n > 4096:  # the chunk-looping kernel on the same shape, for comparison
+            fwd = graph_ms(lambda: er._forward(x, 1.5, max_block_n=4096))  # noqa: B023
+            bwd = graph_ms(lambda: er._backward(p, g, 1.5, max_block_n=4096))  # noqa: B023
             records.append({"shape": [rows, n], "kernel": "chunked(4096)", "fwd_ms": fwd, "bwd_ms": bwd})
-            print(f"sweep {rows}x{n} chunked: fwd {fwd:.4f} bwd {bwd:.4f}", flush=True)
+            print(f"sweep {rows}x{n} chunked: fwd {_fmt(fwd)} bwd {_fmt(bwd)}", flush=True)
     return records
 
 
 def markdown(meta, records, sweep):
     lines = ["# Row-wise alpha-entmax on the GPU (fp32)", "",
              f"`{meta['command']}` on {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, "
-             f"commit {meta['commit']}. Medians of triton.testing.do_bench (ms, L2 flushed). "
-             "'x softmax' = time over torch.softmax's time in the same run; "
-             "copy = x.clone() (one read + one write).", "",
-             "| shape | alpha | method | fwd ms | x softmax | fwd+bwd ms | x softmax "
-             "| max abs err vs fp64 | max abs(sum-1) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"commit {meta['commit']}. Medians of triton.testing.do_bench in ms "
+             "(L2 flushed between repeats). "
+             "'eager' times the Python call (host overhead included when it exceeds the GPU time); "
+             "'graph' times CUDA-graph replays of the same call (GPU time). "
+             "'x sm' = time over torch.softmax's time in the same run and mode; fwd+bwd = forward, then "
+             "autograd backward with a random upstream gradient.", "",
+             "| shape | alpha | method | fwd eager | x sm | fwd graph | x sm | fwd+bwd eager | x sm "
+             "| fwd+bwd graph | x sm | max abs err vs fp64 | max abs(sum-1) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     soft = {(tuple(r["shape"]), r["alpha"]): r for r in records if r["method"] == "softmax"}
+
+    def ratio(r, s, key):
+        return "" if r.get(key) is None or s.get(key) is None else f"{r[key] / s[key]:.2f}"
+
     for r in records:
         s = soft[(tuple(r["shape"]), r["alpha"])]
         err = f"{r['max_abs_err_vs_fp64']:.1e}" if "max_abs_err_vs_fp64" in r else ""
         sums = f"{r['max_abs_sum_err']:.1e}" if "max_abs_sum_err" in r else ""
-        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['method']} "
-                     f"| {r['fwd_ms']:.4f} | {r['fwd_ms'] / s['fwd_ms']:.2f} "
-                     f"| {r['fwd_bwd_ms']:.4f} | {r['fwd_bwd_ms'] / s['fwd_bwd_ms']:.2f} | {err} | {sums} |")
-    copies = sorted({(tuple(r["shape"]), r["copy_ms"]) for r in records if r["method"] == "softmax"})
-    lines += ["", "Copy (bytes floor of a forward): "
-              + ", ".join(f"{a}x{b}: {c:.4f} ms" for (a, b), c in copies)]
-    lines += ["", "## Launch sweep (ours, alpha=1.5)", "",
+        cells = []
+        for key in ("fwd_ms", "fwd_graph_ms", "fwd_bwd_ms", "fwd_bwd_graph_ms"):
+            cells += [_fmt(r.get(key)), ratio(r, s, key)]
+        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['method']} | "
+                     + " | ".join(cells) + f" | {err} | {sums} |")
+    copies = sorted({(tuple(r["shape"]), round(r["copy_ms"], 4))
+                     for r in records if r["method"] == "softmax"})
+    lines += ["", "x.clone() (one read + one write, the bytes floor of a forward), eager ms: "
+              + ", ".join(f"{a}x{b}: {c:.4f}" for (a, b), c in copies)]
+    lines += ["", "## Launch sweep (ours, alpha=1.5, CUDA-graph medians of the direct launches)", "",
               "| shape | config | fwd ms | bwd ms |", "|---|---|---|---|"]
     for r in sweep:
-        cfg = r.get("kernel") or f"num_warps={r['num_warps']}, elems/program={r['elems_per_program']}"
-        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {cfg} | {r['fwd_ms']:.4f} | {r['bwd_ms']:.4f} |")
+        cfg = r.get("kernel") or (f"num_warps={r['num_warps']}, elems/program={r['elems_per_program']}, "
+                                  f"fused reductions={r['fused']}")
+        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {cfg} | {_fmt(r['fwd_ms'])} "
+                     f"| {_fmt(r['bwd_ms'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -186,12 +237,13 @@ def main():
         with open(os.path.join(args.out, "entmax_gpu.md"), "w") as f:
             f.write(markdown(meta, records, sweep))
 
+    warm_up_gpu()
     records += run_peers(SHAPES, 1.5, args.skip_slow_above)
     save()
     records += run_peers(TARGET_SHAPES, 2.0, args.skip_slow_above)
     records += run_peers(TARGET_SHAPES, 1.25, args.skip_slow_above)
     save()
-    sweep += run_sweep(TARGET_SHAPES)
+    sweep += run_sweep()
     save()
     if args.with_adasplash:
         records += [r for r in run_peers(TARGET_SHAPES, 1.5, 0, with_adasplash=True) if r["method"] != "ours"]

@@ -202,6 +202,22 @@ def test_special_rows(max_block_n):
 
 
 @needs_runner
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25], ids=lambda a: f"a{a}")
+def test_fused_reductions(alpha):
+    """The multi-operand reductions used when compiled (the interpreter runs them slowly: small shapes)."""
+    x = _inputs(3, 24, seed=11)
+    x[1, :20] = float("-inf")
+    dp = _inputs(3, 24, scale=1.0, seed=12)
+    ref_p, ref_dx = reference_entmax(x, alpha), reference_grad(x, alpha, dp)
+    for max_block_n in (er.MAX_BLOCK_N, 8):
+        p, tau = er._forward(x, alpha, max_block_n=max_block_n, fused=True)
+        assert torch.allclose(p.double(), ref_p, atol=2e-6, rtol=0)
+        assert torch.allclose(tau.double(), reference_tau(x, alpha), atol=1e-5, rtol=1e-6)
+        dx = er._backward(p, dp, alpha, max_block_n=max_block_n, fused=True)
+        assert torch.allclose(dx.double(), ref_dx, atol=2e-5, rtol=1e-4)
+
+
+@needs_runner
 def test_single_entry_and_empty_rows():
     x = _inputs(3, 1, seed=1)
     assert torch.equal(er.entmax_rows(x, 1.5), torch.ones_like(x))

@@ -26,6 +26,7 @@ Importing this module needs no GPU; the kernels also run under TRITON_INTERPRET=
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 MAX_BLOCK_N = 32768  # longest row (power of two) kept in registers; longer rows loop over chunks
 LONG_CHUNK = 4096  # chunk length of the looping kernels
@@ -40,10 +41,32 @@ _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _first_stats(s):
-    """(BLOCK_R, BLOCK_N) tile -> per row: max, sum and count of the finite entries."""
+def _combine_first(m1, s1, c1, m2, s2, c2):
+    return tl.maximum(m1, m2), s1 + s2, c1 + c2
+
+
+@triton.jit
+def _combine_stats(k1, a1, b1, c1, k2, a2, b2, c2):
+    return k1 + k2, a1 + a2, b1 + b2, tl.minimum(c1, c2)
+
+
+@triton.jit
+def _combine_sums(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
+def _first_stats(s, FUSED: tl.constexpr):
+    """(BLOCK_R, BLOCK_N) tile -> per row: max, sum and count of the finite entries.
+
+    FUSED: one multi-operand reduction (one exchange through shared memory instead of one per value);
+    the interpreter runs such a reduction element by element in Python, so it gets separate ones."""
     finite = s > float("-inf")
-    return tl.max(s, 1), tl.sum(tl.where(finite, s, 0.0), 1), tl.sum(finite.to(tl.float32), 1)
+    total = tl.where(finite, s, 0.0)
+    count = finite.to(tl.float32)
+    if FUSED:
+        return tl.reduce((s, total, count), 1, _combine_first)
+    return tl.max(s, 1), tl.sum(total, 1), tl.sum(count, 1)
 
 
 @triton.jit
@@ -66,7 +89,7 @@ def _start(m, total, count, alpha, MODE: tl.constexpr):
 
 
 @triton.jit
-def _iter_stats(s, t, q, MODE: tl.constexpr):
+def _iter_stats(s, t, q, MODE: tl.constexpr, FUSED: tl.constexpr):
     """Per row, at threshold t: |S|, and sums over S = {s > t} of d = s - t:
     MODE 1.5: (sum d, sum d^2); MODE 2: (sum d, sum d); general: (sum d^(q-1), sum d^q); plus min_S d."""
     d = s - t[:, None]
@@ -81,14 +104,11 @@ def _iter_stats(s, t, q, MODE: tl.constexpr):
     else:
         f2 = tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0)
         f1 = tl.where(pos, f2 / tl.where(pos, d, 1.0), 0.0)
-    k = tl.sum(pos.to(tl.float32), 1)
-    mn = tl.min(tl.where(pos, d, float("inf")), 1)
-    s1 = tl.sum(f1, 1)
-    if MODE == 1:
-        s2 = s1
-    else:
-        s2 = tl.sum(f2, 1)
-    return k, s1, s2, mn
+    k = pos.to(tl.float32)
+    mn = tl.where(pos, d, float("inf"))
+    if FUSED:
+        return tl.reduce((k, f1, f2, mn), 1, _combine_stats)
+    return tl.sum(k, 1), tl.sum(f1, 1), tl.sum(f2, 1), tl.min(mn, 1)
 
 
 @triton.jit
@@ -154,7 +174,8 @@ def _tau_out(t, valid, nan_row):
 
 @triton.jit
 def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
-                     MODE: tl.constexpr, WRITE_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                     MODE: tl.constexpr, WRITE_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+                     FUSED: tl.constexpr):
     """BLOCK_R whole rows per program, held in registers: one read of x, one write of p."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
@@ -163,7 +184,7 @@ def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
     x = tl.load(x_ptr + offs, mask=mask, other=float("-inf")).to(tl.float32)
     s = x * (alpha - 1.0)
 
-    m, total, count = _first_stats(s)
+    m, total, count = _first_stats(s, FUSED)
     t, valid, nan_row = _start(m, total, count, alpha, MODE)
     lo = t
     hi = tl.where(valid, m, 0.0)
@@ -171,7 +192,7 @@ def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
     done = ~valid
     it = 0
     while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
-        k, f1, f2, mn = _iter_stats(s, t, q, MODE)
+        k, f1, f2, mn = _iter_stats(s, t, q, MODE, FUSED)
         t, lo, hi, norm, done = _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE)
         it += 1
 
@@ -183,7 +204,7 @@ def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
 
 @triton.jit
 def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
-                     MODE: tl.constexpr, WRITE_P: tl.constexpr, CHUNK: tl.constexpr):
+                     MODE: tl.constexpr, WRITE_P: tl.constexpr, CHUNK: tl.constexpr, FUSED: tl.constexpr):
     """One long row per program; every pass loops over chunks of the row."""
     row = tl.program_id(0).to(tl.int64)
     base = x_ptr + row * N
@@ -193,7 +214,7 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
     m, total, count = zero + float("-inf"), zero, zero
     for start in range(0, N, CHUNK):
         x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
-        cm, ct, cc = _first_stats(x * (alpha - 1.0))
+        cm, ct, cc = _first_stats(x * (alpha - 1.0), FUSED)
         m, total, count = tl.maximum(m, cm), total + ct, count + cc
     t, valid, nan_row = _start(m, total, count, alpha, MODE)
     lo = t
@@ -205,7 +226,7 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
         k, f1, f2, mn = zero, zero, zero, zero + float("inf")
         for start in range(0, N, CHUNK):
             x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
-            ck, c1, c2, cmn = _iter_stats(x * (alpha - 1.0), t, q, MODE)
+            ck, c1, c2, cmn = _iter_stats(x * (alpha - 1.0), t, q, MODE, FUSED)
             k, f1, f2, mn = k + ck, f1 + c1, f2 + c2, tl.minimum(mn, cmn)
         t, lo, hi, norm, done = _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE)
         it += 1
@@ -236,7 +257,7 @@ def _gate(p, alpha, MODE: tl.constexpr):
 
 @triton.jit
 def _bwd_rows_kernel(p_ptr, dp_ptr, dx_ptr, R, N, alpha,
-                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+                     MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, FUSED: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < R) & (cols[None, :] < N)
@@ -245,14 +266,18 @@ def _bwd_rows_kernel(p_ptr, dp_ptr, dx_ptr, R, N, alpha,
     dp = tl.load(dp_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     g = _gate(p, alpha, MODE)
     gdp = g * dp
-    sum_g = tl.sum(g, 1)
-    coef = tl.where(sum_g > 0.0, tl.sum(gdp, 1) / sum_g, 0.0)
+    if FUSED:
+        sum_g, sum_gdp = tl.reduce((g, gdp), 1, _combine_sums)
+    else:
+        sum_g, sum_gdp = tl.sum(g, 1), tl.sum(gdp, 1)
+    coef = tl.where(sum_g > 0.0, sum_gdp / sum_g, 0.0)
     dx = gdp - g * coef[:, None]
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _bwd_long_kernel(p_ptr, dp_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK: tl.constexpr):
+def _bwd_long_kernel(p_ptr, dp_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK: tl.constexpr,
+                     FUSED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, CHUNK)
     sum_g = tl.zeros([CHUNK], tl.float32)
@@ -264,8 +289,11 @@ def _bwd_long_kernel(p_ptr, dp_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK:
         g = _gate(p, alpha, MODE)
         sum_g += g
         sum_gdp += g * dp
-    total_g = tl.sum(sum_g, 0)
-    coef = tl.where(total_g > 0.0, tl.sum(sum_gdp, 0) / total_g, 0.0)
+    if FUSED:
+        total_g, total_gdp = tl.reduce((sum_g, sum_gdp), 0, _combine_sums)
+    else:
+        total_g, total_gdp = tl.sum(sum_g, 0), tl.sum(sum_gdp, 0)
+    coef = tl.where(total_g > 0.0, total_gdp / total_g, 0.0)
     for start in range(0, N, CHUNK):
         mask = start + cols < N
         p = tl.load(p_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -300,16 +328,23 @@ def _check(x2d: torch.Tensor, alpha) -> float:
 
 
 def _row_config(n: int, num_warps=None, elems_per_program=None):
-    """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels: about 32 fp32 values per thread, so
-    that the reductions stay mostly inside warps (ptxas for sm_90: no spills up to BLOCK_N = 32768)."""
+    """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels: about 16 fp32 values per thread
+    (32 for the longest rows); the best of the launch sweep in results/entmax_gpu.md, and free of
+    register spills (ptxas, sm_90)."""
     block_n = triton.next_power_of_2(max(n, 1))
-    block_r = max(1, min(64, (elems_per_program or 2048) // block_n))
+    block_r = max(1, min(64, (elems_per_program or 1024) // block_n))
     if num_warps is None:
-        num_warps = min(32, max(1, triton.next_power_of_2(block_r * block_n // 1024)))
+        num_warps = min(32, max(1, triton.next_power_of_2(block_r * block_n // 512)))
     return block_r, block_n, num_warps
 
 
-def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None):
+def _fused_reductions() -> bool:
+    """Multi-operand reductions when compiled; separate ones in the interpreter (see _first_stats)."""
+    return not isinstance(_fwd_rows_kernel, InterpretedFunction)
+
+
+def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None,
+             fused=None):
     """Launch the forward; returns (p or None, tau fp32 (R,)). Keyword arguments tune/test the launch."""
     x2d = x2d.contiguous()
     R, N = x2d.shape
@@ -321,20 +356,23 @@ def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=Non
     if R == 0 or N == 0:
         return p, tau.fill_(float("inf"))
     out = p if write_p else x2d  # never written when WRITE_P is False
+    fused = _fused_reductions() if fused is None else fused
     if triton.next_power_of_2(N) <= max_block_n:
         block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
         _fwd_rows_kernel[(triton.cdiv(R, block_r),)](
             x2d, out, tau, R, N, alpha, q, max_iters,
-            MODE=mode, WRITE_P=write_p, BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+            MODE=mode, WRITE_P=write_p, BLOCK_R=block_r, BLOCK_N=block_n, FUSED=fused, num_warps=warps)
     else:
         chunk = min(LONG_CHUNK, max_block_n)
         _fwd_long_kernel[(R,)](x2d, out, tau, N, alpha, q, max_iters,
-                               MODE=mode, WRITE_P=write_p, CHUNK=chunk, num_warps=num_warps or 8)
+                               MODE=mode, WRITE_P=write_p, CHUNK=chunk, FUSED=fused, num_warps=num_warps or 8)
     return p, tau
 
 
-def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None):
+def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None, fused=None):
+    """Launch the backward: dx = g*dp - g*sum(g*dp)/sum(g), g = p^(2-alpha) on the support."""
     dp = dp.contiguous()
+    fused = _fused_reductions() if fused is None else fused
     R, N = p.shape
     dx = torch.empty_like(p)
     if R == 0 or N == 0:
@@ -342,11 +380,12 @@ def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_pe
     mode = _mode(alpha)
     if triton.next_power_of_2(N) <= max_block_n:
         block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
-        _bwd_rows_kernel[(triton.cdiv(R, block_r),)](p, dp, dx, R, N, alpha, MODE=mode,
-                                                     BLOCK_R=block_r, BLOCK_N=block_n, num_warps=warps)
+        _bwd_rows_kernel[(triton.cdiv(R, block_r),)](p, dp, dx, R, N, alpha, MODE=mode, BLOCK_R=block_r,
+                                                     BLOCK_N=block_n, FUSED=fused, num_warps=warps)
     else:
         chunk = min(LONG_CHUNK, max_block_n)
-        _bwd_long_kernel[(R,)](p, dp, dx, N, alpha, MODE=mode, CHUNK=chunk, num_warps=num_warps or 8)
+        _bwd_long_kernel[(R,)](p, dp, dx, N, alpha, MODE=mode, CHUNK=chunk, FUSED=fused,
+                               num_warps=num_warps or 8)
     return dx
 
 
