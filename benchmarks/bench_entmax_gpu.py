@@ -23,7 +23,7 @@ from triton.testing import do_bench
 
 from asentmax.ops.triton import entmax_rows as er
 
-SHAPES = [(8192, 1024), (1024, 32768), (65536, 128), (2048, 4096), (128, 100_000)]
+SHAPES = [(8192, 1024), (1024, 32768), (65536, 128), (128, 100_000)]
 TARGET_SHAPES = [(8192, 1024), (1024, 32768)]
 
 
@@ -115,7 +115,7 @@ def run_peers(shapes, alpha, skip_slow_above, with_adasplash=False):
         sample = torch.arange(0, rows, max(1, rows // 64), device="cuda")
         copy_ms = do_bench(lambda: x.clone(), return_mode="median")  # noqa: B023
         for name, fn in peers(alpha, with_adasplash).items():
-            if name.startswith("entmax.") and rows * n > skip_slow_above:
+            if name.startswith("entmax.") and (rows * n > skip_slow_above or alpha != 1.5):  # device time
                 continue
             rec = {"shape": [rows, n], "alpha": alpha, "method": name, "copy_ms": copy_ms}
             t0 = time.time()
