@@ -15,9 +15,9 @@ from asentmax.ops.triton.attention_common import block_config, mode_of
 from asentmax.ops.triton.attention_decode import MAX_QUERIES, entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 
-# Newton passes stop once sum_j p_j (at the current lower bound of tau) is within tol of 1; one more
-# Newton step is then taken for free, so the threshold error is about tol^2.
-_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
+# Threshold passes stop once sum_j p_j at the best lower bound of tau is within tol of 1; one more Newton
+# step is then taken for free, so the weights' error is about tol^2 (relative 1e-4 at tol 3e-2).
+_TOL = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 _MAX_NEWTON_PASSES = 40
 
 

@@ -75,3 +75,50 @@ def entmax_slope(u, inv_am1, MODE: tl.constexpr):
         return tl.where(u > 0, 1.0, 0.0)
     else:
         return tl.where(u > 0, tl.exp2(tl.log2(u) * (inv_am1 - 1.0)), 0.0)
+
+
+@triton.jit
+def candidate_stats(s, lo, d, inv_am1, MODE: tl.constexpr):
+    """Row sums of f = u^(1/(alpha-1)) and g = u^((2-alpha)/(alpha-1)), u = [s - t]_+, at the four candidate
+    thresholds t = lo + c d (c = 0..3) of one tile s (BLOCK_M, BLOCK_N); lo, d are (BLOCK_M,)."""
+    u0 = tl.maximum(s - lo[:, None], 0.0)
+    u1 = tl.maximum(u0 - d[:, None], 0.0)
+    u2 = tl.maximum(u1 - d[:, None], 0.0)
+    u3 = tl.maximum(u2 - d[:, None], 0.0)
+    return (tl.sum(entmax_power(u0, inv_am1, MODE), 1), tl.sum(entmax_power(u1, inv_am1, MODE), 1),
+            tl.sum(entmax_power(u2, inv_am1, MODE), 1), tl.sum(entmax_power(u3, inv_am1, MODE), 1),
+            tl.sum(entmax_slope(u0, inv_am1, MODE), 1), tl.sum(entmax_slope(u1, inv_am1, MODE), 1),
+            tl.sum(entmax_slope(u2, inv_am1, MODE), 1), tl.sum(entmax_slope(u3, inv_am1, MODE), 1))
+
+
+@triton.jit
+def bracket_update(lo, hi, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha, MODE: tl.constexpr):
+    """One threshold pass's update of the bracket lo <= tau <= hi from the candidates lo + c (hi - lo) / 4.
+
+    f is decreasing in t, so the largest candidate with f >= 1 is the best lower bound and the smallest with
+    f < 1 the best upper bound. From the lower one a Newton step on the convex h(t) = f(t)^(alpha-1) stays a
+    lower bound (exact at once when the top scores are equal). Returns (lo, hi, f(best lower) - 1).
+    """
+    d = (hi - lo) * 0.25
+    t_best, f_best, g_best = lo, f0, g0
+    t_best = tl.where(f1 >= 1.0, lo + d, t_best)
+    g_best = tl.where(f1 >= 1.0, g1, g_best)
+    f_best = tl.where(f1 >= 1.0, f1, f_best)
+    t_best = tl.where(f2 >= 1.0, lo + 2.0 * d, t_best)
+    g_best = tl.where(f2 >= 1.0, g2, g_best)
+    f_best = tl.where(f2 >= 1.0, f2, f_best)
+    t_best = tl.where(f3 >= 1.0, lo + 3.0 * d, t_best)
+    g_best = tl.where(f3 >= 1.0, g3, g_best)
+    f_best = tl.where(f3 >= 1.0, f3, f_best)
+    hi = tl.where(f3 < 1.0, lo + 3.0 * d, hi)
+    hi = tl.where(f2 < 1.0, lo + 2.0 * d, hi)
+    hi = tl.where(f1 < 1.0, lo + d, hi)
+    if MODE == 1:
+        f_pow = tl.sqrt(f_best)
+    elif MODE == 2:
+        f_pow = tl.full(f_best.shape, 1.0, tl.float32)
+    else:
+        f_pow = tl.exp2(tl.log2(f_best) * two_minus_alpha)
+    step = tl.where(ok & (g_best > 0), (f_best - f_pow) / g_best, 0.0)
+    lo = tl.minimum(t_best + step, hi)
+    return lo, hi, tl.where(ok, f_best - 1.0, 0.0)

@@ -6,8 +6,8 @@ several times. Here the work is split along the keys instead, so that K and V ar
 
 1. scores: one program per (key chunk, batch * head) writes s = c * z for its chunk (Nq x Nk fp32, small
    next to K) and the chunk's row max;
-2. threshold: one program per query row: max, then the Newton passes of attention_fwd.py over the stored
-   scores (which stay in L2), then Z = sum_j p_j and the support size;
+2. threshold: one program per query row: max, then the bracketing threshold passes of attention_fwd.py
+   over the stored scores (which stay in L2), then Z = sum_j p_j and the support size;
 3. output: one program per (key chunk, batch * head) accumulates p @ v over its chunk; the chunks' partial
    sums are added and divided by Z on the host side (a (B, H, chunks, Nq, D) tensor).
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, tile_logits
+from asentmax.ops.triton.attention_common import bracket_update, candidate_stats, entmax_power, tile_logits
 
 MAX_QUERIES = 16  # decoding path for Nq <= MAX_QUERIES
 _BLOCK_M, _BLOCK_N, _CHUNK, _BLOCK_ROW = MAX_QUERIES, 64, 1024, 1024
@@ -69,56 +69,65 @@ def _decode_threshold(
     S, ChunkMax, Tau, Z, Support, n_k, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
     BLOCK: tl.constexpr, MODE: tl.constexpr,
 ):
+    """One program per query row, handled as a (1, BLOCK) tile so that the fused kernel's helpers apply."""
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    m_part = tl.full([BLOCK], float("-inf"), tl.float32)
+    offs = tl.arange(0, BLOCK)[None, :]
+    m_part = tl.full([1, BLOCK], float("-inf"), tl.float32)
     for start in range(0, n_chunks, BLOCK):
         m_part = tl.maximum(m_part, tl.load(ChunkMax + row * n_chunks + start + offs,
                                             mask=start + offs < n_chunks, other=float("-inf")))
-    m = tl.max(m_part, 0)
+    m = tl.max(m_part, 1)  # (1,)
     ok = m > float("-inf")
     m = tl.where(ok, m, 0.0)
     s_row = S + row * n_k
     t = m
     if MODE != 0:
         t = m - 1.0
+        hi_t = m
         it = 0
         err = tol + 1.0
-        while ok & (it < max_iter) & (err > tol):
-            f = tl.zeros([BLOCK], tl.float32)
-            g_sum = tl.zeros([BLOCK], tl.float32)
+        while (it < max_iter) & (err > tol):
+            d = (hi_t - t) * 0.25
+            f0 = tl.zeros([1], tl.float32)
+            f1 = tl.zeros([1], tl.float32)
+            f2 = tl.zeros([1], tl.float32)
+            f3 = tl.zeros([1], tl.float32)
+            g0 = tl.zeros([1], tl.float32)
+            g1 = tl.zeros([1], tl.float32)
+            g2 = tl.zeros([1], tl.float32)
+            g3 = tl.zeros([1], tl.float32)
             for start in range(0, n_k, BLOCK):
                 s = tl.load(s_row + start + offs, mask=start + offs < n_k, other=float("-inf"))
-                u = tl.maximum(s - t, 0.0)
-                f += entmax_power(u, inv_am1, MODE)
-                g_sum += entmax_slope(u, inv_am1, MODE)
-            f_tot = tl.sum(f, 0)
-            if MODE == 1:
-                f_pow = tl.sqrt(f_tot)
-            elif MODE == 2:
-                f_pow = 1.0
-            else:
-                f_pow = tl.exp2(tl.log2(f_tot) * two_minus_alpha)
-            err = f_tot - 1.0
-            t = t + (f_tot - f_pow) / tl.sum(g_sum, 0)
+                a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
+                f0 += a0
+                f1 += a1
+                f2 += a2
+                f3 += a3
+                g0 += b0
+                g1 += b1
+                g2 += b2
+                g3 += b3
+            t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha,
+                                             MODE)
+            err = tl.max(excess, 0)
             it += 1
-    z = tl.zeros([BLOCK], tl.float32)
-    count = tl.zeros([BLOCK], tl.int32)
+    z = tl.zeros([1], tl.float32)
+    count = tl.zeros([1], tl.int32)
     for start in range(0, n_k, BLOCK):
         s = tl.load(s_row + start + offs, mask=start + offs < n_k, other=float("-inf"))
         if MODE == 0:
-            p = tl.exp2(s - t)
+            p = tl.exp2(s - t[:, None])
         else:
-            p = entmax_power(tl.maximum(s - t, 0.0), inv_am1, MODE)
-        z += p
-        count += (p > 0).to(tl.int32)
-    z_tot = tl.sum(z, 0)
+            p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
+        z += tl.sum(p, 1)
+        count += tl.sum((p > 0).to(tl.int32), 1)
     if MODE == 0:  # fold Z into tau: the output pass's p is then already normalised
-        t = t + tl.log2(z_tot)
-        z_tot = z_tot * 0.0 + 1.0
-    tl.store(Tau + row, tl.where(ok, t, float("inf")))
-    tl.store(Z + row, tl.where(ok, z_tot, 0.0))
-    tl.store(Support + row, tl.where(ok, tl.sum(count, 0), 0))
+        t = t + tl.log2(z)
+        z = z * 0.0 + 1.0
+    one = tl.arange(0, 1)
+    tl.store(Tau + row + one, tl.where(ok, t, float("inf")))
+    tl.store(Z + row + one, tl.where(ok, z, 0.0))
+    tl.store(Support + row + one, tl.where(ok, count, 0))
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])

@@ -5,11 +5,12 @@ passes over that head's keys, never materialising the (Nq, Nk) logits:
 
 1. max pass: m = max_j s_j per row (s = (alpha-1) z), and the max of every (BLOCK_M, BLOCK_N) tile, kept
    in a small tile table (B, H, Nq/BLOCK_M, Nk/BLOCK_N) that later passes and the backward read.
-2. threshold passes (alpha > 1): Newton's method on h(t) = ||[s - t]_+||_p, p = 1/(alpha-1), from
-   t0 = m - 1 <= tau. h is convex and decreasing, so every iterate stays a lower bound of tau, and it is
-   exact in one step when the top scores are equal. One pass gathers f = sum u^p and G = sum u^(p-1)
-   (u = [s - t]_+); the step is t += (f - f^(2-alpha)) / G. Passes stop once f(t) - 1 <= tol.
-   A tile whose max is <= t for every row of the block holds only zeros: it costs no matmul.
+2. threshold passes (alpha > 1): tau lies in [m - 1, m]. Each pass evaluates f(t) = sum_j [s_j - t]_+^p
+   (p = 1/(alpha-1)) and its slope at four candidates spread over the current bracket [lo, hi], keeps the
+   tightest bounds, and takes a Newton step on the convex h(t) = f(t)^(alpha-1) = ||[s - t]_+||_p from the
+   best lower bound (it stays a lower bound, and is exact at once when the top scores are equal).
+   Passes stop once f(best lower bound) - 1 <= tol (2-3 passes on Gaussian logits at tol 3e-2).
+   A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul.
 3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
    will follow, also the Jacobian accumulator o2 = (g @ v) / sum g with g = p^(2-alpha), so that the
    backward's delta = dO . o2 needs no extra pass.
@@ -19,7 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, tile_logits
+from asentmax.ops.triton.attention_common import (
+    bracket_update,
+    candidate_stats,
+    entmax_power,
+    entmax_slope,
+    tile_logits,
+)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb", "max_iter"])
@@ -78,17 +85,25 @@ def _entmax_attention_fwd(
     row_ok = m > float("-inf")  # rows outside the sequence or with no visible key are not ok
     m = tl.where(row_ok, m, 0.0)
 
-    # 2. threshold passes
+    # 2. threshold passes: bracket lo <= tau <= hi, four candidates per pass (attention_common.py)
     if MODE == 0:
         t = m
     else:
         t = m - 1.0
+        hi_t = m
         it = 0
         err = tol + 1.0
         while (it < max_iter) & (err > tol):
+            d = (hi_t - t) * 0.25
             t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
-            f = tl.zeros([BLOCK_M], tl.float32)
-            g_sum = tl.zeros([BLOCK_M], tl.float32)
+            f0 = tl.zeros([BLOCK_M], tl.float32)
+            f1 = tl.zeros([BLOCK_M], tl.float32)
+            f2 = tl.zeros([BLOCK_M], tl.float32)
+            f3 = tl.zeros([BLOCK_M], tl.float32)
+            g0 = tl.zeros([BLOCK_M], tl.float32)
+            g1 = tl.zeros([BLOCK_M], tl.float32)
+            g2 = tl.zeros([BLOCK_M], tl.float32)
+            g3 = tl.zeros([BLOCK_M], tl.float32)
             for start_n in range(0, hi, BLOCK_N):
                 if tl.load(tiles + start_n // BLOCK_N) > t_min:
                     offs_n = start_n + offs_n0
@@ -96,18 +111,18 @@ def _entmax_attention_fwd(
                                  mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
                     s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
                                     HAS_KPM, DOT_PRECISION)
-                    u = tl.maximum(s - t[:, None], 0.0)
-                    f += tl.sum(entmax_power(u, inv_am1, MODE), 1)
-                    g_sum += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
-            if MODE == 1:
-                f_pow = tl.sqrt(f)
-            elif MODE == 2:
-                f_pow = tl.full([BLOCK_M], 1.0, tl.float32)
-            else:
-                f_pow = tl.exp2(tl.log2(f) * two_minus_alpha)
-            step = tl.where(row_ok & (g_sum > 0), (f - f_pow) / g_sum, 0.0)
-            err = tl.max(tl.where(row_ok, f - 1.0, 0.0), 0)
-            t = t + step
+                    a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
+                    f0 += a0
+                    f1 += a1
+                    f2 += a2
+                    f3 += a3
+                    g0 += b0
+                    g1 += b1
+                    g2 += b2
+                    g3 += b3
+            t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, row_ok, two_minus_alpha,
+                                             MODE)
+            err = tl.max(excess, 0)
             it += 1
 
     # 3. output pass
