@@ -65,20 +65,23 @@ def bisection_entmax(x, alpha, steps=120):
     return torch.where(support, torch.where(support, s - tau, 1) ** (1 / a), 0)
 
 
-@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.2])
-def test_grads_match_autograd_through_newton_oracle(alpha):
-    x = logits(7, 40, seed=5, scale=2.0)
+# small logits: dense rows (every entry a candidate); large logits: the compact (sparse) path
+@pytest.mark.parametrize("scale", [0.05, 3.0])
+@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.0, 2.2])
+def test_grads_match_autograd_through_newton_oracle(alpha, scale):
+    x = logits(7, 300, seed=5, scale=scale)
     a = torch.tensor(alpha, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(7, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    g = torch.randn(7, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     dx, da = torch.autograd.grad((entmax(x, a) * g).sum(), (x, a))
     dx_ref, da_ref = torch.autograd.grad((bisection_entmax(x, a) * g).sum(), (x, a))
     torch.testing.assert_close(dx, dx_ref, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(da, da_ref, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("scale", [0.05, 3.0])
 @pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
-def test_gradients_finite_with_masked_entries_and_rows(alpha):
-    x = logits(4, 30, seed=7).detach()
+def test_gradients_finite_with_masked_entries_and_rows(alpha, scale):
+    x = logits(4, 30, seed=7, scale=scale).detach()
     x[0] = float("-inf")
     x[1, ::3] = float("-inf")
     x[2, 1:] = float("-inf")

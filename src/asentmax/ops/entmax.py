@@ -105,7 +105,9 @@ def _compact_solve(x, m, marks, alpha, t_lower):
         rows = torch.div(flat_index, n, rounding_mode="floor")
         counts = torch.bincount(rows, minlength=n_rows)
         k = max(int(counts.max()), 1)
-        slots = rows * k + torch.arange(flat_index.numel()) - (torch.cumsum(counts, 0) - counts)[rows]
+        # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
+        shift = torch.arange(n_rows) * k - (torch.cumsum(counts, 0) - counts)
+        slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel()))
         s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64)
         s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
         s[:, 0].masked_fill_(counts == 0, 0.0)
@@ -132,8 +134,8 @@ def _raise_lower_bound(x, m, alpha, marks):
     k = ceil(q), so the root of the surrogate sum d^k = 1 is a lower bound of tau; Newton on its
     phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only (k = q itself,
     with pow, when ceil(q) > 4). The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
-    Stops when the candidates {s > t} are few enough to compact, or a pass shrinks them by less than a
-    quarter. Returns t (R, 1), the largest candidate count, and marks (R, n) = 1.0 at the candidates."""
+    Stops when the candidates {s > t} are few enough to compact, or a pass fails to halve them.
+    Returns t (R, 1), the largest candidate count, and marks (R, n) = 1.0 at the candidates."""
     n = x.shape[1]
     a = alpha - 1.0
     t = torch.full_like(m, -1.0)
@@ -144,7 +146,7 @@ def _raise_lower_bound(x, m, alpha, marks):
     k = k if k <= 4 else q  # beyond k = 4, pow is cheaper than the multiplications
     scratch = None
     previous = math.inf  # the candidate count before the last pass
-    while kmax > _COMPACT_FRACTION * n and kmax < 0.75 * previous:
+    while kmax > _COMPACT_FRACTION * n and kmax < 0.5 * previous:
         scratch = torch.empty_like(x) if scratch is None else scratch
         d = torch.sub(x, m + t / a, out=marks).clamp_(min=0)  # [s - t]_+ / (alpha - 1)
         f, df = power_sums(d, k, scratch)
@@ -160,7 +162,8 @@ def _raise_lower_bound(x, m, alpha, marks):
 def _forward_2d(x, alpha, out):
     """x (R, n) fp32/fp64 contiguous; alpha float or (R, 1); out an (R, n) buffer of x's dtype.
 
-    Returns p (in out) and tau (R, 1), tau in absolute units: p = [(alpha - 1) x - tau]_+^(1/(alpha-1))."""
+    Returns p (in out), tau (R, 1) in absolute units (p = [(alpha - 1) x - tau]_+^(1/(alpha-1))), and
+    the flat indices of the candidates (a superset of the support) when the compact solve ran, else None."""
     n = x.shape[1]
     a = alpha - 1.0
     m = x.amax(dim=1, keepdim=True)
@@ -173,6 +176,7 @@ def _forward_2d(x, alpha, out):
         m = m.masked_fill(bad, 0.0)
     t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
+    flat_index = None
     if kmax <= 0.5 * n:  # out holds the candidate marks
         t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
         out.zero_().view(-1).index_copy_(0, flat_index, p)
@@ -184,7 +188,7 @@ def _forward_2d(x, alpha, out):
     if any_bad:
         out.masked_fill_(empty_rows, 0.0).masked_fill_(nan_rows, float("nan"))
         tau = tau.masked_fill(empty_rows, float("inf")).masked_fill(nan_rows, float("nan"))
-    return out, tau
+    return out, tau, flat_index
 
 
 def _move_to_rows(x, dim):
@@ -206,34 +210,60 @@ def _gate(p, alpha):
     return torch.where(p > 0, p, 1.0).pow_(2.0 - alpha).masked_fill_(p <= 0, 0.0)
 
 
+def _vjp(p, grad, alpha, row_sum, per_entry, need_alpha):
+    """Vector-Jacobian products for x and alpha on entries p (all of them, or the support only).
+
+    row_sum(v) sums entries per row into (R, 1); per_entry(r) spreads an (R, 1) row value over the
+    entries; alpha is a float or (R, 1). Returns dx at the entries and dalpha (R, 1) or None."""
+    alpha_e = alpha if isinstance(alpha, float) else per_entry(alpha)
+    u = _gate(p, alpha_e)
+    total = row_sum(u)
+    total = torch.where(total > 0, total, 1.0)  # all -inf rows: u = 0 and the gradient is 0
+    ug = u * grad
+    dx = ug.sub_(u * per_entry(row_sum(ug) / total))
+    if not need_alpha:
+        return dx, None
+    a = alpha_e - 1.0
+    plogp = torch.xlogy(p, p)
+    skew = u / per_entry(total)
+    dp_da = (p - skew) / (a * a) - (plogp - skew * per_entry(row_sum(plogp))) / a
+    return dx, row_sum(grad * dp_da)
+
+
 class _EntmaxFunction(torch.autograd.Function):
     """Autograd on (R, n) rows; alpha is a float or an (R, 1) tensor."""
 
     @staticmethod
     def forward(ctx, x2d, alpha_rows, alpha_float):
         alpha = alpha_float if alpha_rows is None else alpha_rows
-        p, _ = _forward_2d(x2d, alpha, torch.empty_like(x2d))
+        p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
         ctx.alpha = alpha
-        ctx.save_for_backward(p, x2d if alpha_rows is not None and ctx.needs_input_grad[1] else None)
+        ctx.save_for_backward(p, flat_index)
         return p
 
     @staticmethod
     def backward(ctx, grad):
-        p, x2d = ctx.saved_tensors
-        alpha = ctx.alpha
-        u = _gate(p, alpha)
-        u_total = u.sum(1, keepdim=True)
-        safe_total = torch.where(u_total > 0, u_total, 1.0)  # all -inf rows: u = 0, gradient 0
-        ug = u * grad
-        mean_g = ug.sum(1, keepdim=True) / safe_total
-        dx = ug.sub_(u * mean_g) if ctx.needs_input_grad[0] else None
-        dalpha = None
-        if ctx.needs_input_grad[1]:
-            a = alpha - 1.0
-            plogp = torch.xlogy(p, p)
-            skew = u / safe_total
-            dp_da = (p - skew) / (a * a) - (plogp - skew * plogp.sum(1, keepdim=True)) / a
-            dalpha = (grad * dp_da).sum(1, keepdim=True)
+        p, flat_index = ctx.saved_tensors
+        need_alpha = ctx.needs_input_grad[1]
+        if flat_index is None:  # dense rows
+            dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r, need_alpha)
+            return dx, dalpha, None
+        # only the candidates (a superset of the support) can have a nonzero gradient
+        n_rows, n = p.shape
+        with _calling_thread_only():
+            rows = torch.div(flat_index, n, rounding_mode="floor")
+            p_e = p.view(-1).index_select(0, flat_index)
+            grad_e = grad.reshape(-1).index_select(0, flat_index)
+
+            def row_sum(v):
+                return torch.zeros(n_rows, dtype=v.dtype).index_add_(0, rows, v).unsqueeze(1)
+
+            def per_entry(r):
+                return r.reshape(-1).index_select(0, rows)
+
+            dx_e, dalpha = _vjp(p_e, grad_e, ctx.alpha, row_sum, per_entry, need_alpha)
+        dx = torch.zeros_like(p)
+        dx.view(-1).index_copy_(0, flat_index, dx_e)
         return dx, dalpha, None
 
 
@@ -289,7 +319,7 @@ def entmax_threshold(x, alpha=1.5, dim=-1):
     with torch.no_grad():
         x2d = _move_to_rows(x, dim)
         rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
-        _, tau = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
+        _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1
     return tau.reshape(shape).movedim(-1, dim)
