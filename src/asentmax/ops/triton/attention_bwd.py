@@ -10,14 +10,14 @@ and z = q_scale * scale * q.k + bias gives dq_i = q_scale_i scale sum_j dz_ij k_
 dk_j = scale sum_i q_scale_i dz_ij q_i, dv_j = sum_i p_ij dO_i, dq_scale_i = scale q_i . sum_j dz_ij k_j.
 Two kernels (as FlashAttention-2): one per key block for dk, dv (looping over the query heads of its
 GQA group), one per query block for dq and dq_scale. A tile whose forward max is <= tau on every row
-of the query block is all zeros and is skipped without any matmul.
+of the query block is all zeros: loops run over the range of live tiles only (attention_common.live_range).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, tile_logits
+from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, live_range, tile_logits
 
 
 @triton.jit
@@ -35,12 +35,12 @@ def _probs(s, tau, inv_z, g_scale, inv_am1, MODE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_qb", "n_kb"])
 def _entmax_attention_bwd_dkdv(
-    Q, K, V, DO, DK, DV, Tau, InvZ, GScale, Delta, TileMax, QScale, Slopes, KPM,
+    Q, K, V, DO, DK, DV, Tau, InvZ, GScale, Delta, TileMax, BlockTauMin, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdkb, sdkh, sdkn, sdvb, sdvh, sdvn,
     n_heads, group, n_q, n_k, n_qb, n_kb, head_dim, scale, bias_mult, inv_am1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -59,43 +59,49 @@ def _entmax_attention_bwd_dkdv(
     kpm_ptr = KPM + b * n_k
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    lo = 0  # first query block that may see this key block
+    qb_first = 0  # first query block that may see this key block
     if CAUSAL:
         first_row = start_n - (n_k - n_q)
         if first_row > 0:
-            lo = (first_row // BLOCK_M) * BLOCK_M
+            qb_first = first_row // BLOCK_M
     for j in range(0, group):
         h = hk * group + j
         bh = b * n_heads + h
         slope = 0.0
         if HAS_ALIBI:
             slope = tl.load(Slopes + bh) * bias_mult
-        for start_m in range(lo, n_q, BLOCK_M):
-            offs_m = start_m + offs_m0
+        qb_lo = qb_first
+        qb_hi = n_qb
+        if MODE != 0:
+            column = TileMax + (bh * n_qb + qb_first) * n_kb + pid_n  # tiles (qb, pid_n), qb >= qb_first
+            first, last = live_range(column, n_kb, n_qb - qb_first, 0.0, BlockTauMin + bh * n_qb + qb_first,
+                                     True, SCAN)
+            qb_lo = qb_first + first
+            qb_hi = qb_first + last
+        for qb in range(qb_lo, qb_hi):
+            offs_m = qb * BLOCK_M + offs_m0
             row_in = offs_m < n_q
             row_ptr = bh * n_q + offs_m
             tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
-            tile_max = tl.load(TileMax + (bh * n_qb + start_m // BLOCK_M) * n_kb + pid_n)
-            if (MODE == 0) or (tile_max > tl.min(tau, 0)):
-                pos_m = offs_m + (n_k - n_q)
-                q_mask = row_in[:, None] & d_in[None, :]
-                q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask,
-                            other=0.0)
-                do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
-                             other=0.0)
-                zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-                if HAS_QSCALE:
-                    zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
-                s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL,
-                                HAS_ALIBI, HAS_KPM, DOT_PRECISION)
-                inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
-                g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
-                delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
-                p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
-                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-                dz = g * (dp - delta[:, None]) * zmult[:, None]
-                dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
+            pos_m = offs_m + (n_k - n_q)
+            q_mask = row_in[:, None] & d_in[None, :]
+            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask,
+                        other=0.0)
+            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
+                         other=0.0)
+            zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+            if HAS_QSCALE:
+                zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+            s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL,
+                            HAS_ALIBI, HAS_KPM, DOT_PRECISION)
+            inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
+            g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
+            delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
+            p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            dz = g * (dp - delta[:, None]) * zmult[:, None]
+            dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
     out_mask = (offs_n[:, None] < n_k) & d_in[None, :]
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=out_mask)
@@ -105,12 +111,12 @@ def _entmax_attention_bwd_dkdv(
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb"])
 def _entmax_attention_bwd_dq(
-    Q, K, V, DO, DQ, DQScale, Tau, InvZ, GScale, Delta, TileMax, QScale, Slopes, KPM,
+    Q, K, V, DO, DQ, DQScale, Tau, InvZ, GScale, Delta, TileMax, BlockTauMin, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdqb, sdqh, sdqm,
     n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -148,19 +154,22 @@ def _entmax_attention_bwd_dq(
         rows_after = n_q - (pid_m + 1) * BLOCK_M
         if rows_after > 0:
             hi = n_k - rows_after
+    kb_lo = 0
+    kb_hi = tl.cdiv(hi, BLOCK_N)
+    if MODE != 0:
+        kb_lo, kb_hi = live_range(tiles, 1, kb_hi, tau_min, tiles, False, SCAN)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start_n in range(0, hi, BLOCK_N):
-        if (MODE == 0) or (tl.load(tiles + start_n // BLOCK_N) > tau_min):
-            offs_n = start_n + offs_n0
-            kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
-            k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tile_logits(q, tl.trans(k), rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
-                            HAS_KPM, DOT_PRECISION)
-            p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-            dz = g * (dp - delta[:, None])
-            acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
+        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tile_logits(q, tl.trans(k), rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+                        HAS_KPM, DOT_PRECISION)
+        p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dz = g * (dp - delta[:, None])
+        acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
              (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=q_mask)
     if HAS_QSCALE:
@@ -193,9 +202,12 @@ def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, al
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
                   CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
                   HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                  num_warps=num_warps, num_stages=num_stages)
-    extras = (tile_max, q_scale if q_scale is not None else dummy, slopes if slopes is not None else dummy,
-              kpm if kpm is not None else tile_max)
+                  SCAN=512, num_warps=num_warps, num_stages=num_stages)
+    pad = n_qb * block_m - n_q
+    block_tau_min = torch.nn.functional.pad(tau, (0, pad), value=float("inf")).view(
+        batch, heads, n_qb, block_m).amin(-1).contiguous()
+    extras = (tile_max, block_tau_min, q_scale if q_scale is not None else dummy,
+              slopes if slopes is not None else dummy, kpm if kpm is not None else tile_max)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
     _entmax_attention_bwd_dkdv[(n_kb, batch * kv_heads)](

@@ -122,3 +122,23 @@ def bracket_update(lo, hi, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha, 
     step = tl.where(ok & (g_best > 0), (f_best - f_pow) / g_best, 0.0)
     lo = tl.minimum(t_best + step, hi)
     return lo, hi, tl.where(ok, f_best - 1.0, 0.0)
+
+
+@triton.jit
+def live_range(tiles, stride, n_tiles, threshold, thresholds_ptr, PER_TILE: tl.constexpr, SCAN: tl.constexpr):
+    """(first, last + 1) over i < n_tiles of the tiles with tiles[i * stride] > threshold (or
+    > thresholds_ptr[i] when PER_TILE). A tile whose max score is <= the lowest tau of its query block holds
+    only zeros. Loops then run over that range without branches, which keeps their loads software-pipelined;
+    dead tiles inside the range are computed (their weights are exactly zero)."""
+    first = n_tiles
+    last = -1
+    for start in range(0, n_tiles, SCAN):
+        idx = start + tl.arange(0, SCAN)
+        tile_max = tl.load(tiles + idx * stride, mask=idx < n_tiles, other=float("-inf"))
+        if PER_TILE:
+            live = tile_max > tl.load(thresholds_ptr + idx, mask=idx < n_tiles, other=float("inf"))
+        else:
+            live = tile_max > threshold
+        first = tl.minimum(first, tl.min(tl.where(live, idx, n_tiles), 0))
+        last = tl.maximum(last, tl.max(tl.where(live, idx, -1), 0))
+    return first, last + 1

@@ -10,7 +10,8 @@ passes over that head's keys, never materialising the (Nq, Nk) logits:
    tightest bounds, and takes a Newton step on the convex h(t) = f(t)^(alpha-1) = ||[s - t]_+||_p from the
    best lower bound (it stays a lower bound, and is exact at once when the top scores are equal).
    Passes stop once f(best lower bound) - 1 <= tol (2-3 passes on Gaussian logits at tol 3e-2).
-   A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul.
+   A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul (passes loop
+   over the range of live tiles, which is a band around the diagonal for ALiBi heads).
 3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
    will follow, also the Jacobian accumulator o2 = (g @ v) / sum g with g = p^(2-alpha), so that the
    backward's delta = dO . o2 needs no extra pass.
@@ -25,6 +26,7 @@ from asentmax.ops.triton.attention_common import (
     candidate_stats,
     entmax_power,
     entmax_slope,
+    live_range,
     tile_logits,
 )
 
@@ -36,7 +38,7 @@ def _entmax_attention_fwd(
     n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1, two_minus_alpha, tol, max_iter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    WRITE_O2: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WRITE_O2: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -69,6 +71,7 @@ def _entmax_attention_fwd(
         rows_after = n_q - (pid_m + 1) * BLOCK_M
         if rows_after > 0:
             hi = n_k - rows_after
+    n_vis = tl.cdiv(hi, BLOCK_N)  # tiles [0, n_vis) have a tile-table entry
 
     # 1. max pass (+ the tile table)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -96,6 +99,7 @@ def _entmax_attention_fwd(
         while (it < max_iter) & (err > tol):
             d = (hi_t - t) * 0.25
             t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
+            kb_lo, kb_hi = live_range(tiles, 1, n_vis, t_min, tiles, False, SCAN)
             f0 = tl.zeros([BLOCK_M], tl.float32)
             f1 = tl.zeros([BLOCK_M], tl.float32)
             f2 = tl.zeros([BLOCK_M], tl.float32)
@@ -104,56 +108,58 @@ def _entmax_attention_fwd(
             g1 = tl.zeros([BLOCK_M], tl.float32)
             g2 = tl.zeros([BLOCK_M], tl.float32)
             g3 = tl.zeros([BLOCK_M], tl.float32)
-            for start_n in range(0, hi, BLOCK_N):
-                if tl.load(tiles + start_n // BLOCK_N) > t_min:
-                    offs_n = start_n + offs_n0
-                    kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                                 mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-                    s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
-                                    HAS_KPM, DOT_PRECISION)
-                    a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
-                    f0 += a0
-                    f1 += a1
-                    f2 += a2
-                    f3 += a3
-                    g0 += b0
-                    g1 += b1
-                    g2 += b2
-                    g3 += b3
+            for kb in range(kb_lo, kb_hi):
+                offs_n = kb * BLOCK_N + offs_n0
+                kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                             mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+                s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+                                HAS_KPM, DOT_PRECISION)
+                a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
+                f0 += a0
+                f1 += a1
+                f2 += a2
+                f3 += a3
+                g0 += b0
+                g1 += b1
+                g2 += b2
+                g3 += b3
             t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, row_ok, two_minus_alpha,
                                              MODE)
             err = tl.max(excess, 0)
             it += 1
 
     # 3. output pass
-    t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
+    kb_lo = 0
+    kb_hi = n_vis
+    if MODE != 0:
+        kb_lo, kb_hi = live_range(tiles, 1, n_vis, tl.min(tl.where(row_ok, t, float("inf")), 0), tiles, False,
+                                  SCAN)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     z_sum = tl.zeros([BLOCK_M], tl.float32)
     support = tl.zeros([BLOCK_M], tl.int32)
     if WRITE_O2:
         acc2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         g_sum = tl.zeros([BLOCK_M], tl.float32)
-    for start_n in range(0, hi, BLOCK_N):
-        if (MODE == 0) or (tl.load(tiles + start_n // BLOCK_N) > t_min):
-            offs_n = start_n + offs_n0
-            kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                         mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
-                        mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
-            s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
-                            DOT_PRECISION)
-            if MODE == 0:
-                p = tl.exp2(s - t[:, None])
-            else:
-                u = tl.maximum(s - t[:, None], 0.0)
-                p = entmax_power(u, inv_am1, MODE)
-            z_sum += tl.sum(p, 1)
-            support += tl.sum((p > 0).to(tl.int32), 1)
-            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-            if WRITE_O2:
-                g = entmax_slope(u, inv_am1, MODE)
-                g_sum += tl.sum(g, 1)
-                acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
+                    mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
+        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION)
+        if MODE == 0:
+            p = tl.exp2(s - t[:, None])
+        else:
+            u = tl.maximum(s - t[:, None], 0.0)
+            p = entmax_power(u, inv_am1, MODE)
+        z_sum += tl.sum(p, 1)
+        support += tl.sum((p > 0).to(tl.int32), 1)
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if WRITE_O2:
+            g = entmax_slope(u, inv_am1, MODE)
+            g_sum += tl.sum(g, 1)
+            acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
 
     ok = row_ok & (z_sum > 0)
     inv_z = tl.where(ok, 1.0 / z_sum, 0.0)
@@ -208,7 +214,7 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
         heads, heads // k.shape[1], n_q, n_k, n_kb, dim, scale, c, inv_am1, 2.0 - alpha, tol, max_iter,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
         CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
-        WRITE_O2=write_o2, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WRITE_O2=write_o2, SCAN=512, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, o2, tau, inv_z, support, tile_max
