@@ -25,6 +25,11 @@ DEMO_METHODS = ("softmax", "asentmax")
 DEMO_EVAL = {"multipliers": ("1", "2", "4", "8", "16"), "samples": 100}
 
 
+def _cores() -> int:
+    """CPU cores this process may use (respects taskset / container limits, unlike os.cpu_count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def _flags(options: dict) -> list[str]:
     out = []
     for name, value in options.items():
@@ -55,7 +60,7 @@ def _report(table: str, train_options: dict, total: float, train_seconds: float)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return "\n".join([
         "# `make demo` result", "",
-        f"Command: `make demo` (= `python -m asentmax.demo`), run {when} on {os.cpu_count()} CPU cores.",
+        f"Command: `make demo` (= `python -m asentmax.demo`), run {when} on {_cores()} CPU cores.",
         f"Wall time {total:.0f} s (training done at {train_seconds:.0f} s; the two models in parallel).", "",
         f"Task {DEMO_TASK}, training lengths {train_options['min-length']}-{train_options['max-length']} "
         f"(ID = {train_options['max-length']}), {train_options['steps']} steps of batch "
@@ -110,7 +115,7 @@ def run_demo(output_dir: Path | str = "results/demo", steps: int | None = None) 
     summary = {"task": DEMO_TASK, "train": train_options, "model": DEMO_MODEL, "eval": DEMO_EVAL,
                "train_seconds": round(train_seconds, 1), "total_seconds": round(total, 1),
                "finished_at_s": seconds,
-               "command": "make demo  (python -m asentmax.demo)", "cpu_count": os.cpu_count()}
+               "command": "make demo  (python -m asentmax.demo)", "cpu_count": _cores()}
     (output_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     (output_dir / "demo.md").write_text(_report(table, train_options, total, train_seconds))
     print(table)
