@@ -118,13 +118,17 @@ def _compact_solve(x, m, marks, alpha, t_lower):
 
 
 def _probs_from(s, tau, alpha):
-    """p = [s - tau]_+ ^ (1/(alpha-1)), computed in place in s."""
+    """p = [s - tau]_+ ^ (1/(alpha-1)), computed in place in s (integer powers <= 8 by multiplication)."""
     d = s.sub_(tau).clamp_(min=0)
-    if isinstance(alpha, float) and alpha == 2.0:
-        return d
-    if isinstance(alpha, float) and alpha == 1.5:
-        return d.mul_(d)
-    return d.pow_(1.0 / (alpha - 1.0))
+    q = 1.0 / (alpha - 1.0)
+    if isinstance(q, torch.Tensor) or not q.is_integer() or q > 8:
+        return d.pow_(q)
+    if q <= 2:
+        return d.mul_(d) if q == 2 else d
+    p = d.clone()
+    for _ in range(int(q) - 1):
+        p.mul_(d)
+    return p
 
 
 def _raise_lower_bound(x, m, alpha, marks):
