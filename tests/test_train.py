@@ -4,6 +4,7 @@ DDP (2 gloo processes) gradients equal to the single-process gradients of the co
 import csv
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -175,7 +176,7 @@ def test_mismatched_vocab_is_refused(tmp_path):
 
 # ---- DDP ----
 
-def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_path):
+def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_dir):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -188,7 +189,10 @@ def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_path)
     loss, _, _ = target_loss(ddp, batch, Distributed(rank, world_size), None)
     loss.backward()
     if rank == 0:
-        torch.save({name: p.grad for name, p in model.named_parameters()}, out_path)
+        torch.save({name: p.grad for name, p in model.named_parameters()}, f"{out_dir}/grads.pt")
+    # the whole training loop on the same group: collectives for loss, logging, validation, checkpoints
+    train(tiny_train(steps=4, batch_size=6, val_every=2, checkpoint_every=2), tiny_model(task),
+          f"{out_dir}/run", progress=False)
     dist.destroy_process_group()
 
 
@@ -200,13 +204,23 @@ def test_ddp_gradients_match_single_process(tmp_path):
     torch.manual_seed(0)
     model = Transformer(tiny_model(task, attention="asentmax"))
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    out = tmp_path / "grads.pt"
-    mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), shards, state, str(out)), nprocs=2,
-                       join=True, start_method="fork")  # fork: no re-import, seconds faster
-    ddp_grads = torch.load(out)
+    workers = mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), shards, state, str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + 300
+    while not workers.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail("DDP workers did not finish within 300 s")
+    ddp_grads = torch.load(tmp_path / "grads.pt")
 
     loss, loss_sum, n = target_loss(model, collate(task, shards[0] + shards[1]), Distributed(), None)
     loss.backward()
     assert n == sum(len(e.target) + 1 for shard in shards for e in shard)
     for name, p in model.named_parameters():
         torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+    checkpoint = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    assert checkpoint["step"] == 4 and checkpoint["world_size"] == 2 and len(checkpoint["rank_states"]) == 2
+    assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "log.csv")] == [2, 4]
+    assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "val.csv")] == [2, 2, 4, 4]
