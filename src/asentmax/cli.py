@@ -120,7 +120,8 @@ def _run_train(args) -> None:
             raise UsageError("--resume continues with the saved configuration; drop the config flags")
         if not (run_dir / CHECKPOINT_NAME).is_file():
             raise UsageError(f"no checkpoint to resume at {run_dir / CHECKPOINT_NAME}")
-        train(None, None, run_dir, resume=True, stop_at_step=args.stop_at_step, progress=not args.no_progress)
+        _report_training(train(None, None, run_dir, resume=True, stop_at_step=args.stop_at_step,
+                               progress=not args.no_progress))
         return
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"run dir {run_dir} is a file")
@@ -142,10 +143,14 @@ def _run_train(args) -> None:
         for name in RUN_FILES:
             target = run_dir / name
             shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-    summary = train(train_config, model_config, run_dir, stop_at_step=args.stop_at_step,
-                    progress=not args.no_progress)
-    print(f"trained {summary['step']} steps in {summary['elapsed_s']:.1f}s, last loss {summary['loss']:.4f}; "
-          f"run dir {run_dir}")
+    _report_training(train(train_config, model_config, run_dir, stop_at_step=args.stop_at_step,
+                           progress=not args.no_progress))
+
+
+def _report_training(summary: dict) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
+              f"{summary['loss']:.4f}; run dir {summary['run_dir']}")
 
 
 # ---- eval ----
