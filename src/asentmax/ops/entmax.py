@@ -32,6 +32,8 @@ from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
+# Inputs up to this many elements are processed on the calling thread only (see _calling_thread_only).
+_SMALL_INPUT = 1 << 22
 
 
 def _check_inputs(x, alpha, dim):
@@ -80,12 +82,16 @@ def _alpha_rows(alpha, x, dim):
 
 
 @contextlib.contextmanager
-def _calling_thread_only():
-    """Run torch ops on the calling thread only (restored on exit).
+def _calling_thread_only(active=True):
+    """Run torch ops on the calling thread only (restored on exit); a no-op when not active.
 
     The compact solve works on small matrices, where every intra-op parallel region costs a thread
     synchronisation that outweighs the work (on a loaded 2-core machine, about a scheduler time
-    slice per op), so it runs single-threaded; the full-row passes stay parallel."""
+    slice per op), so it runs single-threaded; so does everything for inputs of at most
+    _SMALL_INPUT elements. The full-row passes of large inputs stay parallel."""
+    if not active:
+        yield
+        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -240,7 +246,8 @@ class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, alpha_rows, alpha_float):
         alpha = alpha_float if alpha_rows is None else alpha_rows
-        p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
+        with _calling_thread_only(x2d.numel() <= _SMALL_INPUT):
+            p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
         ctx.alpha = alpha
         ctx.save_for_backward(p, flat_index)
         return p
@@ -250,7 +257,9 @@ class _EntmaxFunction(torch.autograd.Function):
         p, flat_index = ctx.saved_tensors
         need_alpha = ctx.needs_input_grad[1]
         if flat_index is None:  # dense rows
-            dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r, need_alpha)
+            with _calling_thread_only(p.numel() <= _SMALL_INPUT):
+                dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r,
+                                  need_alpha)
             return dx, dalpha, None
         # only the candidates (a superset of the support) can have a nonzero gradient
         n_rows, n = p.shape
@@ -323,7 +332,8 @@ def entmax_threshold(x, alpha=1.5, dim=-1):
     with torch.no_grad():
         x2d = _move_to_rows(x, dim)
         rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
-        _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
+        with _calling_thread_only(x2d.numel() <= _SMALL_INPUT):
+            _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1
     return tau.reshape(shape).movedim(-1, dim)
