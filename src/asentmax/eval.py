@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
 
@@ -43,8 +43,12 @@ class EvalConfig:
     confidence: float = field(default=0.95, metadata={"help": "confidence level of the Wilson interval"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
+    attention_backend: str = field(
+        default="", metadata={"help": "replace the model's attention backend: auto|reference|chunked|triton"})
 
     def validate(self) -> None:
+        if self.attention_backend not in ("", "auto", "reference", "chunked", "triton"):
+            raise ValueError(f"unknown attention-backend {self.attention_backend!r}")
         if not self.multipliers or any(not m > 0 for m in self.multipliers):
             raise ValueError(f"multipliers must be positive, got {self.multipliers}")
         if self.dispersion_samples < 0 or self.dispersion_max_tokens < 0:
@@ -186,14 +190,17 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
     return rows
 
 
-def load_model(run_dir: Path | str, device: torch.device):
-    """The trained Transformer of a run directory (from its checkpoint), its task and both configs."""
+def load_model(run_dir: Path | str, device: torch.device, attention_backend: str = ""):
+    """The trained Transformer of a run directory (from its checkpoint), its task and the checkpoint;
+    a non-empty `attention_backend` replaces the one the model was trained with."""
     from asentmax.nn import ModelConfig, Transformer
     from asentmax.tasks import get_task
     from asentmax.train import CHECKPOINT_NAME, load_checkpoint
 
     checkpoint = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     model_config = ModelConfig(**checkpoint["model_config"])
+    if attention_backend:
+        model_config = replace(model_config, attention_backend=attention_backend)
     model = Transformer(model_config)
     model.load_state_dict(checkpoint["model"])
     model.to(device).eval()
@@ -227,7 +234,7 @@ def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | N
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
     device = torch.device("cuda" if use_cuda else "cpu")
-    model, task, checkpoint = load_model(run_dir, device)
+    model, task, checkpoint = load_model(run_dir, device, config.attention_backend)
     id_length = config.id_length or checkpoint["train_config"]["max_length"]
     lengths = multiplier_lengths(id_length, config.multipliers, task)
     use_bf16 = config.amp == "bf16" or (config.amp == "auto" and device.type == "cuda")
