@@ -6,8 +6,9 @@ the `entmax` package (entmax15 sort-based and entmax_bisect) and adasplash's row
 installed. Also the copy time of the same tensor (the bytes floor: one read + one write), the error of each
 method against an fp64 sort-based oracle on sampled rows, and a small sweep of our launch configurations.
 
-    PYTHONPATH=src python benchmarks/bench_entmax_gpu.py --out results
-writes entmax_gpu.json and entmax_gpu.md into --out.
+    PYTHONPATH=src python benchmarks/bench_entmax_gpu.py --out results [--with-adasplash] [--quick]
+writes entmax_gpu.json and entmax_gpu.md into --out (results/entmax_gpu.md says which version produced
+the committed numbers). Needs a CUDA GPU; about 1-2 minutes on an H200 (adasplash autotunes: slower).
 """
 
 import argparse

@@ -204,7 +204,7 @@ def test_special_rows(max_block_n):
 @needs_runner
 @pytest.mark.parametrize("alpha", [1.5, 2.0], ids=lambda a: f"a{a}")
 def test_fused_reductions(alpha):
-    """The multi-operand reductions used when compiled (the interpreter runs them slowly: small shapes)."""
+    """The opt-in multi-operand reductions (the interpreter runs them slowly: small shapes)."""
     x = _inputs(3, 24, seed=11)
     x[1, :20] = float("-inf")
     dp = _inputs(3, 24, scale=1.0, seed=12)

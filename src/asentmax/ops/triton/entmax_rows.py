@@ -26,7 +26,6 @@ Importing this module needs no GPU; the kernels also run under TRITON_INTERPRET=
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 MAX_BLOCK_N = 32768  # longest row (power of two) kept in registers; longer rows loop over chunks
 LONG_CHUNK = 4096  # chunk length of the looping kernels
@@ -59,8 +58,10 @@ def _combine_sums(a1, b1, a2, b2):
 def _first_stats(s, FUSED: tl.constexpr):
     """(BLOCK_R, BLOCK_N) tile -> per row: max, sum and count of the finite entries.
 
-    FUSED: one multi-operand reduction (one exchange through shared memory instead of one per value);
-    the interpreter runs such a reduction element by element in Python, so it gets separate ones."""
+    FUSED: one multi-operand reduction (one exchange through shared memory instead of one per value).
+    Off by default: the GPU-measured configuration (results/entmax_gpu.md) uses separate reductions; the
+    fused variant is tested (interpreter) and in the benchmark's launch sweep, but not yet timed on a GPU.
+    (The interpreter also runs a multi-operand reduction element by element in Python: slow.)"""
     finite = s > float("-inf")
     total = tl.where(finite, s, 0.0)
     count = finite.to(tl.float32)
@@ -329,8 +330,8 @@ def _check(x2d: torch.Tensor, alpha) -> float:
 
 def _row_config(n: int, num_warps=None, elems_per_program=None):
     """(BLOCK_R, BLOCK_N, num_warps) for the in-register kernels: about 16 fp32 values per thread
-    (32 for the longest rows); the best of the launch sweep in results/entmax_gpu.md, and free of
-    register spills (ptxas, sm_90)."""
+    (32 for the longest rows): the fastest of the launch sweep in results/entmax_gpu.md (8192 x 1024:
+    one row and 2 warps per program; 1024 x 32768: 32 warps), free of register spills (ptxas, sm_90)."""
     block_n = triton.next_power_of_2(max(n, 1))
     block_r = max(1, min(64, (elems_per_program or 1024) // block_n))
     if num_warps is None:
@@ -338,13 +339,8 @@ def _row_config(n: int, num_warps=None, elems_per_program=None):
     return block_r, block_n, num_warps
 
 
-def _fused_reductions() -> bool:
-    """Multi-operand reductions when compiled; separate ones in the interpreter (see _first_stats)."""
-    return not isinstance(_fwd_rows_kernel, InterpretedFunction)
-
-
 def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None,
-             fused=None):
+             fused=False):
     """Launch the forward; returns (p or None, tau fp32 (R,)). Keyword arguments tune/test the launch."""
     x2d = x2d.contiguous()
     R, N = x2d.shape
@@ -356,7 +352,6 @@ def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=Non
     if R == 0 or N == 0:
         return p, tau.fill_(float("inf"))
     out = p if write_p else x2d  # never written when WRITE_P is False
-    fused = _fused_reductions() if fused is None else fused
     if triton.next_power_of_2(N) <= max_block_n:
         block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
         _fwd_rows_kernel[(triton.cdiv(R, block_r),)](
@@ -369,10 +364,9 @@ def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=Non
     return p, tau
 
 
-def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None, fused=None):
+def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None, fused=False):
     """Launch the backward: dx = g*dp - g*sum(g*dp)/sum(g), g = p^(2-alpha) on the support."""
     dp = dp.contiguous()
-    fused = _fused_reductions() if fused is None else fused
     R, N = p.shape
     dx = torch.empty_like(p)
     if R == 0 or N == 0:
