@@ -17,7 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.triton.attention_common import entmax_power, entmax_slope, live_range, tile_logits
+from asentmax.ops.triton.attention_common import (
+    entmax_power,
+    entmax_slope,
+    live_range,
+    logits_from_dot,
+    tile_logits,
+)
 
 
 @triton.jit
@@ -159,21 +165,24 @@ def _entmax_attention_bwd_dq(
     if MODE != 0:
         kb_lo, kb_hi = live_range(tiles, 1, kb_hi, tau_min, tiles, False, SCAN)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dqs = tl.zeros([BLOCK_M], tl.float32)
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
         k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tile_logits(q, tl.trans(k), rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
-                        HAS_KPM, DOT_PRECISION)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM)
         p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         dz = g * (dp - delta[:, None])
         acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
+        if HAS_QSCALE:  # in fp32 from the fp32 q.k tile: sum_j dz_j = 0 makes this a cancelling sum
+            dqs += tl.sum(dz * qk, 1)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
              (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=q_mask)
     if HAS_QSCALE:
-        tl.store(DQScale + row_ptr, scale * tl.sum(q.to(tl.float32) * acc, 1), mask=row_in)
+        tl.store(DQScale + row_ptr, scale * dqs, mask=row_in)
 
 
 def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,

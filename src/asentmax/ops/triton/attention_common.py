@@ -43,7 +43,15 @@ def tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
 
     q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); rowmult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
     """
-    s = tl.dot(q, kt, input_precision=DOT_PRECISION) * rowmult[:, None]
+    qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
+    return logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM)
+
+
+@triton.jit
+def logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
+                    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr):
+    """tile_logits given the fp32 tile qk = q @ kt."""
+    s = qk * rowmult[:, None]
     if HAS_ALIBI:
         s = s - slope * tl.abs(pos_m[:, None] - offs_n[None, :]).to(tl.float32)
     visible = (offs_n < n_k)[None, :]
