@@ -224,3 +224,11 @@ def test_ddp_gradients_match_single_process(tmp_path):
     assert checkpoint["step"] == 4 and checkpoint["world_size"] == 2 and len(checkpoint["rank_states"]) == 2
     assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "log.csv")] == [2, 4]
     assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "val.csv")] == [2, 2, 4, 4]
+
+
+def test_non_finite_loss_stops_training(tmp_path):
+    task = get_task("copy")
+    # an infinite learning rate turns the weights into inf/NaN in the first update: step 2 must stop
+    with pytest.raises(FloatingPointError, match="non-finite training loss at step 2"):
+        train(tiny_train(lr=float("inf")), tiny_model(task), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()

@@ -403,6 +403,9 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         batch = training_batch(task, seed=train_config.seed, rank=world.rank, step=step,
                                batch_size=local_batch, buckets=buckets).to(world.device)
         loss, loss_sum, n_targets = target_loss(ddp_model, batch, world, autocast_dtype)
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f"non-finite training loss at step {step + 1} (rank {world.rank}); "
+                                     f"the last checkpoint in {run_dir} is intact")
         loss.backward()
         if train_config.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
