@@ -51,7 +51,17 @@ def _unit_last_stride(x):
 
 def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
                             return_aux):
-    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`."""
+    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`.
+
+    The kernels cover alpha == 1 and 1 < alpha <= 2 (PAPER.md's range); alpha > 2 is computed by the chunked
+    torch backend (its threshold function is not convex there, which the kernels' passes rely on).
+    """
+    if alpha > 2.0:
+        from asentmax.ops.chunked import chunked_entmax_attention
+
+        return chunked_entmax_attention(q, k, v, alpha=alpha, causal=causal, scale=scale,
+                                        alibi_slopes=alibi_slopes, q_scale=q_scale,
+                                        key_padding_mask=key_padding_mask, return_aux=return_aux)
     in_dtype = q.dtype
     if in_dtype == torch.float64:
         q, k, v = q.float(), k.float(), v.float()
