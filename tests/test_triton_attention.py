@@ -174,7 +174,7 @@ def test_exact_zeros_and_tile_skipping():
     assert math.isclose(aux.tau[0, 0, -1].item(), ref_aux.tau[0, 0, -1].item(), abs_tol=1e-5)
 
 
-@pytest.mark.parametrize("case", [C(1.5, True, 1, 2100, 16, B=2, H=4, Hkv=2, alibi="heads", q_scale=True,
+@pytest.mark.parametrize("case", [C(1.5, True, 1, 1100, 16, B=2, H=4, Hkv=2, alibi="heads", q_scale=True,
                                     kpm=True),
                                   C(1.0, False, 5, 130, 48, dtype=torch.float16, q_scale=True),
                                   C(1.25, True, 3, 63, 16, B=2, kpm=True)], ids=case_id)
