@@ -53,22 +53,24 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_config_flags(parser, cls, *, skip=(), defaults_note: str | None = None) -> list[str]:
-    """One flag per field of dataclass `cls`; absent flags stay out of the namespace. Returns field names."""
+def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defaults_note: str | None = None):
+    """One flag per field of dataclass `cls` (`choices` maps field names to allowed values); absent flags
+    stay out of the namespace. Returns the field names."""
     group = parser.add_argument_group(f"{cls.__name__} options")
     hints = typing.get_type_hints(cls)
     names = []
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
-        kind, nargs, choices = _flag_type(hints[f.name])
+        kind, nargs, allowed = _flag_type(hints[f.name])
+        allowed = list((choices or {}).get(f.name, allowed) or []) or None
         if kind is bool:
             kind = _parse_bool
         default = f.default if f.default is not dataclasses.MISSING else None
         note = defaults_note or f"default: {default}"
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs,
-                           choices=choices, default=argparse.SUPPRESS,
-                           metavar=None if choices else f.name.upper(),
+                           choices=allowed, default=argparse.SUPPRESS,
+                           metavar=None if allowed else f.name.upper(),
                            help=f"{f.metadata.get('help', f.name.replace('_', ' '))} ({note})")
         names.append(f.name)
     return names
@@ -83,7 +85,7 @@ def _given(args, names) -> dict:
 # ---- train ----
 
 def _train_parser(sub):
-    from asentmax.nn import ModelConfig
+    from asentmax.nn import ModelConfig, config
     from asentmax.tasks import TASK_NAMES
     from asentmax.train import PRESETS, TrainConfig
 
@@ -96,12 +98,13 @@ def _train_parser(sub):
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run-dir")
     p.add_argument("--stop-at-step", type=int, help="stop (with a checkpoint) after this many steps")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train_names = add_config_flags(p, TrainConfig)
-    for action in p._actions:
-        if action.dest == "task":
-            action.choices = list(TASK_NAMES)
+    train_choices = {"task": TASK_NAMES, "device": ("auto", "cpu", "cuda"), "amp": ("auto", "bf16", "off")}
+    train_names = add_config_flags(p, TrainConfig, choices=train_choices)
+    model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,
+                     "alibi_slopes": config.ALIBI_SLOPES, "asentmax_init": config.ASENTMAX_INITS,
+                     "ssmax_form": config.SSMAX_FORMS, "attention_backend": config.BACKENDS}
     model_names = add_config_flags(p, ModelConfig, skip=("vocab_size",) + tuple(train_names),
-                                   defaults_note="default: from the preset")
+                                   choices=model_choices, defaults_note="default: from the preset")
     p.set_defaults(run=_run_train, train_names=train_names, model_names=model_names)
 
 
