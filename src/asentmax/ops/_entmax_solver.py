@@ -67,13 +67,13 @@ def solve_threshold(s, alpha, start=None):
     eps = torch.finfo(s.dtype).eps
     qmax = float(q.max()) if isinstance(q, torch.Tensor) else q
     tol = 8 * eps * (max(qmax, 1.0) + math.log2(k + 1))
-    t_out = torch.empty((n_rows, 1), dtype=s.dtype)
+    t_out = torch.empty((n_rows, 1), dtype=s.dtype, device=s.device)
     # the working set: rows still iterating (shrunk by gathering when half of them are done)
-    rows = torch.arange(n_rows)
+    rows = torch.arange(n_rows, device=s.device)
     sw, qw = s, q
-    lo, hi = torch.full((n_rows, 1), -1.0, dtype=s.dtype), torch.zeros((n_rows, 1), dtype=s.dtype)
+    lo, hi = torch.full((n_rows, 1), -1.0, dtype=s.dtype, device=s.device), torch.zeros_like(t_out)
     t = lo.clone() if start is None else start.to(s.dtype).clamp(-1.0, 0.0)
-    done = torch.zeros((n_rows, 1), dtype=torch.bool)
+    done = torch.zeros((n_rows, 1), dtype=torch.bool, device=s.device)
     d, scratch = torch.empty_like(s), torch.empty_like(s)
     for _ in range(_MAX_ITER):
         torch.sub(sw, t, out=d).clamp_(min=0)

@@ -112,9 +112,9 @@ def _compact_solve(x, m, marks, alpha, t_lower):
         counts = torch.bincount(rows, minlength=n_rows)
         k = max(int(counts.max()), 1)
         # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
-        shift = torch.arange(n_rows) * k - (torch.cumsum(counts, 0) - counts)
-        slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel()))
-        s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64)
+        shift = torch.arange(n_rows, device=x.device) * k - (torch.cumsum(counts, 0) - counts)
+        slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=x.device))
+        s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
         s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
         s[:, 0].masked_fill_(counts == 0, 0.0)
         s.sub_(m.double()).mul_(alpha - 1.0)
@@ -175,6 +175,8 @@ def _forward_2d(x, alpha, out):
     Returns p (in out), tau (R, 1) in absolute units (p = [(alpha - 1) x - tau]_+^(1/(alpha-1))), and
     the flat indices of the candidates (a superset of the support) when the compact solve ran, else None."""
     n = x.shape[1]
+    if x.numel() == 0:  # no rows, or rows of length 0 (empty: tau = +inf)
+        return out, torch.full((x.shape[0], 1), float("inf"), dtype=x.dtype, device=x.device), None
     a = alpha - 1.0
     m = x.amax(dim=1, keepdim=True)
     nan_rows = torch.isnan(m) | (m == float("inf"))  # NaN in gives NaN out (as softmax does for +inf)
@@ -203,7 +205,11 @@ def _forward_2d(x, alpha, out):
 
 def _move_to_rows(x, dim):
     """x with dim moved last, as a contiguous (R, n) tensor in the compute dtype."""
-    return x.movedim(dim, -1).to(_compute_dtype(x.dtype)).reshape(-1, x.shape[dim]).contiguous()
+    return x.movedim(dim, -1).to(_compute_dtype(x.dtype)).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
+
+
+def _n_rows(x, dim):
+    return math.prod(x.shape[:dim] + x.shape[dim + 1:])
 
 
 def _from_rows(p2d, x, dim):
@@ -269,7 +275,7 @@ class _EntmaxFunction(torch.autograd.Function):
             grad_e = grad.reshape(-1).index_select(0, flat_index)
 
             def row_sum(v):
-                return torch.zeros(n_rows, dtype=v.dtype).index_add_(0, rows, v).unsqueeze(1)
+                return torch.zeros(n_rows, dtype=v.dtype, device=v.device).index_add_(0, rows, v).unsqueeze(1)
 
             def per_entry(r):
                 return r.reshape(-1).index_select(0, rows)
@@ -288,7 +294,7 @@ def _triton_rows(x, alpha, dim):
         from asentmax.ops.triton.entmax_rows import entmax_rows
     except ImportError:
         return None
-    x2d = x.movedim(dim, -1).reshape(-1, x.shape[dim]).contiguous()
+    x2d = x.movedim(dim, -1).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
     return _from_rows(entmax_rows(x2d, alpha), x, dim)
 
 
