@@ -260,3 +260,30 @@ def test_permutation_equivariance_and_shift_invariance(values, alpha, seed, shif
     perm = torch.randperm(z.shape[1], generator=torch.Generator().manual_seed(seed))
     torch.testing.assert_close(entmax(z[:, perm], alpha), p[:, perm], rtol=0, atol=1e-12)
     torch.testing.assert_close(entmax(z + shift, alpha), p, rtol=0, atol=1e-9)
+
+
+def test_empty_inputs():
+    assert entmax(torch.randn(0, 5)).shape == (0, 5)
+    assert entmax(torch.randn(3, 0)).shape == (3, 0)
+    assert torch.equal(entmax_threshold(torch.randn(3, 0)), torch.full((3, 1), math.inf))
+    x = torch.randn(2, 0, 4, requires_grad=True)
+    entmax(x, 1.5, dim=1).sum().backward()
+    assert x.grad.shape == x.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
+def test_cuda_matches_cpu(alpha):
+    """float alpha: the Triton row kernel (if importable); tensor alpha: the torch path on the GPU."""
+    z = rows(64, 1000, 2.0, seed=14)
+    z[3] = float("-inf")
+    z[5, ::2] = float("-inf")
+    expected = bisection(z, alpha).float()
+    expected[3] = 0
+    zc = z.float().cuda().requires_grad_(True)
+    for a in (alpha, torch.full((64, 1), alpha, device="cuda")):
+        p = entmax(zc, a)
+        torch.testing.assert_close(p.cpu(), expected, rtol=0, atol=2e-6)
+        (grad,) = torch.autograd.grad((p * p).sum(), zc)
+        assert torch.isfinite(grad).all()
