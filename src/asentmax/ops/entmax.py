@@ -106,7 +106,7 @@ def _compact_solve(x, m, marks, alpha, t_lower):
     Returns tau - (alpha - 1) m (R, 1), the flat indices of the candidates, and p at them (x's dtype).
     A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
     n_rows, n = x.shape
-    flat_index = marks.view(-1).nonzero().squeeze(1)
+    flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # a bool scan reads 4x fewer bytes
     with _calling_thread_only():
         rows = torch.div(flat_index, n, rounding_mode="floor")
         counts = torch.bincount(rows, minlength=n_rows)
