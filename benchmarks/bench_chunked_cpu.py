@@ -99,6 +99,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "results" / "chunked_cpu"))
     args = parser.parse_args()
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)  # at start
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for alpha in args.alphas:
@@ -121,7 +122,6 @@ def main():
                     rows.append(sdpa)
                     print(json.dumps(sdpa), flush=True)
     command = "python " + " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])
-    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     meta = {"command": command, "git_commit": git.stdout.strip(), "torch": torch.__version__,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
             "shape": {"batch": BATCH, "heads": HEADS, "dim": DIM}}

@@ -19,11 +19,14 @@ from asentmax.ops.attention import AttentionAux
 from asentmax.ops.entmax import entmax
 from asentmax.ops.reference import compute_dtype
 
-BLOCK_ELEMENTS = 1 << 22  # logits per block buffer (16 MiB in fp32); a block holds a few such buffers
+BLOCK_ELEMENTS = 1 << 24  # logits per block buffer (64 MiB in fp32); a block holds a few such buffers
 
 
 def default_block_q(batch, heads, n_q, n_k):
-    """Largest query block whose (B, H, block, Nk) logits fit in BLOCK_ELEMENTS, at least 16 rows."""
+    """Largest query block whose (B, H, block, Nk) logits fit in BLOCK_ELEMENTS, at least 16 rows.
+
+    Large blocks matter: every block re-reads k and v (and updates dk, dv) over all its keys, O(Nk * D),
+    against O(block * Nk) logits work (measured: 2x faster backward at 16K tokens with 64 than 16 rows)."""
     return max(16, min(n_q, BLOCK_ELEMENTS // (batch * heads * n_k)))
 
 
@@ -43,6 +46,7 @@ class _Problem:
             slopes = alibi_slopes.to(self.dtype)
             slopes = slopes[None] if slopes.dim() == 1 else slopes
             self.neg_slopes = -slopes.reshape(slopes.shape[0], self.kv_heads, self.group, 1, 1)
+        self.keys = torch.arange(self.n_k, device=self.device)
         pos = torch.arange(self.n_q, device=self.device) + self.offset
         if key_padding_mask is None:
             counts = (pos + 1 if causal else torch.full_like(pos, self.n_k))[None]
@@ -59,16 +63,20 @@ class _Problem:
             yield r0, r1, min(self.n_k, r1 + self.offset) if self.causal else self.n_k
 
     def rows(self, x, r0, r1):
-        """(B, H, Nq, E) -> rows [r0, r1) of every head as (B, Hkv, G * n, E)."""
+        """(B, H, Nq, E) -> rows [r0, r1) of every head as (B * Hkv, G * n, E)."""
         x = x.reshape(self.batch, self.kv_heads, self.group, self.n_q, x.shape[-1])[:, :, :, r0:r1]
-        return x.reshape(self.batch, self.kv_heads, self.group * (r1 - r0), x.shape[-1])
+        return x.reshape(self.batch * self.kv_heads, self.group * (r1 - r0), x.shape[-1])
+
+    def flat_kv(self, x):
+        """(B, Hkv, Nk, D) -> (B * Hkv, Nk, D), a view."""
+        return x.view(self.batch * self.kv_heads, self.n_k, x.shape[-1])
 
     def logits(self, qhat_rows, k, r0, r1, kend):
         """z (B, Hkv, G, n, kend) for rows [r0, r1); -inf on hidden keys, 0 on rows with no visible key."""
-        z = qhat_rows @ k[:, :, :kend].transpose(-1, -2)
+        z = torch.bmm(qhat_rows, k[:, :kend].transpose(-1, -2))
         z = z.view(self.batch, self.kv_heads, self.group, r1 - r0, kend)
         pos = torch.arange(r0, r1, device=self.device) + self.offset
-        keys = torch.arange(kend, device=self.device)
+        keys = self.keys[:kend]
         if self.neg_slopes is not None:
             z.addcmul_(self.neg_slopes, (pos[:, None] - keys[None, :]).abs().to(self.dtype))
         if self.causal:  # only keys after the block's first position can be in the future of a row
@@ -107,27 +115,29 @@ class _Problem:
 
 class _ChunkedEntmaxAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q):
+    def forward(ctx, q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q,
+                with_support):
         prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
         row_scale = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
         qhat = q.to(prob.dtype) * row_scale  # (B, H, Nq, D)
-        kc, vc = k.to(prob.dtype), v.to(prob.dtype)
+        kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))  # (B * Hkv, Nk, D)
         shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
         out = torch.empty(*shape5, prob.dim, dtype=prob.dtype, device=q.device)
         tau = torch.empty(*shape5, 1, dtype=prob.dtype, device=q.device)
-        support = torch.empty(*shape5, dtype=torch.int32, device=q.device)
+        support = torch.empty(*shape5, dtype=torch.int32, device=q.device) if with_support else None
         for r0, r1, kend in prob.blocks():
             z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
             p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
-            support[:, :, :, r0:r1] = torch.count_nonzero(p, dim=-1)
-            n = r1 - r0
-            p_rows = p.view(prob.batch, prob.kv_heads, prob.group * n, kend)
-            out[:, :, :, r0:r1] = (p_rows @ vc[:, :, :kend]).view(*shape5[:3], n, prob.dim)
+            if with_support:
+                support[:, :, :, r0:r1] = (p > 0).sum(-1)
+            p_rows = p.view(prob.batch * prob.kv_heads, -1, kend)
+            out[:, :, :, r0:r1] = torch.bmm(p_rows, vc[:, :kend]).view(*shape5[:3], r1 - r0, prob.dim)
         ctx.save_for_backward(q, k, v, q_scale, out, tau)
         ctx.prob, ctx.scale = prob, scale
         flat = (prob.batch, prob.heads, prob.n_q)
-        tau, support = tau.reshape(flat).float(), support.reshape(flat)
-        ctx.mark_non_differentiable(tau, support)
+        tau = tau.reshape(flat).float()
+        ctx.mark_non_differentiable(tau)
+        support = None if support is None else support.reshape(flat)
         return out.reshape(*flat, prob.dim).to(q.dtype), tau, support
 
     @staticmethod
@@ -137,18 +147,16 @@ class _ChunkedEntmaxAttention(torch.autograd.Function):
         row_scale = ctx.scale if q_scale is None else ctx.scale * q_scale.to(prob.dtype)[..., None]
         qc = q.to(prob.dtype)
         qhat = qc * row_scale
-        kc, vc = k.to(prob.dtype), v.to(prob.dtype)
+        kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))
         d_out = d_out.to(prob.dtype)
         delta = (d_out.reshape(out.shape) * out).sum(-1, keepdim=True)  # softmax: sum_j p dp = dO . O
         d_qhat = torch.empty_like(out)  # (B, Hkv, G, Nq, D)
-        dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)
+        dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)  # (B * Hkv, Nk, D)
         for r0, r1, kend in prob.blocks():
-            n = r1 - r0
-            rows = (prob.batch, prob.kv_heads, prob.group * n, kend)
-            qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)
+            qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)  # (B * Hkv, G * n, D)
             p = prob.probs_from_tau(prob.logits(qhat_rows, kc, r0, r1, kend), tau[:, :, :, r0:r1])
-            dv[:, :, :kend] += p.view(rows).transpose(-1, -2) @ d_out_rows
-            dp = (d_out_rows @ vc[:, :, :kend].transpose(-1, -2)).view(p.shape)
+            dv[:, :kend].baddbmm_(p.view(-1, qhat_rows.shape[1], kend).transpose(-1, -2), d_out_rows)
+            dp = torch.bmm(d_out_rows, vc[:, :kend].transpose(-1, -2)).view(p.shape)
             if alpha == 1.0:
                 dz = dp.sub_(delta[:, :, :, r0:r1]).mul_(p)
             else:
@@ -156,15 +164,16 @@ class _ChunkedEntmaxAttention(torch.autograd.Function):
                 u_total = u.sum(-1, keepdim=True).clamp_(min=torch.finfo(prob.dtype).tiny)
                 dz = dp.mul_(u)
                 dz.sub_(u.mul_(dz.sum(-1, keepdim=True) / u_total))
-            dz_rows = dz.view(rows)
-            d_qhat[:, :, :, r0:r1] = (dz_rows @ kc[:, :, :kend]).view(*out.shape[:3], n, prob.dim)
-            dk[:, :, :kend] += dz_rows.transpose(-1, -2) @ qhat_rows
+            dz_rows = dz.view(-1, qhat_rows.shape[1], kend)
+            d_qhat[:, :, :, r0:r1] = torch.bmm(dz_rows, kc[:, :kend]).view(*out.shape[:3], r1 - r0, prob.dim)
+            dk[:, :kend].baddbmm_(dz_rows.transpose(-1, -2), qhat_rows)
         d_qhat = d_qhat.reshape(q.shape)
         dq = (d_qhat * row_scale).to(q.dtype)
         d_q_scale = None
         if q_scale is not None and ctx.needs_input_grad[3]:
             d_q_scale = (ctx.scale * (d_qhat * qc).sum(-1)).to(q_scale.dtype)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), d_q_scale, None, None, None, None, None, None
+        dk, dv = dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)
+        return dq, dk, dv, d_q_scale, None, None, None, None, None, None, None
 
 
 def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
@@ -178,5 +187,5 @@ def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_s
         block_q = default_block_q(batch, heads, n_q, k.shape[2])
     out, tau, support = _ChunkedEntmaxAttention.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), q_scale, alibi_slopes, key_padding_mask,
-        alpha, causal, scale, block_q)
+        alpha, causal, scale, block_q, return_aux)
     return (out, AttentionAux(tau, support)) if return_aux else out
