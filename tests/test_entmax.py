@@ -219,11 +219,13 @@ def test_large_magnitude_inputs(alpha):
 
 def test_bad_inputs_raise():
     z = torch.randn(3, 4)
-    for alpha in (1.0, 0.5, -2.0, float("nan")):
+    for alpha in (1.0, 0.5, -2.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="alpha"):
             entmax(z, alpha)
     with pytest.raises(ValueError, match="alpha"):
         entmax(z, torch.tensor([[1.5], [1.0], [2.0]]))
+    with pytest.raises(ValueError, match="alpha"):
+        entmax(z, torch.tensor([[1.5], [float("inf")], [2.0]]))
     with pytest.raises(ValueError, match="floating"):
         entmax(torch.arange(6).view(2, 3), 1.5)
     with pytest.raises(ValueError, match="size 1 along dim"):

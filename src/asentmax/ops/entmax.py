@@ -58,14 +58,14 @@ def _check_inputs(x, alpha, dim):
                 raise ValueError(
                     f"alpha of shape {tuple(alpha.shape)} must broadcast to x of shape {tuple(x.shape)} "
                     f"with size 1 along dim {dim}")
-        if not bool((alpha.detach() > 1).all()):
-            raise ValueError("alpha must be > 1 everywhere (alpha = 1 is softmax: use torch.softmax)")
+        if not bool(((alpha.detach() > 1) & torch.isfinite(alpha.detach())).all()):
+            raise ValueError("alpha must be finite and > 1 everywhere (alpha = 1 is softmax)")
         if alpha.dim() == 0 and not alpha.requires_grad:
             alpha = float(alpha)
     else:
         alpha = float(alpha)
-        if not alpha > 1:
-            raise ValueError(f"alpha must be > 1 (alpha = 1 is softmax: use torch.softmax), got {alpha}")
+        if not 1 < alpha < math.inf:
+            raise ValueError(f"alpha must be finite and > 1 (alpha = 1 is softmax), got {alpha}")
     return alpha, dim
 
 
@@ -294,7 +294,7 @@ class _EntmaxFunction(torch.autograd.Function):
 
 def _triton_rows(x, alpha, dim):
     """CUDA fast path: the Triton row kernel (owner: ops/triton/entmax_rows.py), or None if unusable."""
-    if not (x.is_cuda and isinstance(alpha, float)):
+    if not (x.is_cuda and isinstance(alpha, float) and x.dtype != torch.float64):  # the kernel is fp32 inside
         return None
     try:
         from asentmax.ops.triton.entmax_rows import entmax_rows
