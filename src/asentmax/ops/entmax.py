@@ -137,6 +137,11 @@ def _probs_from(s, tau, alpha):
     return p
 
 
+def _below(threshold):
+    """The next representable value below: a candidate cut that rounding cannot have moved up."""
+    return torch.nextafter(threshold, torch.full_like(threshold, -math.inf))
+
+
 def _raise_lower_bound(x, m, alpha, marks):
     """Newton passes over the full rows that raise a lower bound t of tau - (alpha-1) m (fp32 is fine).
 
@@ -149,7 +154,7 @@ def _raise_lower_bound(x, m, alpha, marks):
     n = x.shape[1]
     a = alpha - 1.0
     t = torch.full_like(m, -1.0)
-    torch.gt(x, m - 1.0 / a, out=marks)
+    torch.gt(x, _below(m - 1.0 / a), out=marks)
     kmax = float(marks.sum(1).max())
     q = 1.0 / a
     k = math.ceil(float(q.max()) if isinstance(q, torch.Tensor) else q)
@@ -170,7 +175,7 @@ def _raise_lower_bound(x, m, alpha, marks):
         t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
         # a hair below the iterate, against fp32 rounding (|t| <= 1)
         t = torch.where(t_new > t, t_new - 1e-4 * (t_new - t) - 1e-6, t)
-        torch.gt(x, m + t / a, out=marks)
+        torch.gt(x, _below(m + t / a), out=marks)
         previous, kmax = kmax, float(marks.sum(1).max())
     return t, kmax
 
