@@ -6,7 +6,7 @@ z = q_scale * scale * (q . k) - slope * |pos(r) - j|, p = alpha-entmax(z), out =
 Queries are processed in blocks of `block_q` rows. For one block the logits against the visible keys
 (B, H, block_q, Nk') are built, the row thresholds tau found with asentmax.ops.entmax, and p v
 accumulated; causal blocks stop at their last visible key, so peak memory is O(B * H * block_q * Nk).
-Grouped-query heads are folded into the row dimension (B, Hkv, G * block_q, D), so k and v are never
+Grouped-query heads are folded into the row dimension (B * Hkv, G * block_q, D), so k and v are never
 repeated. Only tau (B, H, Nq) and the output are kept for the backward pass, which recomputes p per block
 from tau and applies the entmax Jacobian (PAPER.md section 2; u = p^(2 - alpha) on the support):
     dz = u * (dp - sum(u dp) / sum(u)),  dp = dO v^T        (softmax: dz = p * (dp - sum(dO * O)))
