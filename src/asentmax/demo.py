@@ -22,7 +22,7 @@ DEMO_TRAIN = {"min-length": 8, "max-length": 16, "steps": 5000, "batch-size": 32
               "log-every": 50, "seed": 0}
 DEMO_MODEL = {"d-model": 64, "n-layers": 2, "n-heads": 4, "d-ff": 256, "position": "nape"}
 DEMO_METHODS = ("softmax", "asentmax")
-DEMO_EVAL = {"multipliers": ("1", "2", "4", "8", "16"), "samples": 100}
+DEMO_EVAL = {"multipliers": ("1", "1.25", "1.5", "1.75", "2", "4", "8", "16"), "samples": 200}
 
 
 def _cores() -> int:
