@@ -23,7 +23,6 @@ Backward (u = p^(2 - alpha) on the support, U = sum u):
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
-import contextlib
 import math
 
 import torch
@@ -32,8 +31,6 @@ from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
-# Inputs up to this many elements are processed on the calling thread only (see _calling_thread_only).
-_SMALL_INPUT = 1 << 22
 
 
 def _check_inputs(x, alpha, dim):
@@ -81,25 +78,6 @@ def _alpha_rows(alpha, x, dim):
     return a.expand(shape).movedim(dim, -1).reshape(-1, 1)
 
 
-@contextlib.contextmanager
-def _calling_thread_only(active=True):
-    """Run torch ops on the calling thread only (restored on exit); a no-op when not active.
-
-    The compact solve works on small matrices, where every intra-op parallel region costs a thread
-    synchronisation that outweighs the work (on a loaded 2-core machine, about a scheduler time
-    slice per op), so it runs single-threaded; so does everything for inputs of at most
-    _SMALL_INPUT elements. The full-row passes of large inputs stay parallel."""
-    if not active:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _compact_solve(x, m, marks, alpha, t_lower):
     """Solve on the candidates (marks != 0) gathered into a (R, k) fp64 matrix padded with -inf.
 
@@ -107,19 +85,18 @@ def _compact_solve(x, m, marks, alpha, t_lower):
     A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
     n_rows, n = x.shape
     flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # a bool scan reads 4x fewer bytes
-    with _calling_thread_only():
-        rows = torch.div(flat_index, n, rounding_mode="floor")
-        counts = torch.bincount(rows, minlength=n_rows)
-        k = max(int(counts.max()), 1)
-        # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
-        shift = torch.arange(n_rows, device=x.device) * k - (torch.cumsum(counts, 0) - counts)
-        slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=x.device))
-        s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
-        s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
-        s[:, 0].masked_fill_(counts == 0, 0.0)
-        s.sub_(m.double()).mul_(alpha - 1.0)
-        t = solve_threshold(s, alpha, t_lower.double())
-        p = _probs_from(s, t, alpha).view(-1).index_select(0, slots).to(x.dtype)
+    rows = torch.div(flat_index, n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=n_rows)
+    k = max(int(counts.max()), 1)
+    # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
+    shift = torch.arange(n_rows, device=x.device) * k - (torch.cumsum(counts, 0) - counts)
+    slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=x.device))
+    s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
+    s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
+    s[:, 0].masked_fill_(counts == 0, 0.0)
+    s.sub_(m.double()).mul_(alpha - 1.0)
+    t = solve_threshold(s, alpha, t_lower.double())
+    p = _probs_from(s, t, alpha).view(-1).index_select(0, slots).to(x.dtype)
     return t, flat_index, p
 
 
@@ -159,17 +136,19 @@ def _raise_lower_bound(x, m, alpha, marks):
     q = 1.0 / a
     k = math.ceil(float(q.max()) if isinstance(q, torch.Tensor) else q)
     k = k if k <= 4 else q  # beyond k = 4, pow is cheaper than the multiplications
-    scratch = None
+    scratch = None  # a second (R, n) buffer, allocated (page faults) only where power_sums needs one
     previous = math.inf  # the candidate count before the last pass
     while kmax > _COMPACT_FRACTION * n and kmax < 0.5 * previous:
-        scratch = torch.empty_like(x) if scratch is None else scratch
         d = torch.sub(x, m + t / a, out=marks).clamp_(min=0)  # [s - t]_+ / (alpha - 1)
         if isinstance(k, int) and k == 4:
             # F exactly, and D = sum d^3 <= |d| |d^2| (Cauchy-Schwarz): two norms instead of two
-            # products; the larger D only shortens the step, which stays below the root
-            f = torch.linalg.vector_norm(torch.mul(d, d, out=scratch), 2, dim=1, keepdim=True).square()
-            df = torch.linalg.vector_norm(d, 2, dim=1, keepdim=True) * f.sqrt()
+            # products; the larger D only shortens the step, which stays below the root. d^2 in place.
+            norm_d = torch.linalg.vector_norm(d, 2, dim=1, keepdim=True)
+            f = torch.linalg.vector_norm(d.mul_(d), 2, dim=1, keepdim=True).square()
+            df = norm_d * f.sqrt()
         else:
+            if scratch is None and not (isinstance(k, int) and k == 2):
+                scratch = torch.empty_like(x)
             f, df = power_sums(d, k, scratch)
         f, df = f * a**k, df * a ** (k - 1)
         t_new = t + (f - f.pow(1.0 - 1.0 / k)) / df
@@ -263,8 +242,7 @@ class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, alpha_rows, alpha_float):
         alpha = alpha_float if alpha_rows is None else alpha_rows
-        with _calling_thread_only(x2d.numel() <= _SMALL_INPUT):
-            p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
+        p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
         ctx.alpha = alpha
         ctx.save_for_backward(p, flat_index)
         return p
@@ -274,24 +252,22 @@ class _EntmaxFunction(torch.autograd.Function):
         p, flat_index = ctx.saved_tensors
         need_alpha = ctx.needs_input_grad[1]
         if flat_index is None:  # dense rows
-            with _calling_thread_only(p.numel() <= _SMALL_INPUT):
-                dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r,
-                                  need_alpha)
+            dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r,
+                              need_alpha)
             return dx, dalpha, None
         # only the candidates (a superset of the support) can have a nonzero gradient
         n_rows, n = p.shape
-        with _calling_thread_only():
-            rows = torch.div(flat_index, n, rounding_mode="floor")
-            p_e = p.view(-1).index_select(0, flat_index)
-            grad_e = grad.reshape(-1).index_select(0, flat_index)
+        rows = torch.div(flat_index, n, rounding_mode="floor")
+        p_e = p.view(-1).index_select(0, flat_index)
+        grad_e = grad.reshape(-1).index_select(0, flat_index)
 
-            def row_sum(v):
-                return torch.zeros(n_rows, dtype=v.dtype, device=v.device).index_add_(0, rows, v).unsqueeze(1)
+        def row_sum(v):
+            return torch.zeros(n_rows, dtype=v.dtype, device=v.device).index_add_(0, rows, v).unsqueeze(1)
 
-            def per_entry(r):
-                return r.reshape(-1).index_select(0, rows)
+        def per_entry(r):
+            return r.reshape(-1).index_select(0, rows)
 
-            dx_e, dalpha = _vjp(p_e, grad_e, ctx.alpha, row_sum, per_entry, need_alpha)
+        dx_e, dalpha = _vjp(p_e, grad_e, ctx.alpha, row_sum, per_entry, need_alpha)
         dx = torch.zeros_like(p)
         dx.view(-1).index_copy_(0, flat_index, dx_e)
         return dx, dalpha, None
@@ -349,8 +325,7 @@ def entmax_threshold(x, alpha=1.5, dim=-1):
     with torch.no_grad():
         x2d = _move_to_rows(x, dim)
         rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
-        with _calling_thread_only(x2d.numel() <= _SMALL_INPUT):
-            _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
+        _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1
     return tau.reshape(shape).movedim(-1, dim)
