@@ -70,7 +70,7 @@ def test_named_functions():
     torch.testing.assert_close(entmax15(z), sorted_closed_form(z, 1.5), rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("alpha", [1.05, 1.25, 1.33, 1.75, 2.5, 4.0])
+@pytest.mark.parametrize("alpha", [1.05, 1.125, 1.25, 1.33, 1.75, 2.5, 4.0])
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("shape", [(3, 17), (4, 130), (3, 2000)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_general_alpha_matches_bisection(shape, scale, alpha):

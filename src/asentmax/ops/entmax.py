@@ -106,8 +106,10 @@ def _probs_from(s, tau, alpha):
     q = 1.0 / (alpha - 1.0)
     if isinstance(q, torch.Tensor) or not q.is_integer() or q > 8:
         return d.pow_(q)
-    if q <= 2:
-        return d.mul_(d) if q == 2 else d
+    if q in (1.0, 2.0, 4.0, 8.0):  # repeated squaring in place
+        for _ in range(int(q).bit_length() - 1):
+            d.mul_(d)
+        return d
     p = d.clone()
     for _ in range(int(q) - 1):
         p.mul_(d)
