@@ -78,6 +78,17 @@ def test_general_alpha_matches_bisection(shape, scale, alpha):
     torch.testing.assert_close(entmax(z, alpha), bisection(z, alpha), rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("alpha", [1.25, 1.5, 2.0])
+def test_input_is_left_unchanged(alpha, scale, dtype):
+    z = rows(5, 130, scale, seed=7, dtype=dtype)
+    before = z.clone()
+    entmax(z, alpha)
+    entmax_threshold(z, alpha)
+    assert torch.equal(z, before)
+
+
 def test_per_row_alpha_equals_rowwise_calls():
     z = rows(6, 300, 1.0, seed=2)
     alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0], dtype=torch.float64)

@@ -185,7 +185,7 @@ def _forward_2d(x, alpha, out):
         t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
         out.zero_().view(-1).index_copy_(0, flat_index, p)
     else:
-        s = torch.sub(x.double(), m.double()).mul_(alpha64 - 1.0)
+        s = x.to(torch.float64, copy=True).sub_(m.double()).mul_(alpha64 - 1.0)
         t = solve_threshold(s, alpha64, t_lower.double())
         out.copy_(_probs_from(s, t, alpha64))
     tau = t.to(x.dtype) + a * m
