@@ -15,12 +15,7 @@ TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "
         "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["compare"], ["demo"]])

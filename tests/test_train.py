@@ -24,14 +24,7 @@ from asentmax.train import (
     train,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest (and least disturbed by a shared machine) on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(task, **overrides) -> ModelConfig:
