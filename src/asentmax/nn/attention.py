@@ -26,7 +26,7 @@ from asentmax.nn.positions import apply_rotary
 from asentmax.nn.stats import AttentionStats, attention_stats
 from asentmax.nn.temperature import make_temperature
 from asentmax.ops.attention import entmax_attention
-from asentmax.ops.entmax import entmax
+from asentmax.ops.entmax import compute_dtype, entmax
 
 # Largest explicit SDPA mask (elements) before softmax/SSMax switch to entmax_attention(alpha=1):
 # 2^27 fp32 elements = 512 MiB.
@@ -149,11 +149,13 @@ class Attention(nn.Module):
         theta = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
 
         if cfg.attention == "topk":
-            p = topk_probabilities(dense_logits(q, k, theta, ctx, _math_dtype(q)), cfg.topk_k)
+            p = topk_probabilities(dense_logits(q, k, theta, ctx, compute_dtype(q.dtype)), cfg.topk_k)
             out = torch.matmul(p.to(v.dtype), _expand_kv(v, cfg.n_heads))
         elif cfg.attention in ("entmax", "asentmax") or ctx.sdpa_mask_elements(cfg.n_heads) > SDPA_MASK_LIMIT:
             alpha = cfg.alpha if cfg.attention in ("entmax", "asentmax") else 1.0
-            slopes = None if ctx.slopes is None else ctx.slopes.to(device=q.device, dtype=_math_dtype(q))
+            slopes = ctx.slopes
+            if slopes is not None:
+                slopes = slopes.to(device=q.device, dtype=compute_dtype(q.dtype))
             out = entmax_attention(q, k, v, alpha=alpha, causal=True, alibi_slopes=slopes, q_scale=theta,
                                    key_padding_mask=ctx.key_padding_mask, backend=cfg.attention_backend)
         else:
@@ -176,7 +178,7 @@ class Attention(nn.Module):
     @torch.no_grad()
     def _stats(self, q, k, theta, ctx: AttentionContext) -> AttentionStats:
         cfg = self.config
-        z = dense_logits(q, k, theta, ctx, _math_dtype(q))
+        z = dense_logits(q, k, theta, ctx, compute_dtype(q.dtype))
         if cfg.attention == "topk":
             p = topk_probabilities(z, cfg.topk_k)
         elif cfg.attention in ("entmax", "asentmax"):
@@ -184,10 +186,6 @@ class Attention(nn.Module):
         else:
             p = torch.softmax(z, dim=-1)
         return attention_stats(p, theta, ctx.n_keys, ctx.query_mask)
-
-
-def _math_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -21,6 +21,7 @@ from asentmax.nn.config import ModelConfig
 from asentmax.nn.positions import Rotary, head_slopes
 from asentmax.nn.stats import AttentionStats
 from asentmax.nn.temperature import ASEntmaxTemperature, SSMaxTemperature
+from asentmax.ops.entmax import compute_dtype
 
 
 class RMSNorm(nn.Module):
@@ -166,14 +167,10 @@ class Transformer(nn.Module):
             cache.commit(key_mask, previous + counts[:, -1])
         rotary = None
         if self.rotary is not None:
-            rotary = self.rotary.cos_sin(positions, _math_dtype(self.embed.weight.dtype))
+            rotary = self.rotary.cos_sin(positions, compute_dtype(self.embed.weight.dtype))
         return AttentionContext(positions=positions, n_keys=positions + 1, query_mask=attention_mask,
                                 key_padding_mask=key_mask, n_total=past_slots + t, slopes=slopes,
                                 rotary=rotary)
-
-
-def _math_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _check_contiguous(key_mask: torch.Tensor):

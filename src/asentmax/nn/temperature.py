@@ -16,6 +16,7 @@ from torch import nn
 
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.positions import scaled_head_count
+from asentmax.ops.entmax import compute_dtype
 
 
 def _with_unscaled_heads(theta_scaled: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -25,10 +26,6 @@ def _with_unscaled_heads(theta_scaled: torch.Tensor, n_heads: int) -> torch.Tens
         return theta_scaled
     ones = theta_scaled.new_ones(b, n_heads - m, t)
     return torch.cat([ones, theta_scaled], dim=1)
-
-
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 class ASEntmaxTemperature(nn.Module):
@@ -52,7 +49,7 @@ class ASEntmaxTemperature(nn.Module):
 
     def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x.dtype)
         beta = F.softplus(self.beta_proj(x).to(dtype))
         gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype))
         return beta.transpose(1, 2), gamma.transpose(1, 2)
@@ -78,7 +75,7 @@ class SSMaxTemperature(nn.Module):
 
     def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_model) (only its dtype is used), n_keys (B, T) -> theta (B, H, T)."""
-        dtype = _compute_dtype(x)
+        dtype = compute_dtype(x.dtype)
         log_n = torch.log(n_keys.to(dtype) + 1.0)[:, None, :]  # (B, 1, T)
         theta = self.delta + self.s.to(dtype)[None, :, None] * log_n
         return _with_unscaled_heads(theta, self.n_heads)

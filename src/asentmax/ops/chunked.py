@@ -16,8 +16,7 @@ then dq, dk, dv and d q_scale through z = (scale * q_scale * q) . k + bias.
 import torch
 
 from asentmax.ops.attention import AttentionAux
-from asentmax.ops.entmax import entmax
-from asentmax.ops.reference import compute_dtype
+from asentmax.ops.entmax import compute_dtype, entmax
 
 BLOCK_ELEMENTS = 1 << 24  # logits per block buffer (64 MiB in fp32); a block holds a few such buffers
 

@@ -66,7 +66,8 @@ def _check_inputs(x, alpha, dim):
     return alpha, dim
 
 
-def _compute_dtype(dtype):
+def compute_dtype(dtype):
+    """fp64 stays fp64; every other input dtype is computed in fp32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -74,7 +75,7 @@ def _alpha_rows(alpha, x, dim):
     """A tensor alpha as an (R, 1) column matching the rows of x moved to 2D (dim last)."""
     shape = list(x.shape)
     shape[dim] = 1
-    a = alpha.to(_compute_dtype(x.dtype)).reshape((1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape))
+    a = alpha.to(compute_dtype(x.dtype)).reshape((1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape))
     return a.expand(shape).movedim(dim, -1).reshape(-1, 1)
 
 
@@ -197,7 +198,7 @@ def _forward_2d(x, alpha, out):
 
 def _move_to_rows(x, dim):
     """x with dim moved last, as a contiguous (R, n) tensor in the compute dtype."""
-    return x.movedim(dim, -1).to(_compute_dtype(x.dtype)).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
+    return x.movedim(dim, -1).to(compute_dtype(x.dtype)).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
 
 
 def _n_rows(x, dim):

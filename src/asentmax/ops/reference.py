@@ -9,12 +9,7 @@ for tests and short sequences only; `chunked` is the long-sequence path.
 import torch
 
 from asentmax.ops.attention import AttentionAux
-from asentmax.ops.entmax import entmax
-
-
-def compute_dtype(dtype):
-    """fp64 stays fp64; every other input dtype is computed in fp32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from asentmax.ops.entmax import compute_dtype, entmax
 
 
 def visible_keys(n_q, n_k, causal, key_padding_mask, device):
