@@ -7,9 +7,14 @@ several times. Here the work is split along the keys instead, so that K and V ar
 1. scores: one program per (key chunk, batch * head) writes s = c * z for its chunk (Nq x Nk fp32, small
    next to K) and the chunk's row max;
 2. threshold: one program per query row: max, then the bracketing threshold passes of attention_fwd.py
-   over the stored scores (which stay in L2), then Z = sum_j p_j and the support size;
-3. output: one program per (key chunk, batch * head) accumulates p @ v over its chunk; the chunks' partial
-   sums are added and divided by Z on the host side (a (B, H, chunks, Nq, D) tensor).
+   over the stored scores (held in registers when the row fits in one block, else re-read from L2), then
+   Z = sum_j p_j, 1 / Z and the support size;
+3. output: one program per (key chunk, batch * head) accumulates p @ v / Z over its chunk. A cache of one
+   chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and
+4. reduce: one program per query row adds them and writes the output in q's dtype.
+
+Decoding is launch-bound at short caches, so the host side is kept to one fp32 workspace allocation (the
+kernels' scratch, addressed by offsets), the three result tensors and these three or four launches.
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
@@ -20,18 +25,24 @@ import triton.language as tl
 from asentmax.ops.triton.attention_common import bracket_update, candidate_stats, entmax_power, tile_logits
 
 MAX_QUERIES = 16  # decoding path for Nq <= MAX_QUERIES
-_BLOCK_M, _BLOCK_N, _CHUNK, _BLOCK_ROW = MAX_QUERIES, 64, 1024, 1024
+_BLOCK_M, _BLOCK_N, _CHUNK = MAX_QUERIES, 64, 1024
+_ROW_BLOCKS = ((1024, 4), (4096, 8))  # threshold kernel (BLOCK, num_warps): a row of <= 4096 scores stays
+# in registers, a longer one is streamed in blocks of 4096
+_ALIGN = 32  # workspace regions start at multiples of 32 floats (128 bytes)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
 def _decode_scores(
-    Q, K, S, ChunkMax, QScale, Slopes, KPM,
+    Q, K, Work, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn,
-    n_heads, group, n_q, n_k, n_chunks, head_dim, scale, bias_mult,
+    n_heads, group, n_q, n_k, n_chunks, s_stride, max_offset, head_dim, scale, bias_mult,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """Scores of chunk pid_c for rows (pid_bh, :n_q): Work[row * s_stride + j], -inf on keys j >= n_k up to
+    s_stride (the padding is written, so the later kernels read whole chunks unmasked), and the chunk's row
+    max at Work[max_offset + row * n_chunks + pid_c]."""
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads
@@ -51,6 +62,7 @@ def _decode_scores(
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult
     k_base = K + b * skb + (h // group) * skh
+    s_rows = Work + (pid_bh * n_q + offs_m[:, None]).to(tl.int64) * s_stride
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
@@ -59,27 +71,70 @@ def _decode_scores(
         s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION)
         m = tl.maximum(m, tl.max(s, 1))
-        tl.store(S + (pid_bh * n_q + offs_m[:, None]) * n_k + offs_n[None, :], s,
-                 mask=row_in[:, None] & (offs_n[None, :] < n_k))
-    tl.store(ChunkMax + (pid_bh * n_q + offs_m) * n_chunks + pid_c, m, mask=row_in)
+        tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])
+    tl.store(Work + max_offset + (pid_bh * n_q + offs_m) * n_chunks + pid_c, m, mask=row_in)
 
 
-@triton.jit(do_not_specialize=["n_k", "n_chunks", "max_iter"])
+@triton.jit
+def _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1, BLOCK: tl.constexpr, RESIDENT: tl.constexpr,
+                    MODE: tl.constexpr):
+    """candidate_stats summed over one score row: from registers (RESIDENT) or streamed in BLOCKs."""
+    if RESIDENT:
+        f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s_resident, t, d, inv_am1, MODE)
+    else:
+        offs = tl.arange(0, BLOCK)[None, :]
+        f0 = tl.zeros([1], tl.float32)
+        f1 = tl.zeros([1], tl.float32)
+        f2 = tl.zeros([1], tl.float32)
+        f3 = tl.zeros([1], tl.float32)
+        g0 = tl.zeros([1], tl.float32)
+        g1 = tl.zeros([1], tl.float32)
+        g2 = tl.zeros([1], tl.float32)
+        g3 = tl.zeros([1], tl.float32)
+        for start in range(0, s_stride, BLOCK):
+            s = tl.load(s_row + start + offs, mask=start + offs < s_stride, other=float("-inf"))
+            a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
+            f0 += a0
+            f1 += a1
+            f2 += a2
+            f3 += a3
+            g0 += b0
+            g1 += b1
+            g2 += b2
+            g3 += b3
+    return f0, f1, f2, f3, g0, g1, g2, g3
+
+
+@triton.jit
+def _row_weight_sums(s, t, inv_am1, MODE: tl.constexpr):
+    """(sum_j p_j, #{p_j > 0}) over a (1, BLOCK) tile of scores."""
+    if MODE == 0:
+        p = tl.exp2(s - t[:, None])
+    else:
+        p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
+    return tl.sum(p, 1), tl.sum((p > 0).to(tl.int32), 1)
+
+
+@triton.jit(do_not_specialize=["n_chunks", "max_iter"])
 def _decode_threshold(
-    S, ChunkMax, Tau, Z, Support, n_k, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
-    BLOCK: tl.constexpr, MODE: tl.constexpr,
+    Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
+    BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr,
 ):
-    """One program per query row, handled as a (1, BLOCK) tile so that the fused kernel's helpers apply."""
+    """One program per query row, handled as a (1, BLOCK) tile so that the fused kernel's helpers apply.
+    Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no visible key)."""
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)[None, :]
     m_part = tl.full([1, BLOCK], float("-inf"), tl.float32)
     for start in range(0, n_chunks, BLOCK):
-        m_part = tl.maximum(m_part, tl.load(ChunkMax + row * n_chunks + start + offs,
+        m_part = tl.maximum(m_part, tl.load(Work + max_offset + row * n_chunks + start + offs,
                                             mask=start + offs < n_chunks, other=float("-inf")))
     m = tl.max(m_part, 1)  # (1,)
     ok = m > float("-inf")
     m = tl.where(ok, m, 0.0)
-    s_row = S + row * n_k
+    s_row = Work + row.to(tl.int64) * s_stride
+    s_resident = m_part  # only read when RESIDENT, then replaced by the whole row
+    if RESIDENT:
+        s_resident = tl.load(s_row + offs, mask=offs < s_stride, other=float("-inf"))
     t = m
     if MODE != 0:
         t = m - 1.0
@@ -88,55 +143,40 @@ def _decode_threshold(
         err = tol + 1.0
         while (it < max_iter) & (err > tol):
             d = (hi_t - t) * 0.25
-            f0 = tl.zeros([1], tl.float32)
-            f1 = tl.zeros([1], tl.float32)
-            f2 = tl.zeros([1], tl.float32)
-            f3 = tl.zeros([1], tl.float32)
-            g0 = tl.zeros([1], tl.float32)
-            g1 = tl.zeros([1], tl.float32)
-            g2 = tl.zeros([1], tl.float32)
-            g3 = tl.zeros([1], tl.float32)
-            for start in range(0, n_k, BLOCK):
-                s = tl.load(s_row + start + offs, mask=start + offs < n_k, other=float("-inf"))
-                a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
-                f0 += a0
-                f1 += a1
-                f2 += a2
-                f3 += a3
-                g0 += b0
-                g1 += b1
-                g2 += b2
-                g3 += b3
+            f0, f1, f2, f3, g0, g1, g2, g3 = _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1,
+                                                             BLOCK, RESIDENT, MODE)
             t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha,
                                              MODE)
             err = tl.max(excess, 0)
             it += 1
-    z = tl.zeros([1], tl.float32)
-    count = tl.zeros([1], tl.int32)
-    for start in range(0, n_k, BLOCK):
-        s = tl.load(s_row + start + offs, mask=start + offs < n_k, other=float("-inf"))
-        if MODE == 0:
-            p = tl.exp2(s - t[:, None])
-        else:
-            p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
-        z += tl.sum(p, 1)
-        count += tl.sum((p > 0).to(tl.int32), 1)
+    if RESIDENT:
+        z, count = _row_weight_sums(s_resident, t, inv_am1, MODE)
+    else:
+        z = tl.zeros([1], tl.float32)
+        count = tl.zeros([1], tl.int32)
+        for start in range(0, s_stride, BLOCK):
+            s = tl.load(s_row + start + offs, mask=start + offs < s_stride, other=float("-inf"))
+            z_part, count_part = _row_weight_sums(s, t, inv_am1, MODE)
+            z += z_part
+            count += count_part
     if MODE == 0:  # fold Z into tau: the output pass's p is then already normalised
         t = t + tl.log2(z)
         z = z * 0.0 + 1.0
     one = tl.arange(0, 1)
     tl.store(Tau + row + one, tl.where(ok, t, float("inf")))
-    tl.store(Z + row + one, tl.where(ok, z, 0.0))
+    tl.store(Work + inv_z_offset + row + one, tl.where(ok, 1.0 / tl.maximum(z, 1e-30), 0.0))
     tl.store(Support + row + one, tl.where(ok, count, 0))
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
 def _decode_output(
-    V, S, Tau, Partial, svb, svh, svn,
-    n_heads, group, n_q, n_k, n_chunks, head_dim, inv_am1,
+    V, Work, Tau, Out, svb, svh, svn,
+    n_heads, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, head_dim, inv_am1,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """sum_j p_j v_j / Z over chunk pid_c for rows (pid_bh, :n_q): into Out (B, H, Nq, D) when the cache is
+    one chunk, else to Work[partial_offset + (row * n_chunks + pid_c) * head_dim + d] for _decode_reduce."""
     pid_c = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_heads
@@ -145,13 +185,15 @@ def _decode_output(
     offs_d = tl.arange(0, BLOCK_D)
     row_in = offs_m < n_q
     d_in = offs_d < head_dim
-    tau = tl.load(Tau + pid_bh * n_q + offs_m, mask=row_in, other=float("inf"))
+    rows = pid_bh * n_q + offs_m
+    tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
+    inv_z = tl.load(Work + inv_z_offset + rows, mask=row_in, other=0.0)
     v_base = V + b * svb + (h // group) * svh
+    s_rows = Work + rows[:, None].to(tl.int64) * s_stride
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
-        s = tl.load(S + (pid_bh * n_q + offs_m[:, None]) * n_k + offs_n[None, :],
-                    mask=row_in[:, None] & (offs_n[None, :] < n_k), other=float("-inf"))
+        s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
         if MODE == 0:
             p = tl.exp2(s - tau[:, None])
         else:
@@ -159,8 +201,35 @@ def _decode_output(
         v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
                     mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    tl.store(Partial + ((pid_bh * n_chunks + pid_c) * BLOCK_M + offs_m[:, None]) * BLOCK_D + offs_d[None, :],
-             acc)
+    acc = acc * inv_z[:, None]
+    out_mask = row_in[:, None] & d_in[None, :]
+    if SINGLE_CHUNK:
+        tl.store(Out + rows[:, None] * head_dim + offs_d[None, :], acc.to(Out.dtype.element_ty),
+                 mask=out_mask)
+    else:
+        tl.store(Work + partial_offset + (rows[:, None] * n_chunks + pid_c) * head_dim + offs_d[None, :], acc,
+                 mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["n_chunks"])
+def _decode_reduce(Work, Out, partial_offset, n_chunks, head_dim, BLOCK_C: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """Out[row] = sum over the chunks of the row's partial outputs, in Out's dtype. One program per row."""
+    row = tl.program_id(0)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_in = offs_d < head_dim
+    base = Work + partial_offset + row * n_chunks * head_dim
+    acc = tl.zeros([BLOCK_C, BLOCK_D], tl.float32)
+    for start in range(0, n_chunks, BLOCK_C):
+        chunk = start + offs_c
+        acc += tl.load(base + chunk[:, None] * head_dim + offs_d[None, :],
+                       mask=(chunk[:, None] < n_chunks) & d_in[None, :], other=0.0)
+    tl.store(Out + row * head_dim + offs_d, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=d_in)
+
+
+def _aligned(n):
+    return triton.cdiv(n, _ALIGN) * _ALIGN
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
@@ -171,32 +240,42 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
     n_chunks = triton.cdiv(n_k, _CHUNK)
+    s_stride = n_chunks * _CHUNK  # score rows padded to whole chunks
+    n_rows = batch * heads * n_q
     block_d = max(16, triton.next_power_of_2(dim))
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    # workspace: scores (n_rows, s_stride) | chunk maxima (n_rows, n_chunks) | 1 / Z (n_rows,)
+    # | partial outputs (n_rows, n_chunks, dim), the last only with more than one chunk
+    max_offset = n_rows * s_stride
+    inv_z_offset = max_offset + _aligned(n_rows * n_chunks)
+    partial_offset = inv_z_offset + _aligned(n_rows)
+    size = partial_offset + (n_rows * n_chunks * dim if n_chunks > 1 else 0)
     dev = q.device
-    scores = torch.empty(batch, heads, n_q, n_k, device=dev, dtype=torch.float32)
-    chunk_max = torch.empty(batch, heads, n_q, n_chunks, device=dev, dtype=torch.float32)
+    work = torch.empty(size, device=dev, dtype=torch.float32)
+    out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
     tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
-    z = torch.empty_like(tau)
     support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
-    partial = torch.empty(batch, heads, n_chunks, _BLOCK_M, block_d, device=dev, dtype=torch.float32)
     group = heads // k.shape[1]
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_scores[(n_chunks, batch * heads)](
-        q, k, scores, chunk_max, q_scale if q_scale is not None else tau,
-        slopes if slopes is not None else tau, kpm if kpm is not None else support,
+        q, k, work, q_scale if q_scale is not None else tau, slopes if slopes is not None else tau,
+        kpm if kpm is not None else support,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        heads, group, n_q, n_k, n_chunks, dim, scale, c,
+        heads, group, n_q, n_k, n_chunks, s_stride, max_offset, dim, scale, c,
         CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
-    _decode_threshold[(batch * heads * n_q,)](
-        scores, chunk_max, tau, z, support, n_k, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
-        BLOCK=_BLOCK_ROW, MODE=mode, num_warps=4)
+        DOT_PRECISION=precision, num_warps=4)
+    row_block, row_warps = _ROW_BLOCKS[0] if s_stride <= _ROW_BLOCKS[0][0] else _ROW_BLOCKS[1]
+    _decode_threshold[(n_rows,)](
+        work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
+        BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
     _decode_output[(n_chunks, batch * heads)](
-        v, scores, tau, partial, v.stride(0), v.stride(1), v.stride(2),
-        heads, group, n_q, n_k, n_chunks, dim, inv_am1,
+        v, work, tau, out, v.stride(0), v.stride(1), v.stride(2),
+        heads, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, dim, inv_am1,
         CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, MODE=mode,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
-    out = partial.sum(2)[:, :, :n_q, :dim] / z.clamp_min(1e-30)[..., None]
-    return out.to(q.dtype), tau, support
+        SINGLE_CHUNK=n_chunks == 1, DOT_PRECISION=precision, num_warps=4)
+    if n_chunks > 1:
+        _decode_reduce[(n_rows,)](work, out, partial_offset, n_chunks, dim, BLOCK_C=16, BLOCK_D=block_d,
+                                  num_warps=4)
+    return out, tau, support

@@ -1,0 +1,91 @@
+"""The split-over-keys decoding kernels (asentmax.ops.triton.attention_decode, Nq <= 16, no gradients) vs the
+fp64 reference of PAPER.md section 2, on each of their code paths: one chunk (output written directly),
+several chunks (partial outputs reduced by a fourth kernel), a score row held in registers (<= 4096 keys)
+or streamed (> 4096). Runs under TRITON_INTERPRET=1; every buffer the launcher allocates is NaN-poisoned.
+"""
+
+import os
+
+import pytest
+import torch
+
+from asentmax.ops.attention import entmax_attention
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="interpreter tests: run with TRITON_INTERPRET=1")
+
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+class nan_poisoned_empty:
+    """Within the block, torch.empty returns NaN-filled (integer: -1-filled) tensors."""
+
+    def __enter__(self):
+        self.empty = torch.empty
+
+        def poisoned(*args, **kwargs):
+            x = self.empty(*args, **kwargs)
+            return x.fill_(float("nan") if x.is_floating_point() else -1)
+
+        torch.empty = poisoned
+
+    def __exit__(self, *exc):
+        torch.empty = self.empty
+
+
+def inputs(b, h, hkv, nq, nk, d, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, heads, n, d, generator=gen).to(dtype)
+               for heads, n in ((h, nq), (hkv, nk), (hkv, nk)))
+    mask = torch.rand(b, nk, generator=gen) > 0.3
+    if b > 1:
+        mask[1] = False  # a batch whose rows have no visible key
+    slopes = torch.tensor([1.0 / (i + 1) if i < h // 2 else 0.0 for i in range(h)]) * 0.01
+    q_scale = (1.0 + torch.rand(b, h, nq, generator=gen)).to(dtype)
+    return q, k, v, dict(key_padding_mask=mask, alibi_slopes=slopes, q_scale=q_scale)
+
+
+CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras): chunks of 1024 keys
+    (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
+    (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
+    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),  # 16 rows, 3 chunks
+    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),  # a 4096 block
+    (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),  # exactly one chunk
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"a{c[0]}-Nq{c[5]}-Nk{c[6]}-D{c[7]}-{str(c[8])[6:]}")
+def test_decode_matches_reference(case):
+    alpha, causal, b, h, hkv, nq, nk, d, dtype, extras = case
+    q, k, v, all_options = inputs(b, h, hkv, nq, nk, d, dtype)
+    options = dict(alpha=alpha, causal=causal, **{name: all_options[name] for name in extras})
+    with torch.no_grad():
+        with nan_poisoned_empty():
+            out, aux = entmax_attention(q, k, v, backend="triton", return_aux=True, **options)
+        ref_options = {name: x.double() if name == "q_scale" else x for name, x in options.items()}
+        ref, ref_aux = entmax_attention(q.double(), k.double(), v.double(), backend="reference",
+                                        return_aux=True, **ref_options)
+        low = entmax_attention(q, k, v, backend="reference", **options)
+    assert out.dtype == dtype and out.shape == (b, h, nq, d)
+    assert torch.isfinite(out).all()
+    err, low_err = (out.double() - ref).abs().max().item(), (low.double() - ref).abs().max().item()
+    assert err <= 2 * low_err + FLOOR[dtype], f"out error {err:.3g}, reference in {dtype}: {low_err:.3g}"
+    empty = torch.isinf(ref_aux.tau)
+    assert torch.equal(torch.isinf(aux.tau), empty)
+    assert (out[empty] == 0).all(), "rows with no visible key must output 0"
+    assert (aux.tau[~empty] - ref_aux.tau[~empty]).abs().max().item() <= 1e-3
+    gap = (aux.support_size.long() - ref_aux.support_size.long()).abs().max().item()
+    assert gap <= max(1, int(0.02 * ref_aux.support_size.max().item())), f"support sizes differ by {gap}"
+
+
+def test_decode_rows_sum_to_one():
+    """v = 1: each output entry is sum_j p_j / Z over all chunks: 1 on rows with a visible key, else 0."""
+    q, k, v, options = inputs(2, 1, 1, 2, 4100, 16, torch.float32, seed=3)
+    with torch.no_grad():
+        out, aux = entmax_attention(q, k, torch.ones_like(v), alpha=1.5, backend="triton", return_aux=True,
+                                    key_padding_mask=options["key_padding_mask"])
+    empty = torch.isinf(aux.tau)
+    assert empty.any() and (~empty).any()
+    assert torch.allclose(out[~empty], torch.ones(()), atol=1e-4)
+    assert (out[empty] == 0).all()
