@@ -9,8 +9,12 @@ optimizer, scheduler, RNG states of torch / numpy / python, the step, and the gi
 Data-parallel training runs under `torchrun` (gloo on CPU, NCCL on CUDA): every rank draws its own
 shard (asentmax.data.training_batch is seeded by (seed, rank, step)) and the loss is normalised by the
 global number of target tokens, so the averaged DDP gradient equals the single-process gradient of the
-concatenated batch.
+concatenated batch. A checkpoint also resumes under another number of processes (say 2 GPUs -> 1): the
+model, optimizer and schedule continue, rank 0's RNG state seeds every rank, and the new ranks draw their
+shards of the same global batch size (so the data differ from a run that kept its world size).
 
+log.csv columns: step, loss (mean over the target tokens since the last line), lr, tokens (non-pad input
+tokens of all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
 Run directory: config.json, checkpoint.pt, log.csv, val.csv, tensorboard/ (optional).
 """
 
@@ -278,6 +282,21 @@ class CsvLog:
             csv.DictWriter(f, self.columns).writerow(row)
 
 
+def restored_window(rank_states: list[dict], world: Distributed) -> tuple[float, int]:
+    """(loss sum, global target count) of the partial log window saved in a checkpoint, for this rank.
+
+    Loss sums are per rank, the target count is global. When the world size changed since the checkpoint
+    (say 2 GPUs -> 1), rank 0 takes over the loss sums of all saved ranks, so the first window logged after
+    the resume still averages over every token of that window."""
+    if len(rank_states) == world.world_size:
+        window = rank_states[world.rank]["window"]
+        return window["loss"], window["targets"]
+    targets = rank_states[0]["window"]["targets"]
+    if not world.is_main:
+        return 0.0, targets
+    return sum(state["window"]["loss"] for state in rank_states), targets
+
+
 def tensorboard_writer(run_dir: Path):
     """A SummaryWriter when the optional tensorboard package is installed, else None."""
     try:
@@ -326,7 +345,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
                                   train_config.beta2), weight_decay=train_config.weight_decay)
     schedule = WarmupCosine(train_config.warmup_steps, train_config.steps, train_config.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    step = 0
+    step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -335,6 +354,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         rank_states = checkpoint["rank_states"]
         saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
         set_rng_state(saved_state["rng"])
+        window_loss, window_targets = restored_window(rank_states, world)
     ddp_model = model
     if world.active:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -350,7 +370,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
                 "torch_version": torch.__version__, "command": sys.argv,
                 "n_parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
         keep = step if checkpoint is not None else None
-        log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens_per_s", "elapsed_s"], keep)
+        log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens", "tokens_per_s", "elapsed_s"], keep)
         val_log = CsvLog(run_dir / VAL_NAME, ["step", "length", "exact_match", "token_accuracy"], keep)
         writer = tensorboard_writer(run_dir)
 
@@ -395,9 +415,7 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
     bar = tqdm(total=train_config.steps, initial=step, disable=not (progress and world.is_main),
                dynamic_ncols=True, desc=f"train {task.name}")
     model.train()
-    window_loss, window_targets, window_tokens, window_start = 0.0, 0, 0, time.perf_counter()
-    if checkpoint is not None:
-        window_loss, window_targets = saved_state["window"]["loss"], saved_state["window"]["targets"]
+    window_tokens, window_start = 0, time.perf_counter()
     start_time, last_loss, val_results = time.perf_counter(), float("nan"), {}
     while step < end:
         batch = training_batch(task, seed=train_config.seed, rank=world.rank, step=step,
@@ -416,15 +434,16 @@ def train(train_config: TrainConfig, model_config=None, run_dir: Path | str = "r
         step += 1
         window_loss += loss_sum
         window_targets += n_targets
-        window_tokens += batch.n_tokens * world.world_size
+        window_tokens += batch.n_tokens
         if step % train_config.log_every == 0 or step == train_config.steps:
-            totals = torch.tensor([window_loss], dtype=torch.float64, device=world.device)
+            totals = torch.tensor([window_loss, window_tokens], dtype=torch.float64, device=world.device)
             if world.active:
                 dist.all_reduce(totals)
             last_loss = float(totals[0]) / window_targets
-            tokens_per_s = window_tokens / max(time.perf_counter() - window_start, 1e-9)
+            tokens = int(totals[1])  # non-pad tokens of all ranks since the last log line (in this process)
+            tokens_per_s = tokens / max(time.perf_counter() - window_start, 1e-9)
             if world.is_main:
-                log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}",
+                log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}", "tokens": tokens,
                            "tokens_per_s": f"{tokens_per_s:.1f}",
                            "elapsed_s": f"{time.perf_counter() - start_time:.2f}"})
                 if writer is not None:
