@@ -1,7 +1,8 @@
 """The split-over-keys decoding kernels (asentmax.ops.triton.attention_decode, Nq <= 16, no gradients) vs the
 fp64 reference of PAPER.md section 2, on each of their code paths: one chunk (output written directly),
 several chunks (partial outputs reduced by a fourth kernel), a score row held in registers (<= 4096 keys)
-or streamed (> 4096). Runs under TRITON_INTERPRET=1; every buffer the launcher allocates is NaN-poisoned.
+or streamed (> 4096). The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launcher
+allocates NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
 """
 
 import os
@@ -12,10 +13,12 @@ import torch
 from asentmax.ops.attention import entmax_attention
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="interpreter tests: run with TRITON_INTERPRET=1")
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="interpreter tests: run with TRITON_INTERPRET=1")
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                             reason="needs a CUDA device (and no TRITON_INTERPRET)")
 
-FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3}
+FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 class nan_poisoned_empty:
@@ -34,31 +37,22 @@ class nan_poisoned_empty:
         torch.empty = self.empty
 
 
-def inputs(b, h, hkv, nq, nk, d, dtype, seed=0):
+def inputs(b, h, hkv, nq, nk, d, dtype, seed=0, device="cpu"):
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, heads, n, d, generator=gen).to(dtype)
+    q, k, v = (torch.randn(b, heads, n, d, generator=gen).to(device=device, dtype=dtype)
                for heads, n in ((h, nq), (hkv, nk), (hkv, nk)))
     mask = torch.rand(b, nk, generator=gen) > 0.3
     if b > 1:
         mask[1] = False  # a batch whose rows have no visible key
     slopes = torch.tensor([1.0 / (i + 1) if i < h // 2 else 0.0 for i in range(h)]) * 0.01
     q_scale = (1.0 + torch.rand(b, h, nq, generator=gen)).to(dtype)
-    return q, k, v, dict(key_padding_mask=mask, alibi_slopes=slopes, q_scale=q_scale)
+    return q, k, v, {name: x.to(device) for name, x in
+                     dict(key_padding_mask=mask, alibi_slopes=slopes, q_scale=q_scale).items()}
 
 
-CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras): chunks of 1024 keys
-    (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
-    (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
-    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),  # 16 rows, 3 chunks
-    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),  # a 4096 block
-    (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),  # exactly one chunk
-]
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"a{c[0]}-Nq{c[5]}-Nk{c[6]}-D{c[7]}-{str(c[8])[6:]}")
-def test_decode_matches_reference(case):
+def check_decode(case, device="cpu"):
     alpha, causal, b, h, hkv, nq, nk, d, dtype, extras = case
-    q, k, v, all_options = inputs(b, h, hkv, nq, nk, d, dtype)
+    q, k, v, all_options = inputs(b, h, hkv, nq, nk, d, dtype, device=device)
     options = dict(alpha=alpha, causal=causal, **{name: all_options[name] for name in extras})
     with torch.no_grad():
         with nan_poisoned_empty():
@@ -79,6 +73,26 @@ def test_decode_matches_reference(case):
     assert gap <= max(1, int(0.02 * ref_aux.support_size.max().item())), f"support sizes differ by {gap}"
 
 
+def case_id(case):
+    return f"a{case[0]}-B{case[2]}-H{case[3]}/{case[4]}-Nq{case[5]}-Nk{case[6]}-D{case[7]}-{str(case[8])[6:]}"
+
+
+CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras): chunks of 1024 keys
+    (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
+    (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
+    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),  # 16 rows, 3 chunks
+    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),  # a 4096 block
+    (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),  # exactly one chunk
+]
+
+
+@interpreter
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_decode_matches_reference(case):
+    check_decode(case)
+
+
+@interpreter
 def test_decode_rows_sum_to_one():
     """v = 1: each output entry is sum_j p_j / Z over all chunks: 1 on rows with a visible key, else 0."""
     q, k, v, options = inputs(2, 1, 1, 2, 4100, 16, torch.float32, seed=3)
@@ -89,3 +103,26 @@ def test_decode_rows_sum_to_one():
     assert empty.any() and (~empty).any()
     assert torch.allclose(out[~empty], torch.ones(()), atol=1e-4)
     assert (out[empty] == 0).all()
+
+
+def test_decode_workspace_limit():
+    """The kernels index their workspace with int32: a larger problem is refused, not silently wrong."""
+    from asentmax.ops.triton.attention_decode import entmax_attention_decode
+
+    q = torch.empty(64, 64, 16, 64, device="meta")
+    k = torch.empty(64, 64, 40000, 64, device="meta")
+    with pytest.raises(ValueError, match="exceeds 2\\^31"):
+        entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
+                                q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+
+
+GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_mask", "alibi_slopes"))
+             for alpha in (1.0, 1.5, 1.25) for nq in (1, 4)
+             for nk, dim in ((1000, 64), (3000, 128), (20000, 64))]
+
+
+@pytest.mark.gpu
+@on_cuda
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_decode_matches_reference_gpu(case):
+    check_decode(case, "cuda")

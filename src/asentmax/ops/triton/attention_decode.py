@@ -62,7 +62,7 @@ def _decode_scores(
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult
     k_base = K + b * skb + (h // group) * skh
-    s_rows = Work + (pid_bh * n_q + offs_m[:, None]).to(tl.int64) * s_stride
+    s_rows = Work + (pid_bh * n_q + offs_m[:, None]) * s_stride
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
@@ -189,7 +189,7 @@ def _decode_output(
     tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
     inv_z = tl.load(Work + inv_z_offset + rows, mask=row_in, other=0.0)
     v_base = V + b * svb + (h // group) * svh
-    s_rows = Work + rows[:, None].to(tl.int64) * s_stride
+    s_rows = Work + rows[:, None] * s_stride
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
@@ -251,6 +251,9 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
     inv_z_offset = max_offset + _aligned(n_rows * n_chunks)
     partial_offset = inv_z_offset + _aligned(n_rows)
     size = partial_offset + (n_rows * n_chunks * dim if n_chunks > 1 else 0)
+    if size >= 2**31:  # the kernels index the workspace with int32 (fewer registers than int64)
+        raise ValueError(f"decoding workspace of {size} floats (batch * heads * q_len * cache) exceeds 2^31; "
+                         "split the batch")
     dev = q.device
     work = torch.empty(size, device=dev, dtype=torch.float32)
     out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
