@@ -54,7 +54,7 @@ def attention_flops(batch, heads, n, dim, backward):
 def block_sparsity(q, k, v, slopes):
     """Share of the causally visited (BLOCK_M, BLOCK_N) tiles whose weights are all 0 (skipped)."""
     blocks = block_config(q.shape[-1], q.shape[2])
-    _, _, tau, _, _, tile_max = entmax_attention_fwd(
+    _, _, tau, _, _, tile_max, _ = entmax_attention_fwd(
         q, k, v, mode=mode_of(1.5), alpha=1.5, scale=q.shape[-1] ** -0.5, causal=True,
         slopes=None if slopes is None else slopes.expand(q.shape[0], -1).contiguous(), q_scale=None, kpm=None,
         write_o2=False, tol=1e-3, max_iter=40, blocks=blocks)

@@ -176,7 +176,7 @@ def test_exact_zeros_and_tile_skipping():
     from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 
     blocks = block_config(16, 130)
-    _, _, tau, _, _, tile_max = entmax_attention_fwd(
+    _, _, tau, _, _, tile_max, _ = entmax_attention_fwd(
         q, k, v, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=options["alibi_slopes"][None].expand(1, 2)
         .contiguous(), q_scale=None, kpm=None, write_o2=False, tol=1e-3, max_iter=40, blocks=blocks)
     assert tile_max[:, :, 2, 0].le(tau[:, :, 128:].amin(-1)).all()  # rows 128-129 vs keys 0-63

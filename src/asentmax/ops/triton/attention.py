@@ -23,17 +23,17 @@ _MAX_NEWTON_PASSES = 40
 
 class _EntmaxAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, q_scale, alpha, causal, scale, slopes, kpm):
+    def forward(ctx, q, k, v, q_scale, alpha, causal, scale, slopes, kpm, return_aux):
         mode = mode_of(alpha)
         blocks = block_config(q.shape[-1], q.shape[2])
         needs_grad = any(ctx.needs_input_grad[:4])
-        out, o2, tau, inv_z, support, tile_max = entmax_attention_fwd(
+        out, o2, tau, inv_z, support, tile_max, _ = entmax_attention_fwd(
             q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes, q_scale=q_scale,
             kpm=kpm, write_o2=needs_grad and mode != 0, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
-            blocks=blocks)
+            blocks=blocks, write_support=return_aux)
         ctx.save_for_backward(q, k, v, out, o2, tau, inv_z, tile_max, q_scale, slopes, kpm)
         ctx.options = dict(mode=mode, alpha=alpha, scale=scale, causal=causal, blocks=blocks)
-        ctx.mark_non_differentiable(tau, support)
+        ctx.mark_non_differentiable(tau, *([support] if return_aux else []))
         return out, tau, support
 
     @staticmethod
@@ -42,7 +42,7 @@ class _EntmaxAttention(torch.autograd.Function):
         dq, dk, dv, dq_scale = entmax_attention_bwd(
             d_out, q, k, v, out, o2, tau, inv_z, tile_max, slopes=slopes, q_scale=q_scale, kpm=kpm,
             **ctx.options)
-        return dq, dk, dv, dq_scale, None, None, None, None, None
+        return dq, dk, dv, dq_scale, None, None, None, None, None, None
 
 
 def _unit_last_stride(x):
@@ -82,7 +82,7 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
             slopes=slopes, q_scale=qs, kpm=kpm, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES)
     else:
         out, tau, support = _EntmaxAttention.apply(q, k, v, qs, float(alpha), causal, float(scale), slopes,
-                                                   kpm)
+                                                   kpm, return_aux)
     out = out.to(in_dtype)
     if not return_aux:
         return out

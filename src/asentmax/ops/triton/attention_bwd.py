@@ -20,7 +20,9 @@ import triton.language as tl
 from asentmax.ops.triton.attention_common import (
     entmax_power,
     entmax_slope,
+    full_tiles,
     live_range,
+    load_tile,
     logits_from_dot,
     tile_logits,
 )
@@ -39,6 +41,41 @@ def _probs(s, tau, inv_z, g_scale, inv_am1, MODE: tl.constexpr):
     return p, g
 
 
+@triton.jit
+def _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0, offs_n, offs_d, d_in, b, h,
+                bh, sqb, sqh, sqm, sdob, sdoh, sdom, n_q, n_k, scale, bias_mult, inv_am1, slope, kpm_ptr,
+                qb_lo, qb_hi,
+                BLOCK_M: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                MASKED: tl.constexpr):
+    """dk, dv of one key block accumulated over the query blocks [qb_lo, qb_hi) of query head h. Rows past
+    n_q load tau = +inf, hence p = g = 0: only keys need masking (MASKED, see full_tiles)."""
+    for qb in range(qb_lo, qb_hi):
+        offs_m = qb * BLOCK_M + offs_m0
+        row_in = offs_m < n_q
+        row_ptr = bh * n_q + offs_m
+        tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
+        pos_m = offs_m + (n_k - n_q)
+        q_mask = row_in[:, None] & d_in[None, :]
+        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
+                     other=0.0)
+        zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+        if HAS_QSCALE:
+            zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+        s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+                        HAS_KPM, DOT_PRECISION, MASKED)
+        inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
+        g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
+        delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
+        p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dz = g * (dp - delta[:, None]) * zmult[:, None]
+        dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_qb", "n_kb"])
 def _entmax_attention_bwd_dkdv(
     Q, K, V, DO, DK, DV, Tau, InvZ, GScale, Delta, TileMax, BlockTauMin, QScale, Slopes, KPM,
@@ -46,7 +83,7 @@ def _entmax_attention_bwd_dkdv(
     n_heads, group, n_q, n_k, n_qb, n_kb, head_dim, scale, bias_mult, inv_am1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -84,35 +121,50 @@ def _entmax_attention_bwd_dkdv(
                                      True, SCAN)
             qb_lo = qb_first + first
             qb_hi = qb_first + last
-        for qb in range(qb_lo, qb_hi):
-            offs_m = qb * BLOCK_M + offs_m0
-            row_in = offs_m < n_q
-            row_ptr = bh * n_q + offs_m
-            tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
-            pos_m = offs_m + (n_k - n_q)
-            q_mask = row_in[:, None] & d_in[None, :]
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask,
-                        other=0.0)
-            do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
-                         other=0.0)
-            zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-            if HAS_QSCALE:
-                zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
-            s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL,
-                            HAS_ALIBI, HAS_KPM, DOT_PRECISION)
-            inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
-            g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
-            delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
-            p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-            dz = g * (dp - delta[:, None]) * zmult[:, None]
-            dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
+        # query blocks that cross the causal diagonal need the mask, the later ones do not (all need it when
+        # the key block runs past n_k)
+        qb_split = qb_lo
+        if start_n + BLOCK_N > n_k:
+            qb_split = qb_hi
+        elif CAUSAL:
+            first_unmasked = tl.cdiv(start_n + BLOCK_N - 1 - (n_k - n_q), BLOCK_M)
+            qb_split = tl.minimum(tl.maximum(qb_lo, first_unmasked), qb_hi)
+        dk, dv = _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0, offs_n, offs_d,
+                             d_in, b, h, bh, sqb, sqh, sqm, sdob, sdoh, sdom, n_q, n_k, scale, bias_mult,
+                             inv_am1, slope, kpm_ptr, qb_lo, qb_split, BLOCK_M, MODE, CAUSAL, HAS_ALIBI,
+                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, True)
+        dk, dv = _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0, offs_n, offs_d,
+                             d_in, b, h, bh, sqb, sqh, sqm, sdob, sdoh, sdom, n_q, n_k, scale, bias_mult,
+                             inv_am1, slope, kpm_ptr, qb_split, qb_hi, BLOCK_M, MODE, CAUSAL, HAS_ALIBI,
+                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, False)
     out_mask = (offs_n[:, None] < n_k) & d_in[None, :]
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=out_mask)
     tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvn + offs_d[None, :],
              dv.to(DV.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m, slope,
+              kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, kb_lo, kb_hi,
+              BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+              HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """acc += dz @ k and dqs += rowsum(dz * q.k) over the key tiles [kb_lo, kb_hi) of one query block."""
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        k = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
+        v = load_tile(v_base, offs_n, svn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                            MASKED)
+        p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        dz = g * (dp - delta[:, None])
+        acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
+        if HAS_QSCALE:  # in fp32 from the fp32 q.k tile: sum_j dz_j = 0 makes this a cancelling sum
+            dqs += tl.sum(dz * qk, 1)
+    return acc, dqs
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb"])
@@ -122,7 +174,7 @@ def _entmax_attention_bwd_dq(
     n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr, EVEN_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -164,21 +216,17 @@ def _entmax_attention_bwd_dq(
     kb_hi = tl.cdiv(hi, BLOCK_N)
     if MODE != 0:
         kb_lo, kb_hi = live_range(tiles, 1, kb_hi, tau_min, tiles, False, SCAN)
+    n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full) need no mask
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dqs = tl.zeros([BLOCK_M], tl.float32)
-    for kb in range(kb_lo, kb_hi):
-        offs_n = kb * BLOCK_N + offs_n0
-        kv_mask = (offs_n[:, None] < n_k) & d_in[None, :]
-        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=kv_mask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM)
-        p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        dz = g * (dp - delta[:, None])
-        acc += tl.dot(dz.to(k.dtype), k, input_precision=DOT_PRECISION)
-        if HAS_QSCALE:  # in fp32 from the fp32 q.k tile: sum_j dz_j = 0 makes this a cancelling sum
-            dqs += tl.sum(dz * qk, 1)
+    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m,
+                         slope, kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, kb_lo,
+                         tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_QSCALE, HAS_KPM,
+                         DOT_PRECISION, False, EVEN_D)
+    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m,
+                         slope, kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, tl.maximum(kb_lo, n_full),
+                         kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_QSCALE, HAS_KPM, DOT_PRECISION, True,
+                         EVEN_D)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
              (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=q_mask)
     if HAS_QSCALE:
@@ -208,7 +256,8 @@ def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, al
     dq_scale = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32) if q_scale is not None \
         else None
     dummy = tau
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
+    block_d = max(16, triton.next_power_of_2(dim))
+    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=block_d == dim, MODE=mode,
                   CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
                   HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                   SCAN=512, num_warps=num_warps, num_stages=num_stages)

@@ -38,29 +38,67 @@ def block_config(head_dim, n_q):
 @triton.jit
 def tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
                 CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """s = rowmult * (q @ kt) - slope * |pos - j| on visible keys, -inf elsewhere. (BLOCK_M, BLOCK_N) fp32.
 
     q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); rowmult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
+    MASKED=False: the caller guarantees every key of the tile is < n_k and causally visible to every row
+    (a tile left of the diagonal, see full_tiles), so only the key padding mask is applied.
     """
     qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
-    return logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM)
+    return logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                           MASKED)
 
 
 @triton.jit
 def logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
-                    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr):
+                    CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
+                    MASKED: tl.constexpr = True):
     """tile_logits given the fp32 tile qk = q @ kt."""
     s = qk * rowmult[:, None]
     if HAS_ALIBI:
         s = s - slope * tl.abs(pos_m[:, None] - offs_n[None, :]).to(tl.float32)
-    visible = (offs_n < n_k)[None, :]
+    if MASKED:
+        visible = (offs_n < n_k)[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= pos_m[:, None])
+        if HAS_KPM:
+            real = tl.load(kpm_ptr + offs_n, mask=offs_n < n_k, other=0) != 0
+            visible = visible & real[None, :]
+        s = tl.where(visible, s, float("-inf"))
+    elif HAS_KPM:
+        s = tl.where((tl.load(kpm_ptr + offs_n) != 0)[None, :], s, float("-inf"))
+    return s
+
+
+@triton.jit
+def full_tiles(first_pos, n_k, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """Number of leading BLOCK_N key tiles that lie inside [0, n_k) and are causally visible to every query
+    at position >= first_pos: on them the logits need no mask (MASKED=False)."""
+    n = n_k // BLOCK_N
     if CAUSAL:
-        visible = visible & (offs_n[None, :] <= pos_m[:, None])
-    if HAS_KPM:
-        real = tl.load(kpm_ptr + offs_n, mask=offs_n < n_k, other=0) != 0
-        visible = visible & real[None, :]
-    return tl.where(visible, s, float("-inf"))
+        n = tl.minimum(n, (first_pos + 1) // BLOCK_N)
+    return n
+
+
+@triton.jit
+def load_tile(base, offs_rows, stride, offs_d, n_rows, d_in, TRANSPOSE: tl.constexpr, MASKED: tl.constexpr,
+              EVEN_D: tl.constexpr):
+    """Rows offs_rows of a (n_rows, head_dim) matrix with unit last stride, as (rows, BLOCK_D) or, when
+    TRANSPOSE, (BLOCK_D, rows). MASKED=False: all rows are < n_rows; EVEN_D: head_dim == BLOCK_D."""
+    if TRANSPOSE:
+        ptrs = base + offs_rows[None, :] * stride + offs_d[:, None]
+        if MASKED:
+            return tl.load(ptrs, mask=(offs_rows[None, :] < n_rows) & d_in[:, None], other=0.0)
+        if EVEN_D:
+            return tl.load(ptrs)
+        return tl.load(ptrs, mask=d_in[:, None], other=0.0)
+    ptrs = base + offs_rows[:, None] * stride + offs_d[None, :]
+    if MASKED:
+        return tl.load(ptrs, mask=(offs_rows[:, None] < n_rows) & d_in[None, :], other=0.0)
+    if EVEN_D:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=d_in[None, :], other=0.0)
 
 
 @triton.jit
@@ -121,15 +159,23 @@ def bracket_update(lo, hi, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha, 
     hi = tl.where(f3 < 1.0, lo + 3.0 * d, hi)
     hi = tl.where(f2 < 1.0, lo + 2.0 * d, hi)
     hi = tl.where(f1 < 1.0, lo + d, hi)
-    if MODE == 1:
-        f_pow = tl.sqrt(f_best)
-    elif MODE == 2:
-        f_pow = tl.full(f_best.shape, 1.0, tl.float32)
-    else:
-        f_pow = tl.exp2(tl.log2(f_best) * two_minus_alpha)
-    step = tl.where(ok & (g_best > 0), (f_best - f_pow) / g_best, 0.0)
-    lo = tl.minimum(t_best + step, hi)
+    lo = newton_step(t_best, f_best, g_best, hi, ok, two_minus_alpha, MODE)
     return lo, hi, tl.where(ok, f_best - 1.0, 0.0)
+
+
+@triton.jit
+def newton_step(t, f, g, hi, ok, two_minus_alpha, MODE: tl.constexpr):
+    """Newton step on the convex, decreasing h(t) = f(t)^(alpha-1) from t (f = f(t), g its slope sum as in
+    candidate_stats), clipped to hi. From a lower bound of tau it stays one, and it is exact at once when
+    the support does not change; from t > tau (f < 1) it steps left."""
+    if MODE == 1:
+        f_pow = tl.sqrt(f)
+    elif MODE == 2:
+        f_pow = tl.full(f.shape, 1.0, tl.float32)
+    else:
+        f_pow = tl.exp2(tl.log2(f) * two_minus_alpha)
+    step = tl.where(ok & (g > 0), (f - f_pow) / g, 0.0)
+    return tl.minimum(t + step, hi)
 
 
 @triton.jit

@@ -26,19 +26,130 @@ from asentmax.ops.triton.attention_common import (
     candidate_stats,
     entmax_power,
     entmax_slope,
+    full_tiles,
     live_range,
+    load_tile,
+    newton_step,
     tile_logits,
 )
 
 
+@triton.jit
+def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles, m,
+               kb_lo, kb_hi, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+               EVEN_D: tl.constexpr):
+    """Max pass over key tiles [kb_lo, kb_hi): running row max m, and each tile's max into the tile table."""
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
+        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION, MASKED)
+        row_max = tl.max(s, 1)
+        tl.store(tiles + kb, tl.max(tl.where(row_in, row_max, float("-inf")), 0))
+        m = tl.maximum(m, row_max)
+    return m
+
+
+@triton.jit
+def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d, inv_am1,
+                 f0, f1, f2, f3, g0, g1, g2, g3, kb_lo, kb_hi,
+                 BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                 HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                 EVEN_D: tl.constexpr, NCAND: tl.constexpr):
+    """Threshold statistics over key tiles [kb_lo, kb_hi): f and g (candidate_stats) at the NCAND (4 or 1)
+    candidates t + c d, added to the running sums."""
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
+        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION, MASKED)
+        if NCAND == 4:
+            a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
+            f0 += a0
+            f1 += a1
+            f2 += a2
+            f3 += a3
+            g0 += b0
+            g1 += b1
+            g2 += b2
+            g3 += b3
+        else:
+            u = tl.maximum(s - t[:, None], 0.0)
+            f0 += tl.sum(entmax_power(u, inv_am1, MODE), 1)
+            g0 += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
+    return f0, f1, f2, f3, g0, g1, g2, g3
+
+
+@triton.jit
+def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
+                    n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    EVEN_D: tl.constexpr, SCAN: tl.constexpr, NCAND: tl.constexpr):
+    """One pass over the live key tiles: the bracket lo = t <= tau <= hi_t is tightened (four candidates and
+    a Newton step, or a Newton step alone when NCAND == 1). Returns (t, hi_t, max_row f(best lower) - 1)."""
+    d = (hi_t - t) * 0.25
+    t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
+    kb_lo, kb_hi = live_range(tiles, 1, n_vis, t_min, tiles, False, SCAN)
+    zero = tl.zeros([BLOCK_M], tl.float32)
+    sums = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d,
+                        inv_am1, zero, zero, zero, zero, zero, zero, zero, zero, kb_lo,
+                        tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION,
+                        False, EVEN_D, NCAND)
+    f0, f1, f2, f3, g0, g1, g2, g3 = _stats_tiles(
+        q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d, inv_am1, *sums,
+        tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, True,
+        EVEN_D, NCAND)
+    if NCAND == 4:
+        t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, row_ok, two_minus_alpha,
+                                         MODE)
+    else:
+        hi_t = tl.where(f0 < 1.0, t, hi_t)
+        excess = tl.where(row_ok, f0 - 1.0, 0.0)
+        t = newton_step(t, f0, g0, hi_t, row_ok, two_minus_alpha, MODE)
+    return t, hi_t, tl.max(excess, 0)
+
+
+@triton.jit
+def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+                  inv_am1, acc, z_sum, support, acc2, g_sum, kb_lo, kb_hi,
+                  BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                  HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                  EVEN_D: tl.constexpr, WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr):
+    """Output pass over key tiles [kb_lo, kb_hi): acc += p @ v, z_sum += sum p (support: count of p > 0);
+    with WRITE_O2 also acc2 += g @ v and g_sum += sum g for g = p^(2-alpha) (unnormalised)."""
+    for kb in range(kb_lo, kb_hi):
+        offs_n = kb * BLOCK_N + offs_n0
+        kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
+        v = load_tile(v_base, offs_n, svn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
+        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION, MASKED)
+        if MODE == 0:
+            p = tl.exp2(s - t[:, None])
+        else:
+            u = tl.maximum(s - t[:, None], 0.0)
+            p = entmax_power(u, inv_am1, MODE)
+        z_sum += tl.sum(p, 1)
+        if WRITE_SUPPORT:
+            support += tl.sum((p > 0).to(tl.int32), 1)
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if WRITE_O2:
+            g = entmax_slope(u, inv_am1, MODE)
+            g_sum += tl.sum(g, 1)
+            acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, z_sum, support, acc2, g_sum
+
+
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb", "max_iter"])
 def _entmax_attention_fwd(
-    Q, K, V, Out, O2, Tau, InvZ, Support, TileMax, QScale, Slopes, KPM,
+    Q, K, V, Out, O2, Tau, InvZ, Support, TileMax, Passes, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som,
     n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1, two_minus_alpha, tol, max_iter,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    WRITE_O2: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+    WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+    EVEN_D: tl.constexpr, NCAND_FIRST: tl.constexpr, NCAND: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -72,61 +183,34 @@ def _entmax_attention_fwd(
         if rows_after > 0:
             hi = n_k - rows_after
     n_vis = tl.cdiv(hi, BLOCK_N)  # tiles [0, n_vis) have a tile-table entry
+    n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full) need no mask
 
     # 1. max pass (+ the tile table)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
-                        DOT_PRECISION)
-        s = tl.where(row_in[:, None], s, float("-inf"))
-        tile_max = tl.max(s, 1)
-        tl.store(tiles + start_n // BLOCK_N, tl.max(tile_max, 0))
-        m = tl.maximum(m, tile_max)
-    row_ok = m > float("-inf")  # rows outside the sequence or with no visible key are not ok
+    m = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles,
+                   m, 0, n_full, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, False, EVEN_D)
+    m = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles,
+                   m, n_full, n_vis, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, True, EVEN_D)
+    row_ok = row_in & (m > float("-inf"))  # rows outside the sequence or with no visible key are not ok
     m = tl.where(row_ok, m, 0.0)
 
-    # 2. threshold passes: bracket lo <= tau <= hi, four candidates per pass (attention_common.py)
+    # 2. threshold passes: bracket lo <= tau <= hi (attention_common.py)
+    passes = 0
     if MODE == 0:
         t = m
     else:
-        t = m - 1.0
-        hi_t = m
-        it = 0
-        err = tol + 1.0
-        while (it < max_iter) & (err > tol):
-            d = (hi_t - t) * 0.25
-            t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
-            kb_lo, kb_hi = live_range(tiles, 1, n_vis, t_min, tiles, False, SCAN)
-            f0 = tl.zeros([BLOCK_M], tl.float32)
-            f1 = tl.zeros([BLOCK_M], tl.float32)
-            f2 = tl.zeros([BLOCK_M], tl.float32)
-            f3 = tl.zeros([BLOCK_M], tl.float32)
-            g0 = tl.zeros([BLOCK_M], tl.float32)
-            g1 = tl.zeros([BLOCK_M], tl.float32)
-            g2 = tl.zeros([BLOCK_M], tl.float32)
-            g3 = tl.zeros([BLOCK_M], tl.float32)
-            for kb in range(kb_lo, kb_hi):
-                offs_n = kb * BLOCK_N + offs_n0
-                kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                             mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-                s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
-                                HAS_KPM, DOT_PRECISION)
-                a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
-                f0 += a0
-                f1 += a1
-                f2 += a2
-                f3 += a3
-                g0 += b0
-                g1 += b1
-                g2 += b2
-                g3 += b3
-            t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, row_ok, two_minus_alpha,
-                                             MODE)
-            err = tl.max(excess, 0)
-            it += 1
+        t, hi_t, err = _threshold_pass(
+            q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis, n_full,
+            m - 1.0, m, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM,
+            DOT_PRECISION, EVEN_D, SCAN, NCAND_FIRST)
+        passes = 1
+        while (passes < max_iter) & (err > tol):
+            t, hi_t, err = _threshold_pass(
+                q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
+                n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
+                HAS_KPM, DOT_PRECISION, EVEN_D, SCAN, NCAND)
+            passes += 1
+    tl.store(Passes + pid_bh * tl.num_programs(0) + pid_m, passes)
 
     # 3. output pass
     kb_lo = 0
@@ -135,31 +219,18 @@ def _entmax_attention_fwd(
         kb_lo, kb_hi = live_range(tiles, 1, n_vis, tl.min(tl.where(row_ok, t, float("inf")), 0), tiles, False,
                                   SCAN)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     z_sum = tl.zeros([BLOCK_M], tl.float32)
+    g_sum = tl.zeros([BLOCK_M], tl.float32)
     support = tl.zeros([BLOCK_M], tl.int32)
-    if WRITE_O2:
-        acc2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        g_sum = tl.zeros([BLOCK_M], tl.float32)
-    for kb in range(kb_lo, kb_hi):
-        offs_n = kb * BLOCK_N + offs_n0
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
-                    mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
-                        DOT_PRECISION)
-        if MODE == 0:
-            p = tl.exp2(s - t[:, None])
-        else:
-            u = tl.maximum(s - t[:, None], 0.0)
-            p = entmax_power(u, inv_am1, MODE)
-        z_sum += tl.sum(p, 1)
-        support += tl.sum((p > 0).to(tl.int32), 1)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        if WRITE_O2:
-            g = entmax_slope(u, inv_am1, MODE)
-            g_sum += tl.sum(g, 1)
-            acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc, z_sum, support, acc2, g_sum = _output_tiles(
+        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
+        acc, z_sum, support, acc2, g_sum, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
+        HAS_KPM, DOT_PRECISION, False, EVEN_D, WRITE_O2, WRITE_SUPPORT)
+    acc, z_sum, support, acc2, g_sum = _output_tiles(
+        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
+        acc, z_sum, support, acc2, g_sum, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
+        HAS_KPM, DOT_PRECISION, True, EVEN_D, WRITE_O2, WRITE_SUPPORT)
 
     ok = row_ok & (z_sum > 0)
     inv_z = tl.where(ok, 1.0 / z_sum, 0.0)
@@ -173,7 +244,8 @@ def _entmax_attention_fwd(
     row_ptr = pid_bh * n_q + offs_m
     tl.store(Tau + row_ptr, tau, mask=row_in)
     tl.store(InvZ + row_ptr, inv_z, mask=row_in)
-    tl.store(Support + row_ptr, tl.where(ok, support, 0), mask=row_in)
+    if WRITE_SUPPORT:
+        tl.store(Support + row_ptr, tl.where(ok, support, 0), mask=row_in)
     o_ptrs = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]
     o_mask = row_in[:, None] & d_in[None, :]
     tl.store(Out + o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
@@ -182,18 +254,24 @@ def _entmax_attention_fwd(
         tl.store(O2 + (pid_bh * n_q + offs_m[:, None]) * head_dim + offs_d[None, :], o2, mask=o_mask)
 
 
+# Candidates per threshold pass (first pass, later passes), 4 or 1 (Newton alone); see _threshold_pass.
+CANDIDATES = (4, 4)
+
+
 def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, write_o2, tol,
-                         max_iter, blocks):
+                         max_iter, blocks, write_support=True):
     """Launch the forward kernel. q (B, H, Nq, D), k/v (B, Hkv, Nk, D) with unit last stride; slopes
     (B, H) fp32 or None; q_scale (B, H, Nq) fp32 contiguous or None; kpm (B, Nk) uint8 or None.
 
     Returns out (B, H, Nq, D) q.dtype, o2 (B, H, Nq, D) fp32 or None, tau_s and inv_z (B, H, Nq) fp32
-    in s units, support (B, H, Nq) int32, tile_max (B, H, Nq/BLOCK_M, Nk/BLOCK_N) fp32.
+    in s units, support (B, H, Nq) int32 or None (write_support=False), tile_max (B, H, Nq/BLOCK_M,
+    Nk/BLOCK_N) fp32 and the number of threshold passes each query block took (B, H, Nq/BLOCK_M) int32.
     """
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
     block_m, block_n, num_warps, num_stages = blocks
     n_qb, n_kb = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
+    block_d = max(16, triton.next_power_of_2(dim))
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
     dev = q.device
@@ -201,20 +279,22 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
     o2 = torch.empty(batch, heads, n_q, dim, device=dev, dtype=torch.float32) if write_o2 else None
     tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
     inv_z = torch.empty_like(tau)
-    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
+    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32) if write_support else None
     tile_max = torch.empty(batch, heads, n_qb, n_kb, device=dev, dtype=torch.float32)
+    passes = torch.empty(batch, heads, n_qb, device=dev, dtype=torch.int32)
     dummy = tau
     grid = (n_qb, batch * heads)
     _entmax_attention_fwd[grid](
-        q, k, v, out, o2 if write_o2 else dummy, tau, inv_z, support, tile_max,
-        q_scale if q_scale is not None else dummy, slopes if slopes is not None else dummy,
-        kpm if kpm is not None else support,
+        q, k, v, out, o2 if write_o2 else dummy, tau, inv_z, support if write_support else passes, tile_max,
+        passes, q_scale if q_scale is not None else dummy, slopes if slopes is not None else dummy,
+        kpm if kpm is not None else passes,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
         heads, heads // k.shape[1], n_q, n_k, n_kb, dim, scale, c, inv_am1, 2.0 - alpha, tol, max_iter,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(dim)), MODE=mode,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, MODE=mode,
         CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
-        WRITE_O2=write_o2, SCAN=512, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps, num_stages=num_stages,
+        WRITE_O2=write_o2, WRITE_SUPPORT=write_support, SCAN=512,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EVEN_D=block_d == dim,
+        NCAND_FIRST=CANDIDATES[0], NCAND=CANDIDATES[1], num_warps=num_warps, num_stages=num_stages,
     )
-    return out, o2, tau, inv_z, support, tile_max
+    return out, o2, tau, inv_z, support, tile_max, passes
