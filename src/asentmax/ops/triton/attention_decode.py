@@ -13,8 +13,8 @@ several times. Here the work is split along the keys instead, so that K and V ar
    chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and
 4. reduce: one program per query row adds them and writes the output in q's dtype.
 
-Decoding is launch-bound at short caches, so the host side is kept to one fp32 workspace allocation (the
-kernels' scratch, addressed by offsets), the three result tensors and these three or four launches.
+At short caches decoding time is mostly fixed per-call cost, so the host side is kept to one fp32 workspace
+(the kernels' scratch, addressed by offsets), the three result tensors and these three or four launches.
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
