@@ -82,6 +82,7 @@ def run_logged(command: list[str], env: dict, console: Path, timeout_s: float) -
         wall = time.perf_counter() - start
         log.write(f"# exit status {status}, {wall:.1f} s\n")
     if status:
+        print("".join(console.read_text().splitlines(keepends=True)[-60:]), file=sys.stderr)
         raise RuntimeError(f"exit status {status}: {shlex.join(command)} (see {console})")
     return wall
 
@@ -164,7 +165,8 @@ def markdown(summary: dict, setup: dict) -> str:
         f"# Data-parallel scaling of `asentmax train` ({setup['label']})", "",
         f"MQMTAR preset model ({setup['n_parameters']:,} parameters), ASEntmax attention, attention backend "
         f"{setup['attention_backend']}, global batch {setup['batch_size']}, {s} steps "
-        f"(+{res['final_step'] - s} resumed), git {setup['git_commit']}. Throughput is steady state: tokens "
+        f"(+{res['final_step'] - s} resumed), git {setup['git_commit']}; device {setup['device']}. "
+        "Throughput is steady state: tokens "
         "logged by train.py (non-pad, all ranks) over the elapsed time of the measured steps; the first "
         "tenth of the steps (at least one log window: compilation) is left out. Same schedule in every run; "
         "the 1- and 2-GPU runs draw different shards of the data, so their curves differ by sampling noise.",
@@ -208,7 +210,8 @@ def versions(device: str) -> dict:
     if device == "cuda":
         found["gpus"] = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
         found["cuda"] = torch.version.cuda
-        found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        nccl = torch.cuda.nccl.version()
+        found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     found["cpu cores"] = os.cpu_count()
     return found
 
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="global batch (the preset's: 128)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo dry run")
     parser.add_argument("--work-dir", type=Path, help="run directories (default: a new temporary directory)")
-    parser.add_argument("--run-timeout", type=float, default=240, help="seconds allowed to each run")
+    parser.add_argument("--run-timeout", type=float, default=160, help="seconds allowed to each run")
     args = parser.parse_args(argv)
     args.resume_steps = args.resume_steps or max(1, args.steps // 4)
     if args.steps < 2 or args.resume_steps < 1 or args.batch_size < 2 or args.batch_size % 2:
@@ -257,13 +260,17 @@ def main(argv=None) -> int:
     logs = {name: read_log(path / "log.csv") for name, path in dirs.items()}
     summary = summarise(logs["one_gpu"], logs["two_gpus"], logs["resumed"], args.steps)
     config = json.loads((dirs["two_gpus"] / "config.json").read_text())
+    world_sizes = [json.loads((dirs[name] / "config.json").read_text())["world_size"] for name in logs]
+    if world_sizes != [1, 2, 2]:  # the resumed directory keeps the 2-GPU run's config.json
+        raise RuntimeError(f"runs had world sizes {world_sizes}, expected 1, 2 (and its copy)")
     from asentmax.ops.triton import is_available
 
     backend = "triton" if args.device == "cuda" and is_available() else "chunked (torch)"
     setup = {
         "label": "2 x " + torch.cuda.get_device_name(0) if args.device == "cuda" else "CPU dry run, gloo",
         "n_parameters": config["n_parameters"], "attention_backend": f"auto = {backend}",
-        "batch_size": args.batch_size, "git_commit": config["git_commit"], "wall_s": wall,
+        "batch_size": args.batch_size, "git_commit": config["git_commit"], "device": config["device"],
+        "wall_s": wall,
         "driver_command": "PYTHONPATH=src python " + shlex.join([
             "benchmarks/bench_ddp_scaling.py", *(sys.argv[1:] if argv is None else argv)]),
         "commands": commands, "versions": versions(args.device)}

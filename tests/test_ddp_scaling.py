@@ -137,7 +137,8 @@ def test_scaling_report_from_fake_logs(bench, tmp_path):
         bench.steady_throughput(one, 10, 105)
 
     setup = {"label": "fake", "n_parameters": 123, "attention_backend": "auto = triton", "batch_size": 128,
-             "git_commit": "abc", "wall_s": {"one_gpu": 60.0, "two_gpus": 50.0, "resumed": 20.0},
+             "git_commit": "abc", "device": "cuda:fake",
+             "wall_s": {"one_gpu": 60.0, "two_gpus": 50.0, "resumed": 20.0},
              "driver_command": "python benchmarks/bench_ddp_scaling.py", "commands": ["torchrun ..."],
              "versions": {"torch": "x"}}
     text = bench.markdown(summary, setup)
