@@ -89,16 +89,20 @@ def load_tile(base, offs_rows, stride, offs_d, n_rows, d_in, TRANSPOSE: tl.const
     if TRANSPOSE:
         ptrs = base + offs_rows[None, :] * stride + offs_d[:, None]
         if MASKED:
-            return tl.load(ptrs, mask=(offs_rows[None, :] < n_rows) & d_in[:, None], other=0.0)
-        if EVEN_D:
-            return tl.load(ptrs)
-        return tl.load(ptrs, mask=d_in[:, None], other=0.0)
-    ptrs = base + offs_rows[:, None] * stride + offs_d[None, :]
-    if MASKED:
-        return tl.load(ptrs, mask=(offs_rows[:, None] < n_rows) & d_in[None, :], other=0.0)
-    if EVEN_D:
-        return tl.load(ptrs)
-    return tl.load(ptrs, mask=d_in[None, :], other=0.0)
+            tile = tl.load(ptrs, mask=(offs_rows[None, :] < n_rows) & d_in[:, None], other=0.0)
+        elif EVEN_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=d_in[:, None], other=0.0)
+    else:
+        ptrs = base + offs_rows[:, None] * stride + offs_d[None, :]
+        if MASKED:
+            tile = tl.load(ptrs, mask=(offs_rows[:, None] < n_rows) & d_in[None, :], other=0.0)
+        elif EVEN_D:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=d_in[None, :], other=0.0)
+    return tile
 
 
 @triton.jit

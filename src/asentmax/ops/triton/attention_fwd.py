@@ -254,8 +254,10 @@ def _entmax_attention_fwd(
         tl.store(O2 + (pid_bh * n_q + offs_m[:, None]) * head_dim + offs_d[None, :], o2, mask=o_mask)
 
 
-# Candidates per threshold pass (first pass, later passes), 4 or 1 (Newton alone); see _threshold_pass.
-CANDIDATES = (4, 4)
+# Candidates per threshold pass (first pass, later passes), 4 or 1 (a Newton step alone); see _threshold_pass.
+# Newton alone needs more passes (16K Gaussian rows: 4.9 per block instead of 3) but each costs half as much:
+# forward 12.3 vs 16.2 ms at N=16K, D=64 on the H200 (results/attention_tuning.md).
+CANDIDATES = (1, 1)
 
 
 def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, write_o2, tol,
