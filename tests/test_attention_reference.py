@@ -46,7 +46,7 @@ def naive_attention(q, k, v, alpha, causal, scale, slopes, q_scale, mask):
                 z = torch.stack([theta * scale * (q[b, h, r] @ k[b, h // group, j]) - slope * abs(pos - j)
                                  for j in keys])
                 p, tau[b, h, r] = entmax_row_fp64(z, alpha)
-                support[b, h, r] = int((p > 0).sum())
+                support[b, h, r] = len(keys) if alpha == 1.0 else int((p > 0).sum())  # softmax: all visible
                 out[b, h, r] = p @ v[b, h // group, keys]
     return out, tau, support
 

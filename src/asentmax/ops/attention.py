@@ -32,7 +32,8 @@ class AttentionAux(NamedTuple):
 
     tau: fp32 threshold with p = [(alpha-1) z - tau]_+^(1/(alpha-1)); for alpha == 1 tau = logsumexp(z)
         and p = exp(z - tau). +inf for rows with no visible key.
-    support_size: int32 number of keys with p > 0.
+    support_size: int32 number of keys with p > 0; for alpha == 1 every visible key (softmax weights are
+        positive in exact arithmetic, whatever underflows in floating point).
     """
 
     tau: torch.Tensor

@@ -127,8 +127,10 @@ class _ChunkedEntmaxAttention(torch.autograd.Function):
         support = torch.empty(*shape5, dtype=torch.int32, device=q.device) if with_support else None
         for r0, r1, kend in prob.blocks():
             z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
+            if with_support and alpha == 1.0:  # softmax: every visible key (probs overwrites z)
+                support[:, :, :, r0:r1] = ((z > float("-inf")) & ~prob.empty[:, :, :, r0:r1]).sum(-1)
             p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
-            if with_support:
+            if with_support and alpha != 1.0:
                 support[:, :, :, r0:r1] = (p > 0).sum(-1)
             p_rows = p.view(prob.batch * prob.kv_heads, -1, kend)
             out[:, :, :, r0:r1] = torch.bmm(p_rows, vc[:, :kend]).view(*shape5[:3], r1 - r0, prob.dim)

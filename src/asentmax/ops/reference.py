@@ -69,5 +69,7 @@ def reference_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q
             # p is increasing in z: at the largest logit, p_max^(alpha-1) = (alpha-1) z_max - tau.
             tau = (alpha - 1) * z.amax(-1) - p.amax(-1) ** (alpha - 1)
         tau = tau.masked_fill(empty[..., 0], float("inf")).float()
-        support = (p > 0).sum(-1, dtype=torch.int32)
+        # softmax weights are all positive on visible keys (even where exp underflows in floating point)
+        live = ((z > float("-inf")) & ~empty) if alpha == 1.0 else (p > 0)
+        support = live.sum(-1, dtype=torch.int32)
     return out, AttentionAux(tau, support)

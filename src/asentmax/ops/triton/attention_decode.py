@@ -107,12 +107,14 @@ def _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1, BLOCK: tl.conste
 
 @triton.jit
 def _row_weight_sums(s, t, inv_am1, MODE: tl.constexpr):
-    """(sum_j p_j, #{p_j > 0}) over a (1, BLOCK) tile of scores."""
+    """(sum_j p_j, #{p_j > 0}) over a (1, BLOCK) tile of scores (softmax: #{visible keys})."""
     if MODE == 0:
         p = tl.exp2(s - t[:, None])
+        live = s > float("-inf")
     else:
         p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
-    return tl.sum(p, 1), tl.sum((p > 0).to(tl.int32), 1)
+        live = p > 0
+    return tl.sum(p, 1), tl.sum(live.to(tl.int32), 1)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])

@@ -131,8 +131,8 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
             u = tl.maximum(s - t[:, None], 0.0)
             p = entmax_power(u, inv_am1, MODE)
         z_sum += tl.sum(p, 1)
-        if WRITE_SUPPORT:
-            support += tl.sum((p > 0).to(tl.int32), 1)
+        if WRITE_SUPPORT:  # softmax: every visible key (its weight is positive even if exp2 underflows)
+            support += tl.sum(((s > float("-inf")) if MODE == 0 else (p > 0)).to(tl.int32), 1)
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         if WRITE_O2:
             g = entmax_slope(u, inv_am1, MODE)
