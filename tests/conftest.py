@@ -1,4 +1,6 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and helpers."""
+
+import time
 
 import pytest
 import torch
@@ -11,3 +13,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def join_workers(workers, seconds=300):
+    """Wait for torch.multiprocessing workers (join=False); kill them and fail the test after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not workers.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in workers.processes:
+                process.kill()
+            pytest.fail(f"workers did not finish within {seconds} s")

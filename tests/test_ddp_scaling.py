@@ -5,7 +5,6 @@ benchmarks/bench_ddp_scaling.py computed from fake logs."""
 import csv
 import importlib.util
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from asentmax.data import length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import get_task
 from asentmax.train import CHECKPOINT_NAME, Distributed, TrainConfig, load_checkpoint, target_loss, train
+from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,12 +51,7 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
     workers = mp.start_processes(_two_process_worker, args=(str(tmp_path / "init"), str(run_dir)), nprocs=2,
                                  join=False, start_method="spawn")
-    deadline = time.monotonic() + 300
-    while not workers.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in workers.processes:
-                process.kill()
-            pytest.fail("DDP workers did not finish within 300 s")
+    join_workers(workers)
     saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
     assert saved["step"] == 3 and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
 

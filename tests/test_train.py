@@ -4,7 +4,6 @@ DDP (2 gloo processes) gradients equal to the single-process gradients of the co
 import csv
 import math
 import os
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from asentmax.train import (
     target_loss,
     train,
 )
+from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -199,12 +199,7 @@ def test_ddp_gradients_match_single_process(tmp_path):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     workers = mp.start_processes(_ddp_worker, args=(2, str(tmp_path / "init"), shards, state, str(tmp_path)),
                                  nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 300
-    while not workers.join(timeout=5):
-        if time.monotonic() > deadline:
-            for process in workers.processes:
-                process.kill()
-            pytest.fail("DDP workers did not finish within 300 s")
+    join_workers(workers)
     ddp_grads = torch.load(tmp_path / "grads.pt")
 
     loss, loss_sum, n = target_loss(model, collate(task, shards[0] + shards[1]), Distributed(), None)

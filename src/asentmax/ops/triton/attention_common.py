@@ -128,17 +128,18 @@ def entmax_slope(u, inv_am1, MODE: tl.constexpr):
 
 
 @triton.jit
-def candidate_stats(s, lo, d, inv_am1, MODE: tl.constexpr):
-    """Row sums of f = u^(1/(alpha-1)) and g = u^((2-alpha)/(alpha-1)), u = [s - t]_+, at the four candidate
-    thresholds t = lo + c d (c = 0..3) of one tile s (BLOCK_M, BLOCK_N); lo, d are (BLOCK_M,)."""
+def candidate_stats(s, lo, d, inv_am1, f0, f1, f2, f3, g0, g1, g2, g3, MODE: tl.constexpr):
+    """The running row sums f0..f3 and g0..g3 plus, over one tile s (BLOCK_M, BLOCK_N), the sums of
+    f = u^(1/(alpha-1)) and g = u^((2-alpha)/(alpha-1)), u = [s - t]_+, at the four candidate thresholds
+    t = lo + c d (c = 0..3); lo, d are (BLOCK_M,)."""
     u0 = tl.maximum(s - lo[:, None], 0.0)
     u1 = tl.maximum(u0 - d[:, None], 0.0)
     u2 = tl.maximum(u1 - d[:, None], 0.0)
     u3 = tl.maximum(u2 - d[:, None], 0.0)
-    return (tl.sum(entmax_power(u0, inv_am1, MODE), 1), tl.sum(entmax_power(u1, inv_am1, MODE), 1),
-            tl.sum(entmax_power(u2, inv_am1, MODE), 1), tl.sum(entmax_power(u3, inv_am1, MODE), 1),
-            tl.sum(entmax_slope(u0, inv_am1, MODE), 1), tl.sum(entmax_slope(u1, inv_am1, MODE), 1),
-            tl.sum(entmax_slope(u2, inv_am1, MODE), 1), tl.sum(entmax_slope(u3, inv_am1, MODE), 1))
+    return (f0 + tl.sum(entmax_power(u0, inv_am1, MODE), 1), f1 + tl.sum(entmax_power(u1, inv_am1, MODE), 1),
+            f2 + tl.sum(entmax_power(u2, inv_am1, MODE), 1), f3 + tl.sum(entmax_power(u3, inv_am1, MODE), 1),
+            g0 + tl.sum(entmax_slope(u0, inv_am1, MODE), 1), g1 + tl.sum(entmax_slope(u1, inv_am1, MODE), 1),
+            g2 + tl.sum(entmax_slope(u2, inv_am1, MODE), 1), g3 + tl.sum(entmax_slope(u3, inv_am1, MODE), 1))
 
 
 @triton.jit

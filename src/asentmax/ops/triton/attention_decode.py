@@ -79,29 +79,17 @@ def _decode_scores(
 def _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1, BLOCK: tl.constexpr, RESIDENT: tl.constexpr,
                     MODE: tl.constexpr):
     """candidate_stats summed over one score row: from registers (RESIDENT) or streamed in BLOCKs."""
+    zero = tl.zeros([1], tl.float32)
+    f0, f1, f2, f3, g0, g1, g2, g3 = zero, zero, zero, zero, zero, zero, zero, zero
     if RESIDENT:
-        f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s_resident, t, d, inv_am1, MODE)
+        f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s_resident, t, d, inv_am1, f0, f1, f2, f3, g0, g1,
+                                                         g2, g3, MODE)
     else:
         offs = tl.arange(0, BLOCK)[None, :]
-        f0 = tl.zeros([1], tl.float32)
-        f1 = tl.zeros([1], tl.float32)
-        f2 = tl.zeros([1], tl.float32)
-        f3 = tl.zeros([1], tl.float32)
-        g0 = tl.zeros([1], tl.float32)
-        g1 = tl.zeros([1], tl.float32)
-        g2 = tl.zeros([1], tl.float32)
-        g3 = tl.zeros([1], tl.float32)
         for start in range(0, s_stride, BLOCK):
             s = tl.load(s_row + start + offs, mask=start + offs < s_stride, other=float("-inf"))
-            a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
-            f0 += a0
-            f1 += a1
-            f2 += a2
-            f3 += a3
-            g0 += b0
-            g1 += b1
-            g2 += b2
-            g3 += b3
+            f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s, t, d, inv_am1, f0, f1, f2, f3, g0, g1, g2, g3,
+                                                             MODE)
     return f0, f1, f2, f3, g0, g1, g2, g3
 
 

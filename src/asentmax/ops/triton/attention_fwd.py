@@ -65,15 +65,8 @@ def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, k
         s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
         if NCAND == 4:
-            a0, a1, a2, a3, b0, b1, b2, b3 = candidate_stats(s, t, d, inv_am1, MODE)
-            f0 += a0
-            f1 += a1
-            f2 += a2
-            f3 += a3
-            g0 += b0
-            g1 += b1
-            g2 += b2
-            g3 += b3
+            f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s, t, d, inv_am1, f0, f1, f2, f3, g0, g1, g2, g3,
+                                                             MODE)
         else:
             u = tl.maximum(s - t[:, None], 0.0)
             f0 += tl.sum(entmax_power(u, inv_am1, MODE), 1)
