@@ -142,6 +142,8 @@ INTERPRETER_CASES = [
     C(1.5, True, 1, 130, 16, dtype=torch.float16, B=2, kpm=True, q_scale=True),
     C(1.75, False, 17, 130, 48, alibi="heads", kpm=True, B=2),
     C(1.5, False, 17, 33, 100, alibi="heads", q_scale=True),
+    # a cache offset (Nq < Nk), whole 64 x 32 tiles left of the diagonal: the unmasked loops of every kernel
+    C(1.5, True, 70, 200, 100, B=2, H=4, Hkv=2, alibi="heads", q_scale=True, kpm=True),
     C(3.0, True, 17, 17, 16, q_scale=True),  # alpha > 2: the triton backend hands over to the chunked one
 ]
 
