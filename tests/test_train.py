@@ -220,3 +220,22 @@ def test_non_finite_loss_stops_training(tmp_path):
     with pytest.raises(FloatingPointError, match="non-finite training loss at step 2"):
         train(tiny_train(lr=float("inf")), tiny_model(task), tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()
+
+
+def test_rng_state_from_a_host_with_more_gpus(monkeypatch):
+    """A checkpoint written with 2 GPUs' RNG states restores on a host with 1 GPU (only the visible one)."""
+    from asentmax.train import rng_state, set_rng_state
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [torch.zeros(16, dtype=torch.uint8)] * 2)
+
+    def set_all(states):
+        if len(states) > torch.cuda.device_count():
+            raise RuntimeError("more states than devices")  # what CUDA does: no device 1 to seed
+        restored.extend(states)
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    set_rng_state(rng_state())
+    assert len(restored) == 1

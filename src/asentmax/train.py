@@ -260,7 +260,8 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # a checkpoint from a host with more GPUs (a 2-GPU run resumed on 1 GPU) restores the visible ones
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
 class CsvLog:
