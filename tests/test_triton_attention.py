@@ -223,3 +223,31 @@ def test_large_inputs_softmax_gradients_match_flash_peer():
         assert torch.isfinite(g).all(), f"{name}: non-finite values"
         assert max_err(g, r) <= 1.2 * max_err(peer, r) + FLOOR[torch.float16], (name, max_err(g, r),
                                                                                   max_err(peer, r))
+
+
+@pytest.mark.parametrize("case", [C(1.5, True, 130, 130, 48, alibi="heads", q_scale=True, kpm=True, B=2),
+                                  C(1.25, False, 63, 111, 16, torch.float16, alibi="heads"),
+                                  C(2.0, True, 17, 130, 16, torch.float16, q_scale=True)], ids=case_id)
+def test_threshold_passes_started_from_kept_maxima(case, monkeypatch):
+    """attention_fwd.START_TOPK > 0: the passes start from a lower bound built from the largest per-tile
+    row maxima; results as with the default start."""
+    from asentmax.ops.triton import attention_fwd
+
+    monkeypatch.setattr(attention_fwd, "START_TOPK", 8)
+    check_case(case)
+
+
+def test_kept_maxima_start_saves_threshold_passes(monkeypatch):
+    """On Gaussian logits (640 keys) the start from 8 kept maxima needs fewer passes than m - 1."""
+    from asentmax.ops.triton import attention_fwd
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 640, 16, generator=gen) for _ in range(3))
+    mean_passes = []
+    for topk in (0, 8):
+        monkeypatch.setattr(attention_fwd, "START_TOPK", topk)
+        *_, passes = attention_fwd.entmax_attention_fwd(
+            q, k, v, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None, q_scale=None, kpm=None,
+            write_o2=False, tol=3e-2, max_iter=40, blocks=(64, 64, 4, 3))
+        mean_passes.append(passes.float().mean().item())
+    assert mean_passes[1] < mean_passes[0] - 0.5, mean_passes

@@ -36,10 +36,11 @@ from asentmax.ops.triton.attention_common import (
 
 @triton.jit
 def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles, m,
-               kb_lo, kb_hi, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               top, kb_lo, kb_hi, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-               EVEN_D: tl.constexpr):
-    """Max pass over key tiles [kb_lo, kb_hi): running row max m, and each tile's max into the tile table."""
+               EVEN_D: tl.constexpr, TOPK: tl.constexpr):
+    """Max pass over key tiles [kb_lo, kb_hi): running row max m, each tile's max into the tile table, and
+    (TOPK > 0) the TOPK largest per-tile row maxima of each row in top (BLOCK_M, TOPK)."""
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
@@ -48,7 +49,24 @@ def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, sl
         row_max = tl.max(s, 1)
         tl.store(tiles + kb, tl.max(tl.where(row_in, row_max, float("-inf")), 0))
         m = tl.maximum(m, row_max)
-    return m
+        if TOPK > 0:  # replace the (first) smallest kept value when this tile's max is larger
+            cols = tl.arange(0, TOPK)[None, :]
+            low = tl.min(top, 1)
+            first_low = tl.min(tl.where(top == low[:, None], cols, TOPK), 1)
+            top = tl.where((cols == first_low[:, None]) & (row_max > low)[:, None], row_max[:, None], top)
+    return m, top
+
+
+@triton.jit
+def _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE: tl.constexpr, ITERS: tl.constexpr):
+    """A lower bound of tau from kept scores top (BLOCK_M, K), distinct keys of the row: f(t) >= the same sum
+    over them, so Newton steps from m - 1 on that smaller sum stay below its root, hence below tau."""
+    t = m - 1.0
+    for _ in tl.static_range(ITERS):
+        u = tl.maximum(top - t[:, None], 0.0)
+        f = tl.sum(entmax_power(u, inv_am1, MODE), 1)
+        t = newton_step(t, f, tl.sum(entmax_slope(u, inv_am1, MODE), 1), m, row_ok, two_minus_alpha, MODE)
+    return t
 
 
 @triton.jit
@@ -142,7 +160,7 @@ def _entmax_attention_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
     WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
-    EVEN_D: tl.constexpr, NCAND_FIRST: tl.constexpr, NCAND: tl.constexpr,
+    EVEN_D: tl.constexpr, NCAND_FIRST: tl.constexpr, NCAND: tl.constexpr, TOPK: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -180,10 +198,13 @@ def _entmax_attention_fwd(
 
     # 1. max pass (+ the tile table)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    m = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles,
-                   m, 0, n_full, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, False, EVEN_D)
-    m = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles,
-                   m, n_full, n_vis, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, True, EVEN_D)
+    top = tl.full([BLOCK_M, max(TOPK, 1)], float("-inf"), tl.float32)
+    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k,
+                        tiles, m, top, 0, n_full, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, False,
+                        EVEN_D, TOPK)
+    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k,
+                        tiles, m, top, n_full, n_vis, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION,
+                        True, EVEN_D, TOPK)
     row_ok = row_in & (m > float("-inf"))  # rows outside the sequence or with no visible key are not ok
     m = tl.where(row_ok, m, 0.0)
 
@@ -192,9 +213,12 @@ def _entmax_attention_fwd(
     if MODE == 0:
         t = m
     else:
+        t_start = m - 1.0
+        if TOPK > 0:
+            t_start = _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE, 8)
         t, hi_t, err = _threshold_pass(
             q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis, n_full,
-            m - 1.0, m, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM,
+            t_start, m, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM,
             DOT_PRECISION, EVEN_D, SCAN, NCAND_FIRST)
         passes = 1
         while (passes < max_iter) & (err > tol):
@@ -251,6 +275,10 @@ def _entmax_attention_fwd(
 # Newton alone needs more passes (16K Gaussian rows: 4.9 per block instead of 3) but each costs half as much:
 # forward 12.3 vs 16.2 ms at N=16K, D=64 on the H200 (results/attention_tuning.md).
 CANDIDATES = (1, 1)
+# Start of the threshold passes: m - 1 (0), or a lower bound from the START_TOPK largest per-tile row maxima
+# of the max pass (_top_lower_bound; a power of two). On Gaussian rows of 4K-64K keys a numpy model of the
+# passes predicts 2-3 passes instead of 5 with 8-16 kept maxima; not yet timed on a GPU, so off by default.
+START_TOPK = 0
 
 
 def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, write_o2, tol,
@@ -290,6 +318,7 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
         CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         WRITE_O2=write_o2, WRITE_SUPPORT=write_support, SCAN=512,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EVEN_D=block_d == dim,
-        NCAND_FIRST=CANDIDATES[0], NCAND=CANDIDATES[1], num_warps=num_warps, num_stages=num_stages,
+        NCAND_FIRST=CANDIDATES[0], NCAND=CANDIDATES[1], TOPK=START_TOPK if mode != 0 else 0,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out, o2, tau, inv_z, support, tile_max, passes
