@@ -1,0 +1,125 @@
+"""Compile the fused entmax attention kernels for Hopper GPUs (sm_90: H100, H200) on a machine without a GPU.
+
+The Triton interpreter (TRITON_INTERPRET=1, how CI runs the kernels) does not compile them, so a kernel that
+runs there can still fail to compile for a GPU (for example two returns of different shapes in one jit
+function). This script runs the real launchers of the forward, backward and decoding kernels on small CPU
+tensors with `JITFunction.run` replaced by a recorder, then compiles each recorded launch for sm_90 with
+exactly the arguments and constexprs the launcher passed (triton.compile with a GPUTarget needs no GPU), and
+prints the registers and spilled bytes of each kernel. Exit status 1 if any kernel fails to compile.
+
+    python benchmarks/compile_kernels_sm90.py            # alpha 1, 1.25, 1.5, 2; head dims 64, 128
+    python benchmarks/compile_kernels_sm90.py --quick    # alpha 1.5; what tests/test_triton_compile.py runs
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction, mangle_type
+
+from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
+from asentmax.ops.triton.attention_common import block_config, mode_of
+from asentmax.ops.triton.attention_decode import entmax_attention_decode
+from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def record_launches(alphas, dims):
+    """[(kernel, positional args, keyword args)] of every launch the launchers make for these cases."""
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    original = JITFunction.run
+    JITFunction.run = record
+    try:
+        for alpha in alphas:
+            for dim in dims:
+                launch_all(alpha, dim)
+    finally:
+        JITFunction.run = original
+    return launches
+
+
+def launch_all(alpha, dim, batch=1, heads=2, n=96):
+    """Forward, backward and decoding launchers, bf16, causal, with ALiBi, q_scale and key padding."""
+    q, k, v = (torch.randn(batch, heads, n, dim, dtype=torch.bfloat16) for _ in range(3))
+    options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
+                   slopes=torch.ones(batch, heads), q_scale=torch.ones(batch, heads, n),
+                   kpm=torch.ones(batch, n, dtype=torch.uint8))
+    blocks = block_config(dim, n)
+    out, o2, tau, inv_z, _, tile_max, _ = entmax_attention_fwd(q, k, v, write_o2=alpha != 1.0, tol=3e-2,
+                                                              max_iter=40, blocks=blocks, **options)
+    if o2 is None:
+        o2 = out.float()
+    entmax_attention_bwd(torch.randn_like(out), q, k, v, out, o2, tau, inv_z, tile_max, blocks=blocks,
+                         **options)
+    for cache in (n, 5000):  # one chunk; several chunks with a streamed threshold row and the reduce kernel
+        k_cache, v_cache = (torch.randn(batch, heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
+        entmax_attention_decode(q[:, :, :1], k_cache, v_cache, tol=3e-2, max_iter=40,
+                                **dict(options, q_scale=options["q_scale"][:, :, :1],
+                                       kpm=torch.ones(batch, cache, dtype=torch.uint8)))
+
+
+def compile_launch(fn, args, kwargs):
+    """Compile one recorded launch for sm_90; returns the compiled kernel."""
+    constexprs, signature = {}, {}
+    for i, param in enumerate(fn.params):
+        value = args[i] if i < len(args) else kwargs[param.name]
+        if param.is_constexpr:
+            constexprs[param.name] = value
+            signature[param.name] = "constexpr"
+        else:
+            signature[param.name] = mangle_type(value)
+    options = {name: kwargs[name] for name in ("num_warps", "num_stages") if name in kwargs}
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=TARGET,
+                          options=options)
+
+
+def resource_usage(kernel):
+    """'REG:... STACK:...' of the compiled kernel from cuobjdump, or '' where cuobjdump is missing."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool):
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as fh:
+        fh.write(kernel.asm["cubin"])
+        fh.flush()
+        text = subprocess.run([tool, "-res-usage", fh.name], capture_output=True, text=True).stdout
+    fields = [line.split() for line in text.splitlines() if "REG:" in line]
+    return " ".join(f for f in fields[0] if f.startswith(("REG:", "STACK:"))) if fields else ""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="alpha 1.5 only")
+    args = parser.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("compile_kernels_sm90.py compiles for a GPU: run it without TRITON_INTERPRET=1")
+    alphas = (1.5,) if args.quick else (1.0, 1.25, 1.5, 2.0)
+    seen, failures = set(), 0
+    for fn, call_args, kwargs in record_launches(alphas, (64, 128)):
+        key = (fn.__name__, repr(sorted((k, v) for k, v in kwargs.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        shown = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
+        try:
+            usage = resource_usage(compile_launch(fn, call_args, kwargs))
+            print(f"ok    {fn.__name__} {shown} {usage}", flush=True)
+        except Exception as exc:  # report every kernel, then fail
+            failures += 1
+            print(f"FAIL  {fn.__name__} {shown}: {type(exc).__name__}: {exc}", flush=True)
+    print(f"{len(seen)} kernels compiled for sm_90, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
