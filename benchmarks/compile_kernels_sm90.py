@@ -1,4 +1,5 @@
-"""Compile the fused entmax attention kernels for Hopper GPUs (sm_90: H100, H200) on a machine without a GPU.
+"""Compile the Triton kernels (fused entmax attention, row-wise entmax) for Hopper GPUs (sm_90: H100, H200)
+on a machine without a GPU.
 
 The Triton interpreter (TRITON_INTERPRET=1, how CI runs the kernels) does not compile them, so a kernel that
 runs there can still fail to compile for a GPU (for example two returns of different shapes in one jit
@@ -27,12 +28,14 @@ from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import block_config, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
+from asentmax.ops.triton.entmax_rows import MAX_BLOCK_N, entmax_rows
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 
 def record_launches(alphas, dims):
-    """[(kernel, positional args, keyword args)] of every launch the launchers make for these cases."""
+    """[(kernel, positional args, keyword args)] of every launch the launchers make for these cases (fused
+    attention, and the row-wise entmax kernels, forward and backward, short and long rows)."""
     launches = []
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -44,6 +47,10 @@ def record_launches(alphas, dims):
         for alpha in alphas:
             for dim in dims:
                 launch_all(alpha, dim)
+            if alpha != 1.0:
+                for n in (1000, MAX_BLOCK_N + 1):
+                    x = torch.randn(2, n, requires_grad=True)
+                    entmax_rows(x, alpha).backward(torch.ones(2, n))
     finally:
         JITFunction.run = original
     return launches
