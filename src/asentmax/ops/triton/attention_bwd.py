@@ -18,12 +18,14 @@ import triton
 import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
+    causal_key_end,
     entmax_power,
     entmax_slope,
     full_tiles,
     live_range,
     load_tile,
     logits_from_dot,
+    row_multiplier,
     tile_logits,
 )
 
@@ -47,7 +49,7 @@ def _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0,
                 qb_lo, qb_hi,
                 BLOCK_M: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                 HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                MASKED: tl.constexpr):
+                MASKED: tl.constexpr, EVEN_D: tl.constexpr):
     """dk, dv of one key block accumulated over the query blocks [qb_lo, qb_hi) of query head h. Rows past
     n_q load tau = +inf, hence p = g = 0: only keys need masking (MASKED, see full_tiles)."""
     for qb in range(qb_lo, qb_hi):
@@ -56,13 +58,9 @@ def _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0,
         row_ptr = bh * n_q + offs_m
         tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
         pos_m = offs_m + (n_k - n_q)
-        q_mask = row_in[:, None] & d_in[None, :]
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask,
-                     other=0.0)
-        zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-        if HAS_QSCALE:
-            zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+        q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
+        do = load_tile(DO + b * sdob + h * sdoh, offs_m, sdom, offs_d, n_q, d_in, False, True, EVEN_D)
+        zmult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
         s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
                         HAS_KPM, DOT_PRECISION, MASKED)
         inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
@@ -132,11 +130,11 @@ def _entmax_attention_bwd_dkdv(
         dk, dv = _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0, offs_n, offs_d,
                              d_in, b, h, bh, sqb, sqh, sqm, sdob, sdoh, sdom, n_q, n_k, scale, bias_mult,
                              inv_am1, slope, kpm_ptr, qb_lo, qb_split, BLOCK_M, MODE, CAUSAL, HAS_ALIBI,
-                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, True)
+                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, True, EVEN_D)
         dk, dv = _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0, offs_n, offs_d,
                              d_in, b, h, bh, sqb, sqh, sqm, sdob, sdoh, sdom, n_q, n_k, scale, bias_mult,
                              inv_am1, slope, kpm_ptr, qb_split, qb_hi, BLOCK_M, MODE, CAUSAL, HAS_ALIBI,
-                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, False)
+                             HAS_QSCALE, HAS_KPM, DOT_PRECISION, False, EVEN_D)
     out_mask = (offs_n[:, None] < n_k) & d_in[None, :]
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :],
              dk.to(DK.dtype.element_ty), mask=out_mask)
@@ -188,12 +186,9 @@ def _entmax_attention_bwd_dq(
     row_in = offs_m < n_q
     pos_m = offs_m + (n_k - n_q)
     row_ptr = pid_bh * n_q + offs_m
-    q_mask = row_in[:, None] & d_in[None, :]
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :], mask=q_mask, other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdom + offs_d[None, :], mask=q_mask, other=0.0)
-    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-    if HAS_QSCALE:
-        zmult = zmult * tl.load(QScale + row_ptr, mask=row_in, other=1.0).to(tl.float32)
+    q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
+    do = load_tile(DO + b * sdob + h * sdoh, offs_m, sdom, offs_d, n_q, d_in, False, True, EVEN_D)
+    zmult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
     rowmult = zmult * bias_mult
     tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
     inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
@@ -207,13 +202,8 @@ def _entmax_attention_bwd_dq(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     tiles = TileMax + (pid_bh * tl.num_programs(0) + pid_m) * n_kb
-    hi = n_k  # keys [0, hi) may be visible to this block
-    if CAUSAL:
-        rows_after = n_q - (pid_m + 1) * BLOCK_M
-        if rows_after > 0:
-            hi = n_k - rows_after
     kb_lo = 0
-    kb_hi = tl.cdiv(hi, BLOCK_N)
+    kb_hi = tl.cdiv(causal_key_end(pid_m, n_q, n_k, BLOCK_M, CAUSAL), BLOCK_N)
     if MODE != 0:
         kb_lo, kb_hi = live_range(tiles, 1, kb_hi, tau_min, tiles, False, SCAN)
     n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full) need no mask
@@ -228,7 +218,7 @@ def _entmax_attention_bwd_dq(
                          kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_QSCALE, HAS_KPM, DOT_PRECISION, True,
                          EVEN_D)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
-             (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=q_mask)
+             (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=row_in[:, None] & d_in[None, :])
     if HAS_QSCALE:
         tl.store(DQScale + row_ptr, scale * dqs, mask=row_in)
 

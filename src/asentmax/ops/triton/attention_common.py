@@ -72,6 +72,26 @@ def logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
 
 
 @triton.jit
+def row_multiplier(QScale, rows, row_in, scale, BLOCK_M: tl.constexpr, HAS_QSCALE: tl.constexpr):
+    """scale * q_scale of the query rows `rows` (the factor of q.k in the logit z), fp32 (BLOCK_M,)."""
+    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+    if HAS_QSCALE:
+        zmult = zmult * tl.load(QScale + rows, mask=row_in, other=1.0).to(tl.float32)
+    return zmult
+
+
+@triton.jit
+def causal_key_end(pid_m, n_q, n_k, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """Keys [0, end) may be visible to query block pid_m (queries sit at the last n_q of n_k positions)."""
+    end = n_k
+    if CAUSAL:
+        rows_after = n_q - (pid_m + 1) * BLOCK_M
+        if rows_after > 0:
+            end = n_k - rows_after
+    return end
+
+
+@triton.jit
 def full_tiles(first_pos, n_k, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """Number of leading BLOCK_N key tiles that lie inside [0, n_k) and are causally visible to every query
     at position >= first_pos: on them the logits need no mask (MASKED=False)."""

@@ -22,7 +22,14 @@ import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.triton.attention_common import bracket_update, candidate_stats, entmax_power, tile_logits
+from asentmax.ops.triton.attention_common import (
+    bracket_update,
+    candidate_stats,
+    entmax_power,
+    load_tile,
+    row_multiplier,
+    tile_logits,
+)
 
 MAX_QUERIES = 16  # decoding path for Nq <= MAX_QUERIES
 _BLOCK_M, _BLOCK_N, _CHUNK = MAX_QUERIES, 64, 1024
@@ -52,12 +59,8 @@ def _decode_scores(
     row_in = offs_m < n_q
     d_in = offs_d < head_dim
     pos_m = offs_m + (n_k - n_q)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=row_in[:, None] & d_in[None, :], other=0.0)
-    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-    if HAS_QSCALE:
-        zmult = zmult * tl.load(QScale + pid_bh * n_q + offs_m, mask=row_in, other=1.0)
-    rowmult = zmult * bias_mult
+    q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, False)
+    rowmult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult

@@ -24,12 +24,14 @@ import triton.language as tl
 from asentmax.ops.triton.attention_common import (
     bracket_update,
     candidate_stats,
+    causal_key_end,
     entmax_power,
     entmax_slope,
     full_tiles,
     live_range,
     load_tile,
     newton_step,
+    row_multiplier,
     tile_logits,
 )
 
@@ -173,27 +175,20 @@ def _entmax_attention_fwd(
     row_in = offs_m < n_q
     pos_m = offs_m + (n_k - n_q)
 
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqm + offs_d[None, :],
-                mask=row_in[:, None] & (offs_d[None, :] < head_dim), other=0.0)
-    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
-    if HAS_QSCALE:
-        zmult = zmult * tl.load(QScale + pid_bh * n_q + offs_m, mask=row_in, other=1.0).to(tl.float32)
-    rowmult = zmult * bias_mult  # same rounding as the backward's
+    d_in = offs_d < head_dim
+    q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
+    # as zmult * bias_mult in the backward: the same rounding
+    rowmult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult
     kpm_ptr = KPM + b * n_k
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
-    d_in = offs_d < head_dim
     tiles = TileMax + (pid_bh * tl.num_programs(0) + pid_m) * n_kb
 
-    hi = n_k  # keys [0, hi) may be visible to this block
-    if CAUSAL:
-        rows_after = n_q - (pid_m + 1) * BLOCK_M
-        if rows_after > 0:
-            hi = n_k - rows_after
-    n_vis = tl.cdiv(hi, BLOCK_N)  # tiles [0, n_vis) have a tile-table entry
+    # tiles [0, n_vis) may be visible and have a tile-table entry
+    n_vis = tl.cdiv(causal_key_end(pid_m, n_q, n_k, BLOCK_M, CAUSAL), BLOCK_N)
     n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full) need no mask
 
     # 1. max pass (+ the tile table)
