@@ -23,3 +23,12 @@ def join_workers(workers, seconds=300):
             for process in workers.processes:
                 process.kill()
             pytest.fail(f"workers did not finish within {seconds} s")
+
+
+def randomize_temperatures(model):
+    """Nonzero ASEntmax / SSMax temperature parameters (they start at zero), so that tests exercise them."""
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.attn.temperature is not None:
+                for p in block.attn.temperature.parameters():
+                    p.copy_(0.3 * torch.randn_like(p).abs())

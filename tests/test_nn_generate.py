@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from asentmax.nn import ModelConfig, Transformer
+from conftest import randomize_temperatures
 
 VOCAB = 17
 CASES = [("asentmax", "nape"), ("entmax", "alibi"), ("softmax", "nape"), ("ssmax", "nope"), ("topk", "rope")]
@@ -15,11 +16,7 @@ def make_model(attention, position) -> Transformer:
     cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48, topk_k=4,
                       attention=attention, position=position, init_std=0.2)
     model = Transformer(cfg).double()
-    with torch.no_grad():
-        for block in model.blocks:
-            if block.attn.temperature is not None:
-                for p in block.attn.temperature.parameters():
-                    p.copy_(0.3 * torch.randn_like(p).abs())
+    randomize_temperatures(model)
     return model
 
 

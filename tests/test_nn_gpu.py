@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from asentmax.nn import KVCache, ModelConfig, Transformer, mqmtar_model
+from conftest import randomize_temperatures
 
 pytestmark = pytest.mark.gpu
 VOCAB = 64
@@ -19,11 +20,7 @@ def cuda_model(attention, position, backend="auto", **overrides) -> Transformer:
                 attention=attention, position=position, attention_backend=backend)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(**{**base, **overrides})).cuda()
-    with torch.no_grad():
-        for block in model.blocks:
-            if block.attn.temperature is not None:
-                for p in block.attn.temperature.parameters():
-                    p.copy_(0.3 * torch.randn_like(p).abs())
+    randomize_temperatures(model)
     return model
 
 
