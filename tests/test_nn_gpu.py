@@ -9,7 +9,7 @@ import torch
 from asentmax.nn import KVCache, ModelConfig, Transformer, mqmtar_model
 from conftest import randomize_temperatures
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 64
 
 
