@@ -14,8 +14,6 @@ VOCAB = 64
 
 
 def cuda_model(attention, position, backend="auto", **overrides) -> Transformer:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     base = dict(vocab_size=VOCAB, d_model=128, n_layers=2, n_heads=8, n_kv_heads=4, d_ff=256, topk_k=8,
                 attention=attention, position=position, attention_backend=backend)
     torch.manual_seed(0)
@@ -72,8 +70,6 @@ def test_padded_generate_on_cuda():
 
 @pytest.mark.parametrize("attention", ["softmax", "ssmax", "topk", "entmax", "asentmax"])
 def test_bf16_training_steps_on_the_mqmtar_model(attention):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     torch.manual_seed(0)
     model = Transformer(mqmtar_model(VOCAB, attention=attention)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
