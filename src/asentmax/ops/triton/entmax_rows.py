@@ -72,7 +72,8 @@ def _first_stats(s, FUSED: tl.constexpr):
 
 @triton.jit
 def _start(m, total, count, alpha, MODE: tl.constexpr):
-    """Lower bound for tau from the first statistics; invalid = all -inf row; nan = row has a NaN."""
+    """The iteration's starting state from the first statistics: (t, lo, hi, norm, done, valid, nan_row), with
+    t = lo a lower bound for tau, hi = the row max; invalid = all -inf row (done at once); nan = has a NaN."""
     nan_row = total != total
     valid = (m > float("-inf")) & (~nan_row)
     t = m - 1.0
@@ -86,7 +87,7 @@ def _start(m, total, count, alpha, MODE: tl.constexpr):
             jensen = total / count - tl.exp2((1.0 - alpha) * tl.log2(count))
             t = tl.maximum(t, jensen)
     t = tl.where(valid, t, 0.0)
-    return t, valid, nan_row
+    return t, t, tl.where(valid, m, 0.0), tl.zeros_like(t) + 1.0, ~valid, valid, nan_row
 
 
 @triton.jit
@@ -186,11 +187,7 @@ def _fwd_rows_kernel(x_ptr, p_ptr, tau_ptr, R, N, alpha, q, MAX_ITERS,
     s = x * (alpha - 1.0)
 
     m, total, count = _first_stats(s, FUSED)
-    t, valid, nan_row = _start(m, total, count, alpha, MODE)
-    lo = t
-    hi = tl.where(valid, m, 0.0)
-    norm = tl.zeros_like(t) + 1.0
-    done = ~valid
+    t, lo, hi, norm, done, valid, nan_row = _start(m, total, count, alpha, MODE)
     it = 0
     while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
         k, f1, f2, mn = _iter_stats(s, t, q, MODE, FUSED)
@@ -217,11 +214,7 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
         x = tl.load(base + start + cols, mask=start + cols < N, other=float("-inf")).to(tl.float32)
         cm, ct, cc = _first_stats(x * (alpha - 1.0), FUSED)
         m, total, count = tl.maximum(m, cm), total + ct, count + cc
-    t, valid, nan_row = _start(m, total, count, alpha, MODE)
-    lo = t
-    hi = tl.where(valid, m, 0.0)
-    norm = tl.zeros_like(t) + 1.0
-    done = ~valid
+    t, lo, hi, norm, done, valid, nan_row = _start(m, total, count, alpha, MODE)
     it = 0
     while (it < MAX_ITERS) & (tl.min(done.to(tl.int32), 0) == 0):
         k, f1, f2, mn = zero, zero, zero, zero + float("inf")
