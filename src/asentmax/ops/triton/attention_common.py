@@ -126,6 +126,17 @@ def load_tile(base, offs_rows, stride, offs_d, n_rows, d_in, TRANSPOSE: tl.const
 
 
 @triton.jit
+def dot_split(a, b, DOT_PRECISION: tl.constexpr, SPLIT: tl.constexpr):
+    """a @ b for fp32 a and b of a 16-bit dtype: a rounded to that dtype, or (SPLIT) as a hi + lo pair in two
+    products, which keeps about 16 of a's mantissa bits instead of 8 (bf16)."""
+    hi = a.to(b.dtype)
+    prod = tl.dot(hi, b, input_precision=DOT_PRECISION)
+    if SPLIT:
+        prod += tl.dot((a - hi.to(tl.float32)).to(b.dtype), b, input_precision=DOT_PRECISION)
+    return prod
+
+
+@triton.jit
 def entmax_power(u, inv_am1, MODE: tl.constexpr):
     """u^(1/(alpha-1)) for u >= 0 (the unnormalised entmax weight)."""
     if MODE == 1:

@@ -4,12 +4,14 @@ Layout (batch, heads, seq, head_dim). One program owns BLOCK_M query rows of one
 passes over that head's keys, never materialising the (Nq, Nk) logits:
 
 1. max pass: m = max_j s_j per row (s = (alpha-1) z), and the max of every (BLOCK_M, BLOCK_N) tile, kept
-   in a small tile table (B, H, Nq/BLOCK_M, Nk/BLOCK_N) that later passes and the backward read.
-2. threshold passes (alpha > 1): tau lies in [m - 1, m]. Each pass evaluates f(t) = sum_j [s_j - t]_+^p
-   (p = 1/(alpha-1)) and its slope at four candidates spread over the current bracket [lo, hi], keeps the
-   tightest bounds, and takes a Newton step on the convex h(t) = f(t)^(alpha-1) = ||[s - t]_+||_p from the
-   best lower bound (it stays a lower bound, and is exact at once when the top scores are equal).
-   Passes stop once f(best lower bound) - 1 <= tol (2-3 passes on Gaussian logits at tol 3e-2).
+   in a small tile table (B, H, Nq/BLOCK_M, Nk/BLOCK_N) that later passes and the backward read. Each row
+   also keeps its START_TOPK largest per-tile maxima: distinct keys, so the root of f over them alone is a
+   lower bound of tau, the start of the passes (else m - 1; tau lies in [m - 1, m]).
+2. threshold passes (alpha > 1): each pass evaluates f(t) = sum_j [s_j - t]_+^p (p = 1/(alpha-1)) and its
+   slope at the current lower bound t (or at four candidates spread over the bracket [t, hi], CANDIDATES),
+   and takes a Newton step on the convex h(t) = f(t)^(alpha-1) = ||[s - t]_+||_p from the best lower bound
+   (it stays a lower bound, and is exact at once when the top scores are equal). Passes stop once
+   f(best lower bound) - 1 <= tol (2.2 passes per query block on 16K Gaussian logits at tol 3e-2).
    A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul (passes loop
    over the range of live tiles, which is a band around the diagonal for ALiBi heads).
 3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
@@ -25,6 +27,7 @@ from asentmax.ops.triton.attention_common import (
     bracket_update,
     candidate_stats,
     causal_key_end,
+    dot_split,
     entmax_power,
     entmax_slope,
     full_tiles,
@@ -129,7 +132,8 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
                   inv_am1, acc, z_sum, support, acc2, g_sum, kb_lo, kb_hi,
                   BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                   HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                  EVEN_D: tl.constexpr, WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr):
+                  EVEN_D: tl.constexpr, WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr,
+                  SPLIT_O2: tl.constexpr):
     """Output pass over key tiles [kb_lo, kb_hi): acc += p @ v, z_sum += sum p (support: count of p > 0);
     with WRITE_O2 also acc2 += g @ v and g_sum += sum g for g = p^(2-alpha) (unnormalised)."""
     for kb in range(kb_lo, kb_hi):
@@ -150,7 +154,7 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
         if WRITE_O2:
             g = entmax_slope(u, inv_am1, MODE)
             g_sum += tl.sum(g, 1)
-            acc2 += tl.dot(g.to(v.dtype), v, input_precision=DOT_PRECISION)
+            acc2 += dot_split(g, v, DOT_PRECISION, SPLIT_O2)  # see O2_SPLIT
     return acc, z_sum, support, acc2, g_sum
 
 
@@ -163,6 +167,7 @@ def _entmax_attention_fwd(
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
     WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
     EVEN_D: tl.constexpr, NCAND_FIRST: tl.constexpr, NCAND: tl.constexpr, TOPK: tl.constexpr,
+    SPLIT_O2: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -238,11 +243,11 @@ def _entmax_attention_fwd(
     acc, z_sum, support, acc2, g_sum = _output_tiles(
         q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
-        HAS_KPM, DOT_PRECISION, False, EVEN_D, WRITE_O2, WRITE_SUPPORT)
+        HAS_KPM, DOT_PRECISION, False, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
     acc, z_sum, support, acc2, g_sum = _output_tiles(
         q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
-        HAS_KPM, DOT_PRECISION, True, EVEN_D, WRITE_O2, WRITE_SUPPORT)
+        HAS_KPM, DOT_PRECISION, True, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
 
     ok = row_ok & (z_sum > 0)
     inv_z = tl.where(ok, 1.0 / z_sum, 0.0)
@@ -271,9 +276,13 @@ def _entmax_attention_fwd(
 # forward 12.3 vs 16.2 ms at N=16K, D=64 on the H200 (results/attention_tuning.md).
 CANDIDATES = (1, 1)
 # Start of the threshold passes: m - 1 (0), or a lower bound from the START_TOPK largest per-tile row maxima
-# of the max pass (_top_lower_bound; a power of two). On Gaussian rows of 4K-64K keys a numpy model of the
-# passes predicts 2-3 passes instead of 5 with 8-16 kept maxima; not yet timed on a GPU, so off by default.
-START_TOPK = 0
+# of the max pass (_top_lower_bound; a power of two). H200, bf16, B=2, H=16, causal (attention_tuning3.md),
+# forward ms for K = 0 / 8 / 16 / 32: D=64 16K random 12.1 / 9.6 / 8.1 / 8.1 (passes 4.9 / 3.0 / 2.2 / 2.1),
+# NAPE 8.7 / 7.1 / 6.3 / 6.9; 4K random 0.89 / 0.70 / 0.62 / 0.63; D=128 16K random 28.6 / 22.2 / 19.0 / 20.1.
+START_TOPK = 16
+# With 16-bit inputs, g enters the o2 accumulator g @ v as a hi + lo pair (attention_common.dot_split), one more
+# matmul in the output pass when a backward follows: delta = dO . o2 is subtracted in sums that cancel.
+O2_SPLIT = True
 
 
 def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, write_o2, tol,
@@ -314,6 +323,7 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
         WRITE_O2=write_o2, WRITE_SUPPORT=write_support, SCAN=512,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EVEN_D=block_d == dim,
         NCAND_FIRST=CANDIDATES[0], NCAND=CANDIDATES[1], TOPK=START_TOPK if mode != 0 else 0,
+        SPLIT_O2=O2_SPLIT and q.dtype != torch.float32,
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, o2, tau, inv_z, support, tile_max, passes
