@@ -181,20 +181,25 @@ def main():
     except ImportError:
         adasplash_v2 = None
     ada_lengths = {int(n) for n in args.adasplash_lengths.split(",") if n}
-    first_call = [time_first_call(b, h, 1024, "cold: compiles the kernels")]
-    rows = [bench_attention(b, h, dim, n, kind, adasplash_v2 if n in ada_lengths else None)
-            for dim in (int(d) for d in args.dims.split(","))
-            for n in (int(x) for x in args.lengths.split(","))
-            for kind in ("random", "nape")]
-    decode = [bench_decode(8, h, 64, int(cache)) for cache in args.decode_caches.split(",") if cache]
-    for n in (5000, 12345):  # lengths not seen before: no compilation may happen
-        first_call.append(time_first_call(b, h, n, "new length"))
+    report = dict(info=info, attention=[], decode=[], first_call=[])
 
-    report = dict(info=info, attention=rows, decode=decode, first_call=first_call)
-    with open(args.out + ".json", "w") as fh:
-        json.dump(report, fh, indent=1)
-    with open(args.out + ".md", "w") as fh:
-        fh.write(markdown(report))
+    def add(part, result):  # the files are rewritten after every result: a stopped run keeps what it measured
+        report[part].append(result)
+        with open(args.out + ".json", "w") as fh:
+            json.dump(report, fh, indent=1)
+        with open(args.out + ".md", "w") as fh:
+            fh.write(markdown(report))
+
+    add("first_call", time_first_call(b, h, 1024, "cold: compiles the kernels"))
+    for dim in (int(d) for d in args.dims.split(",")):
+        for n in (int(x) for x in args.lengths.split(",")):
+            for kind in ("random", "nape"):
+                peer = adasplash_v2 if n in ada_lengths else None
+                add("attention", bench_attention(b, h, dim, n, kind, peer))
+    for cache in (int(c) for c in args.decode_caches.split(",") if c):
+        add("decode", bench_decode(8, h, 64, cache))
+    for n in (5000, 12345):  # lengths not seen before: no compilation may happen
+        add("first_call", time_first_call(b, h, n, "new length"))
     print(markdown(report))
 
 

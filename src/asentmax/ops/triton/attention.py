@@ -29,18 +29,18 @@ class _EntmaxAttention(torch.autograd.Function):
         needs_grad = any(ctx.needs_input_grad[:4])
         out, o2, tau, inv_z, support, tile_max, _ = entmax_attention_fwd(
             q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes, q_scale=q_scale,
-            kpm=kpm, write_o2=needs_grad and mode != 0, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
+            kpm=kpm, write_o2=needs_grad, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
             blocks=blocks, write_support=return_aux)
-        ctx.save_for_backward(q, k, v, out, o2, tau, inv_z, tile_max, q_scale, slopes, kpm)
+        ctx.save_for_backward(q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm)
         ctx.options = dict(mode=mode, alpha=alpha, scale=scale, causal=causal, blocks=blocks)
         ctx.mark_non_differentiable(tau, *([support] if return_aux else []))
         return out, tau, support
 
     @staticmethod
     def backward(ctx, d_out, _d_tau, _d_support):
-        q, k, v, out, o2, tau, inv_z, tile_max, q_scale, slopes, kpm = ctx.saved_tensors
+        q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm = ctx.saved_tensors
         dq, dk, dv, dq_scale = entmax_attention_bwd(
-            d_out, q, k, v, out, o2, tau, inv_z, tile_max, slopes=slopes, q_scale=q_scale, kpm=kpm,
+            d_out, q, k, v, o2, tau, inv_z, tile_max, slopes=slopes, q_scale=q_scale, kpm=kpm,
             **ctx.options)
         return dq, dk, dv, dq_scale, None, None, None, None, None, None
 

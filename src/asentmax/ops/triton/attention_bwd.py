@@ -223,7 +223,7 @@ def _entmax_attention_bwd_dq(
         tl.store(DQScale + row_ptr, scale * dqs, mask=row_in)
 
 
-def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,
+def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,
                          q_scale, kpm, blocks):
     """Gradients (dq, dk, dv, dq_scale or None) of the fused forward; arguments as its launcher returned."""
     batch, heads, n_q, dim = q.shape
@@ -234,12 +234,8 @@ def entmax_attention_bwd(do, q, k, v, out, o2, tau, inv_z, tile_max, *, mode, al
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
     do = do.contiguous()
-    if mode == 0:
-        delta = (do.float() * out.float()).sum(-1)
-        g_scale = inv_z
-    else:
-        delta = (do.float() * o2).sum(-1)
-        g_scale = inv_z ** (2.0 - alpha)
+    delta = (do.float() * o2).sum(-1)
+    g_scale = inv_z if mode == 0 else inv_z ** (2.0 - alpha)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)

@@ -15,8 +15,8 @@ passes over that head's keys, never materialising the (Nq, Nk) logits:
    A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul (passes loop
    over the range of live tiles, which is a band around the diagonal for ALiBi heads).
 3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
-   will follow, also the Jacobian accumulator o2 = (g @ v) / sum g with g = p^(2-alpha), so that the
-   backward's delta = dO . o2 needs no extra pass.
+   will follow, also the Jacobian accumulator o2 = (g @ v) / sum g with g = p^(2-alpha) (softmax: out in
+   fp32), so that the backward's delta = dO . o2 needs no extra pass.
 """
 
 import torch
@@ -135,7 +135,7 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
                   EVEN_D: tl.constexpr, WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr,
                   SPLIT_O2: tl.constexpr):
     """Output pass over key tiles [kb_lo, kb_hi): acc += p @ v, z_sum += sum p (support: count of p > 0);
-    with WRITE_O2 also acc2 += g @ v and g_sum += sum g for g = p^(2-alpha) (unnormalised)."""
+    with WRITE_O2 (alpha > 1) also acc2 += g @ v and g_sum += sum g for g = p^(2-alpha) (unnormalised)."""
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
@@ -151,7 +151,7 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
         if WRITE_SUPPORT:  # softmax: every visible key (its weight is positive even if exp2 underflows)
             support += tl.sum(((s > float("-inf")) if MODE == 0 else (p > 0)).to(tl.int32), 1)
         acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        if WRITE_O2:
+        if WRITE_O2 and MODE != 0:
             g = entmax_slope(u, inv_am1, MODE)
             g_sum += tl.sum(g, 1)
             acc2 += dot_split(g, v, DOT_PRECISION, SPLIT_O2)  # see O2_SPLIT
@@ -266,8 +266,8 @@ def _entmax_attention_fwd(
     o_ptrs = b * sob + h * soh + offs_m[:, None] * som + offs_d[None, :]
     o_mask = row_in[:, None] & d_in[None, :]
     tl.store(Out + o_ptrs, out.to(Out.dtype.element_ty), mask=o_mask)
-    if WRITE_O2:
-        o2 = acc2 * tl.where(ok & (g_sum > 0), 1.0 / g_sum, 0.0)[:, None]
+    if WRITE_O2:  # softmax: o2 = out in fp32, so that delta = dO . o2 carries no rounding of out
+        o2 = out if MODE == 0 else acc2 * tl.where(ok & (g_sum > 0), 1.0 / g_sum, 0.0)[:, None]
         tl.store(O2 + (pid_bh * n_q + offs_m[:, None]) * head_dim + offs_d[None, :], o2, mask=o_mask)
 
 
@@ -280,8 +280,8 @@ CANDIDATES = (1, 1)
 # forward ms for K = 0 / 8 / 16 / 32: D=64 16K random 12.1 / 9.6 / 8.1 / 8.1 (passes 4.9 / 3.0 / 2.2 / 2.1),
 # NAPE 8.7 / 7.1 / 6.3 / 6.9; 4K random 0.89 / 0.70 / 0.62 / 0.63; D=128 16K random 28.6 / 22.2 / 19.0 / 20.1.
 START_TOPK = 16
-# With 16-bit inputs, g enters the o2 accumulator g @ v as a hi + lo pair (attention_common.dot_split), one more
-# matmul in the output pass when a backward follows: delta = dO . o2 is subtracted in sums that cancel.
+# With 16-bit inputs, g enters the o2 accumulator g @ v as a hi + lo pair (attention_common.dot_split): one
+# more matmul in the output pass when a backward follows, since delta = dO . o2 enters sums that cancel.
 O2_SPLIT = True
 
 
