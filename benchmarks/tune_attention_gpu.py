@@ -1,12 +1,11 @@
 """Tuning sweep of the fused entmax attention kernels on the GPU: tile shapes and threshold-pass variants.
 
-For each block configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) and each scheme of the threshold
-passes (attention_fwd.CANDIDATES: candidates in the first pass and in later passes, 4 or 1; optionally
-/K: attention_fwd.START_TOPK, start from the K largest per-tile row maxima instead of m - 1), times
+For each block configuration (BLOCK_M, BLOCK_N, num_warps, num_stages) and each start of the threshold
+passes (attention_fwd.START_TOPK = K: from the K largest per-tile row maxima; 0: from m - 1), times
 the forward and forward+backward (bf16, causal, alpha = 1.5, B=2, H=16) next to torch SDPA (flash) in the same
 run, and reports the threshold passes the query blocks took (mean and max over blocks). Inputs: random
-Gaussian q, k, v, and the same with NAPE ALiBi slopes. The backward does not depend on the candidate scheme,
-so forward+backward is timed with the default scheme only.
+Gaussian q, k, v, and the same with NAPE ALiBi slopes. The backward does not depend on the start,
+so forward+backward is timed with the default start only.
 
     PYTHONPATH=src python benchmarks/tune_attention_gpu.py --out results/attention_tuning
 writes results/attention_tuning.json and .md.
@@ -71,9 +70,7 @@ def pass_counts(q, k, v, slopes, blocks):
 
 def run(args):
     rows = []
-    default_scheme = (*attention_fwd.CANDIDATES, attention_fwd.START_TOPK)
-    schemes = [tuple(int(x) for x in s.split("/")) for s in args.candidates.split(",")]
-    schemes = [scheme if len(scheme) == 3 else (*scheme, 0) for scheme in schemes]
+    default_topk = attention_fwd.START_TOPK
     for dim, block_list in ((64, parse_blocks(args.blocks64)), (128, parse_blocks(args.blocks128))):
         for n in (int(x) for x in args.lengths.split(",")):
             if dim == 128 and n not in (int(x) for x in args.lengths128.split(",")):
@@ -86,24 +83,24 @@ def run(args):
                 print(dict(D=dim, N=n, inputs=kind, sdpa_fwd=sdpa[0], sdpa_fwdbwd=sdpa[1]), flush=True)
                 for blocks in block_list:
                     triton_attention.block_config = lambda head_dim, n_q, blocks=blocks: blocks
-                    for scheme in schemes:
-                        attention_fwd.CANDIDATES, attention_fwd.START_TOPK = scheme[:2], scheme[2]
+                    for topk in (int(x) for x in args.start_topk.split(",")):
+                        attention_fwd.START_TOPK = topk
                         row = dict(D=dim, N=n, inputs=kind, blocks="/".join(map(str, blocks)),
-                                   candidates="/".join(map(str, scheme)), sdpa_fwd_ms=sdpa[0],
+                                   start_topk=topk, sdpa_fwd_ms=sdpa[0],
                                    sdpa_fwdbwd_ms=sdpa[1])
                         ours = partial(entmax_attention, q, k, v, alpha=1.5, causal=True, alibi_slopes=slopes,
                                        backend="triton")
                         try:
                             with torch.no_grad():
                                 row["ours_fwd_ms"] = bench(ours)
-                            if scheme == default_scheme:
+                            if topk == default_topk:
                                 row["ours_fwdbwd_ms"] = time_pair(ours, q, k, v)[1]
                             row["passes_mean"], row["passes_max"] = pass_counts(q, k, v, slopes, blocks)
                         except Exception as exc:  # e.g. out of shared memory for a large tile
                             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                         print(row, flush=True)
                         rows.append(row)
-    attention_fwd.CANDIDATES, attention_fwd.START_TOPK = default_scheme[:2], default_scheme[2]
+    attention_fwd.START_TOPK = default_topk
     return rows
 
 
@@ -112,21 +109,20 @@ def markdown(report):
              f"(torch {report['torch']}, triton {report['triton']})",
              "", f"Command: `{report['command']}`", "",
              "bf16, causal, alpha = 1.5, B=2, H=16. ms (median). blocks = BLOCK_M/BLOCK_N/warps/stages; "
-             "candidates = threshold candidates in the first / later passes (1 = Newton step alone) / "
-             "START_TOPK (0: first pass from m - 1). "
+             "start = START_TOPK (0: first pass from m - 1). "
              "passes = threshold passes per query block (mean, max).", "",
-             "| D | N | inputs | blocks | candidates | ours fwd | SDPA fwd | fwd ratio | ours f+b | SDPA f+b "
+             "| D | N | inputs | blocks | start | ours fwd | SDPA fwd | fwd ratio | ours f+b | SDPA f+b "
              "| f+b ratio | passes mean/max |", "|---" * 12 + "|"]
     for r in report["rows"]:
         if "error" in r:
-            lines.append(f"| {r['D']} | {r['N']} | {r['inputs']} | {r['blocks']} | {r['candidates']} | "
+            lines.append(f"| {r['D']} | {r['N']} | {r['inputs']} | {r['blocks']} | {r['start_topk']} | "
                          f"error: {r['error'][:80]} |||||||")
             continue
         fb = r.get("ours_fwdbwd_ms")
         fb_ms = "-" if fb is None else f"{fb:.3g}"
         fb_ratio = "-" if fb is None else f"{fb / r['sdpa_fwdbwd_ms']:.2f}"
         lines.append(
-            f"| {r['D']} | {r['N']} | {r['inputs']} | {r['blocks']} | {r['candidates']} | "
+            f"| {r['D']} | {r['N']} | {r['inputs']} | {r['blocks']} | {r['start_topk']} | "
             f"{r['ours_fwd_ms']:.3g} | {r['sdpa_fwd_ms']:.3g} | {r['ours_fwd_ms'] / r['sdpa_fwd_ms']:.2f} | "
             f"{fb_ms} | {r['sdpa_fwdbwd_ms']:.3g} | {fb_ratio} | {r['passes_mean']:.2f}/{r['passes_max']} |")
     return "\n".join(lines) + "\n"
@@ -138,8 +134,7 @@ def main():
     parser.add_argument("--lengths128", default="16384", help="lengths also run at head dim 128")
     parser.add_argument("--blocks64", default="64/64/4/2,64/64/4/3,128/64/8/2,128/64/8/3,128/128/8/2")
     parser.add_argument("--blocks128", default="64/64/8/2,128/64/8/2,64/32/4/2")
-    parser.add_argument("--candidates", default="1/1/0,1/1/8,1/1/16",
-                        help="schemes first/later candidates[/START_TOPK], comma separated")
+    parser.add_argument("--start-topk", default="0,16", help="START_TOPK values, comma separated")
     parser.add_argument("--out", default="results/attention_tuning")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -8,10 +8,10 @@ passes over that head's keys, never materialising the (Nq, Nk) logits:
    also keeps its START_TOPK largest per-tile maxima: distinct keys, so the root of f over them alone is a
    lower bound of tau, the start of the passes (else m - 1; tau lies in [m - 1, m]).
 2. threshold passes (alpha > 1): each pass evaluates f(t) = sum_j [s_j - t]_+^p (p = 1/(alpha-1)) and its
-   slope at the current lower bound t (or at four candidates spread over the bracket [t, hi], CANDIDATES),
-   and takes a Newton step on the convex h(t) = f(t)^(alpha-1) = ||[s - t]_+||_p from the best lower bound
-   (it stays a lower bound, and is exact at once when the top scores are equal). Passes stop once
-   f(best lower bound) - 1 <= tol (2.2 passes per query block on 16K Gaussian logits at tol 3e-2).
+   slope at the current lower bound t, and takes a Newton step on the convex h(t) = f(t)^(alpha-1) =
+   ||[s - t]_+||_p (it stays a lower bound, and is exact at once when the top scores are equal). Passes stop
+   once f(t) - 1 <= tol (2.2 passes per query block on 16K Gaussian logits at tol 3e-2). Evaluating four
+   candidates per pass instead took 3.0 passes of twice the cost (results/attention_tuning.md).
    A tile whose max is <= lo for every row of the block holds only zeros: it costs no matmul (passes loop
    over the range of live tiles, which is a band around the diagonal for ALiBi heads).
 3. output pass: p = [s - tau]_+^p (exp2(s - m) for softmax), out = (p @ v) / sum p; when a backward
@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
-    bracket_update,
-    candidate_stats,
     causal_key_end,
     dot_split,
     entmax_power,
@@ -75,26 +73,22 @@ def _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE: tl.constexp
 
 
 @triton.jit
-def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d, inv_am1,
-                 f0, f1, f2, f3, g0, g1, g2, g3, kb_lo, kb_hi,
+def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1, f, g,
+                 kb_lo, kb_hi,
                  BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                  HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                 EVEN_D: tl.constexpr, NCAND: tl.constexpr):
-    """Threshold statistics over key tiles [kb_lo, kb_hi): f and g (candidate_stats) at the NCAND (4 or 1)
-    candidates t + c d, added to the running sums."""
+                 EVEN_D: tl.constexpr):
+    """Threshold statistics over key tiles [kb_lo, kb_hi), added to the running row sums: f = sum_j u^p and
+    g = sum_j u^(p-1) with u = [s - t]_+ (g is the slope of f up to the factor p)."""
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
         s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
-        if NCAND == 4:
-            f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s, t, d, inv_am1, f0, f1, f2, f3, g0, g1, g2, g3,
-                                                             MODE)
-        else:
-            u = tl.maximum(s - t[:, None], 0.0)
-            f0 += tl.sum(entmax_power(u, inv_am1, MODE), 1)
-            g0 += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
-    return f0, f1, f2, f3, g0, g1, g2, g3
+        u = tl.maximum(s - t[:, None], 0.0)
+        f += tl.sum(entmax_power(u, inv_am1, MODE), 1)
+        g += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
+    return f, g
 
 
 @triton.jit
@@ -102,28 +96,21 @@ def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope
                     n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    EVEN_D: tl.constexpr, SCAN: tl.constexpr, NCAND: tl.constexpr):
-    """One pass over the live key tiles: the bracket lo = t <= tau <= hi_t is tightened (four candidates and
-    a Newton step, or a Newton step alone when NCAND == 1). Returns (t, hi_t, max_row f(best lower) - 1)."""
-    d = (hi_t - t) * 0.25
+                    EVEN_D: tl.constexpr, SCAN: tl.constexpr):
+    """One pass over the live key tiles: f(t) and its slope, then a Newton step from the lower bound t,
+    clipped to the upper bound hi_t. Returns (t, hi_t, max over the rows of f(t) - 1)."""
     t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
     kb_lo, kb_hi = live_range(tiles, 1, n_vis, t_min, tiles, False, SCAN)
     zero = tl.zeros([BLOCK_M], tl.float32)
-    sums = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d,
-                        inv_am1, zero, zero, zero, zero, zero, zero, zero, zero, kb_lo,
-                        tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION,
-                        False, EVEN_D, NCAND)
-    f0, f1, f2, f3, g0, g1, g2, g3 = _stats_tiles(
-        q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, d, inv_am1, *sums,
-        tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, True,
-        EVEN_D, NCAND)
-    if NCAND == 4:
-        t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, row_ok, two_minus_alpha,
-                                         MODE)
-    else:
-        hi_t = tl.where(f0 < 1.0, t, hi_t)
-        excess = tl.where(row_ok, f0 - 1.0, 0.0)
-        t = newton_step(t, f0, g0, hi_t, row_ok, two_minus_alpha, MODE)
+    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+                        inv_am1, zero, zero, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL,
+                        HAS_ALIBI, HAS_KPM, DOT_PRECISION, False, EVEN_D)
+    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+                        inv_am1, f, g, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
+                        HAS_KPM, DOT_PRECISION, True, EVEN_D)
+    hi_t = tl.where(f < 1.0, t, hi_t)
+    excess = tl.where(row_ok, f - 1.0, 0.0)
+    t = newton_step(t, f, g, hi_t, row_ok, two_minus_alpha, MODE)
     return t, hi_t, tl.max(excess, 0)
 
 
@@ -166,8 +153,7 @@ def _entmax_attention_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
     WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
-    EVEN_D: tl.constexpr, NCAND_FIRST: tl.constexpr, NCAND: tl.constexpr, TOPK: tl.constexpr,
-    SPLIT_O2: tl.constexpr,
+    EVEN_D: tl.constexpr, TOPK: tl.constexpr, SPLIT_O2: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -208,24 +194,21 @@ def _entmax_attention_fwd(
     row_ok = row_in & (m > float("-inf"))  # rows outside the sequence or with no visible key are not ok
     m = tl.where(row_ok, m, 0.0)
 
-    # 2. threshold passes: bracket lo <= tau <= hi (attention_common.py)
+    # 2. threshold passes: Newton steps from a lower bound t <= tau <= hi_t
     passes = 0
     if MODE == 0:
         t = m
     else:
-        t_start = m - 1.0
+        t = m - 1.0
         if TOPK > 0:
-            t_start = _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE, 8)
-        t, hi_t, err = _threshold_pass(
-            q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis, n_full,
-            t_start, m, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM,
-            DOT_PRECISION, EVEN_D, SCAN, NCAND_FIRST)
-        passes = 1
+            t = _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE, 8)
+        hi_t = m
+        err = tl.full([], float("inf"), tl.float32)
         while (passes < max_iter) & (err > tol):
             t, hi_t, err = _threshold_pass(
                 q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
                 n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
-                HAS_KPM, DOT_PRECISION, EVEN_D, SCAN, NCAND)
+                HAS_KPM, DOT_PRECISION, EVEN_D, SCAN)
             passes += 1
     tl.store(Passes + pid_bh * tl.num_programs(0) + pid_m, passes)
 
@@ -271,10 +254,6 @@ def _entmax_attention_fwd(
         tl.store(O2 + (pid_bh * n_q + offs_m[:, None]) * head_dim + offs_d[None, :], o2, mask=o_mask)
 
 
-# Candidates per threshold pass (first pass, later passes), 4 or 1 (a Newton step alone); see _threshold_pass.
-# Newton alone needs more passes (16K Gaussian rows: 4.9 per block instead of 3) but each costs half as much:
-# forward 12.3 vs 16.2 ms at N=16K, D=64 on the H200 (results/attention_tuning.md).
-CANDIDATES = (1, 1)
 # Start of the threshold passes: m - 1 (0), or a lower bound from the START_TOPK largest per-tile row maxima
 # of the max pass (_top_lower_bound; a power of two). H200, bf16, B=2, H=16, causal (attention_tuning3.md),
 # forward ms for K = 0 / 8 / 16 / 32: D=64 16K random 12.1 / 9.6 / 8.1 / 8.1 (passes 4.9 / 3.0 / 2.2 / 2.1),
@@ -324,7 +303,7 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
         CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         WRITE_O2=write_o2, WRITE_SUPPORT=write_support, SCAN=512,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EVEN_D=block_d == dim,
-        NCAND_FIRST=CANDIDATES[0], NCAND=CANDIDATES[1], TOPK=START_TOPK if mode != 0 else 0,
+        TOPK=START_TOPK if mode != 0 else 0,
         SPLIT_O2=O2_SPLIT and q.dtype != torch.float32 and q_scale is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
