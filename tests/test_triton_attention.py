@@ -207,6 +207,19 @@ def test_triton_matches_reference(case):
     check_case(case)
 
 
+def test_head_dim_above_kernel_limit_uses_chunked(monkeypatch):
+    """head_dim > MAX_HEAD_DIM (tiles would outgrow shared memory): the triton backend computes with the
+    chunked backend instead of launching the kernels."""
+    from asentmax.ops.triton import attention as triton_attention
+
+    def no_kernels(*args, **kwargs):
+        raise AssertionError("the fused kernels were launched")
+
+    monkeypatch.setattr(triton_attention, "entmax_attention_fwd", no_kernels)
+    monkeypatch.setattr(triton_attention, "entmax_attention_decode", no_kernels)
+    check_case(C(1.5, True, 5, 9, triton_attention.MAX_HEAD_DIM + 44, q_scale=True))
+
+
 def test_rows_sum_to_one():
     """With v = 1 every output entry is sum_j p_j: 1 on rows with a visible key, 0 on the others."""
     case = C(1.5, True, 63, 63, 16, B=2, alibi="heads", q_scale=True, kpm=True)

@@ -19,6 +19,7 @@ from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 # step is then taken for free, so the weights' error is about tol^2 (relative 1e-4 at tol 3e-2).
 _TOL = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 _MAX_NEWTON_PASSES = 40
+MAX_HEAD_DIM = 256
 
 
 class _EntmaxAttention(torch.autograd.Function):
@@ -53,10 +54,11 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
                             return_aux):
     """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`.
 
-    The kernels cover alpha == 1 and 1 < alpha <= 2 (PAPER.md's range); alpha > 2 is computed by the chunked
-    torch backend (its threshold function is not convex there, which the kernels' passes rely on).
+    The kernels cover alpha == 1 and 1 < alpha <= 2 (PAPER.md's range) and head dims up to MAX_HEAD_DIM;
+    alpha > 2 (its threshold function is not convex there, which the kernels' passes rely on) and larger head
+    dims (tiles that outgrow shared memory) are computed by the chunked torch backend.
     """
-    if alpha > 2.0:
+    if alpha > 2.0 or q.shape[-1] > MAX_HEAD_DIM:
         from asentmax.ops.chunked import chunked_entmax_attention
 
         return chunked_entmax_attention(q, k, v, alpha=alpha, causal=causal, scale=scale,
