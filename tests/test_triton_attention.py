@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asentmax.ops.attention import entmax_attention
-from asentmax.ops.entmax import entmax
+from asentmax.ops.entmax import _gate, entmax
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -78,7 +78,7 @@ class _FlashConventionAttention(torch.autograd.Function):
     def forward(ctx, z, v, alpha, empty):
         p = torch.softmax(z, -1) if alpha == 1.0 else entmax(z, alpha=alpha, dim=-1)
         p = p.masked_fill(empty, 0.0)
-        g = p if alpha == 1.0 else torch.where(p > 0, p, 1.0).pow(2.0 - alpha).masked_fill(p <= 0, 0.0)
+        g = _gate(p, alpha)  # p^(2-alpha) on the support (softmax: p)
         total = g.sum(-1, keepdim=True)
         o2 = (g @ v) / torch.where(total > 0, total, 1.0)
         ctx.save_for_backward(p, g, v, o2)
@@ -96,21 +96,15 @@ def flash_convention_grads(tensors, options, d_out):
     """Gradients of entmax attention for `tensors` (q, k, v[, q_scale]) computed in fp32 on the CPU with the
     flash convention's delta (_FlashConventionAttention): the same-dtype reference of a kernel of that kind
     where dp - delta cancels (nearly one-hot rows)."""
-    from asentmax.ops.reference import alibi_bias, visible_keys
+    from asentmax.ops.reference import reference_logits
 
     leaves = [x.detach().cpu().float().requires_grad_(True) for x in tensors]
     q, k, v = leaves[:3]
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    row_scale = q.shape[-1] ** -0.5 * (leaves[3][..., None] if len(leaves) == 4 else 1.0)
-    z = row_scale * (q @ k.transpose(-1, -2))
-    if "alibi_slopes" in options:
-        z = z + alibi_bias(options["alibi_slopes"].cpu(), q.shape[2], k.shape[2], torch.float32)
-    mask = options.get("key_padding_mask")
-    mask = None if mask is None else mask.cpu()
-    visible = visible_keys(q.shape[2], k.shape[2], options["causal"], mask, "cpu")
-    empty = ~visible.any(-1, keepdim=True)
-    z = z.masked_fill(~visible | empty, float("-inf")).masked_fill(empty, 0.0)
+    cpu = {name: options[name].cpu() if name in options else None
+           for name in ("alibi_slopes", "key_padding_mask")}
+    z, empty = reference_logits(q, k, causal=options["causal"], scale=q.shape[-1] ** -0.5,
+                                q_scale=leaves[3] if len(leaves) == 4 else None, **cpu)
+    v = v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     out = _FlashConventionAttention.apply(z, v, options["alpha"], empty)
     return torch.autograd.grad(out, leaves, d_out.cpu().float())
 

@@ -34,24 +34,27 @@ def alibi_bias(alibi_slopes, n_q, n_k, dtype):
     return -slopes[:, :, None, None] * distance
 
 
+def reference_logits(q, k, *, causal, scale, alibi_slopes, q_scale, key_padding_mask):
+    """Logits z (B, H, Nq, Nk) in q's dtype, -inf on hidden keys, and `empty` (B or 1, 1, Nq, 1): the rows
+    with no visible key, where z is 0. k (B, Hkv, Nk, D) is repeated over its GQA group. Differentiable."""
+    n_q, n_k = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Nk, D)
+    row_scale = scale if q_scale is None else scale * q_scale.to(q.dtype)[..., None]
+    z = row_scale * (q @ k.transpose(-1, -2))
+    if alibi_slopes is not None:
+        z = z + alibi_bias(alibi_slopes, n_q, n_k, q.dtype)
+    visible = visible_keys(n_q, n_k, causal, key_padding_mask, q.device)
+    empty = ~visible.any(-1, keepdim=True)
+    return z.masked_fill(~visible | empty, float("-inf")).masked_fill(empty, 0.0), empty
+
+
 def reference_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
                                return_aux):
     """Arguments as `entmax_attention`, already validated, with `scale` a float. Differentiable."""
-    heads, n_q = q.shape[1], q.shape[2]
-    n_k = k.shape[2]
-    group = heads // k.shape[1]
     dtype = compute_dtype(q.dtype)
-    qc = q.to(dtype)
-    kc = k.to(dtype).repeat_interleave(group, dim=1)  # (B, H, Nk, D)
-    vc = v.to(dtype).repeat_interleave(group, dim=1)
-
-    row_scale = scale if q_scale is None else scale * q_scale.to(dtype)[..., None]
-    z = row_scale * (qc @ kc.transpose(-1, -2))  # (B, H, Nq, Nk)
-    if alibi_slopes is not None:
-        z = z + alibi_bias(alibi_slopes, n_q, n_k, dtype)
-    visible = visible_keys(n_q, n_k, causal, key_padding_mask, q.device)
-    empty = ~visible.any(-1, keepdim=True)  # rows with no visible key (B or 1, 1, Nq, 1)
-    z = z.masked_fill(~visible | empty, float("-inf")).masked_fill(empty, 0.0)
+    vc = v.to(dtype).repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Nk, D)
+    z, empty = reference_logits(q.to(dtype), k.to(dtype), causal=causal, scale=scale,
+                                alibi_slopes=alibi_slopes, q_scale=q_scale, key_padding_mask=key_padding_mask)
 
     if alpha == 1.0:
         p = torch.softmax(z, dim=-1)
