@@ -14,7 +14,8 @@ import torch.multiprocessing as mp
 from asentmax.data import length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import get_task
-from asentmax.train import CHECKPOINT_NAME, Distributed, TrainConfig, load_checkpoint, target_loss, train
+from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
+from asentmax.train import Distributed, TrainConfig, target_loss, train
 from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")

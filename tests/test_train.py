@@ -13,15 +13,8 @@ import torch.multiprocessing as mp
 from asentmax.data import IGNORE_INDEX, collate, length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import get_task
-from asentmax.train import (
-    CHECKPOINT_NAME,
-    Distributed,
-    TrainConfig,
-    WarmupCosine,
-    load_checkpoint,
-    target_loss,
-    train,
-)
+from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
+from asentmax.train import Distributed, TrainConfig, WarmupCosine, target_loss, train
 from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -224,7 +217,7 @@ def test_non_finite_loss_stops_training(tmp_path):
 
 def test_rng_state_from_a_host_with_more_gpus(monkeypatch):
     """A checkpoint written with 2 GPUs' RNG states restores on a host with 1 GPU (only the visible one)."""
-    from asentmax.train import rng_state, set_rng_state
+    from asentmax.runs import rng_state, set_rng_state
 
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -110,7 +110,8 @@ def _train_parser(sub):
 
 def _run_train(args) -> None:
     from asentmax.tasks import get_task
-    from asentmax.train import CHECKPOINT_NAME, PRESETS, RUN_FILES, model_config_for, train
+    from asentmax.runs import CHECKPOINT_NAME, RUN_FILES
+    from asentmax.train import PRESETS, model_config_for, train
 
     run_dir: Path = args.run_dir
     train_overrides, model_overrides = _given(args, args.train_names), _given(args, args.model_names)
@@ -173,7 +174,7 @@ def _eval_parser(sub):
 def _run_eval(args) -> None:
     from asentmax.eval import EvalConfig, evaluate_run, multiplier_lengths
     from asentmax.tasks import get_task
-    from asentmax.train import CHECKPOINT_NAME, CONFIG_NAME
+    from asentmax.runs import CHECKPOINT_NAME, CONFIG_NAME
 
     if args.output is not None and len(args.run_dirs) > 1:
         raise UsageError("--output needs exactly one run dir")

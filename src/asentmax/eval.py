@@ -195,7 +195,7 @@ def load_model(run_dir: Path | str, device: torch.device, attention_backend: str
     a non-empty `attention_backend` replaces the one the model was trained with."""
     from asentmax.nn import ModelConfig, Transformer
     from asentmax.tasks import get_task
-    from asentmax.train import CHECKPOINT_NAME, load_checkpoint
+    from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
 
     checkpoint = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     model_config = ModelConfig(**checkpoint["model_config"])
@@ -226,7 +226,7 @@ def format_multiplier(m: float) -> str:
 def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None,
                  log=print) -> dict:
     """Evaluate a run's checkpoint at every multiplier; write <output>.json and .md (default run_dir/eval)."""
-    from asentmax.train import describe_device, git_commit
+    from asentmax.runs import describe_device, git_commit
 
     config.validate()
     run_dir = Path(run_dir)

@@ -24,26 +24,31 @@ import csv
 import json
 import math
 import os
-import random
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from asentmax.data import IGNORE_INDEX, Batch, length_buckets, training_batch
+from asentmax.runs import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    LOG_NAME,
+    TENSORBOARD_NAME,
+    VAL_NAME,
+    describe_device,
+    git_commit,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 
-CHECKPOINT_NAME = "checkpoint.pt"
-CONFIG_NAME = "config.json"
-LOG_NAME = "log.csv"
-VAL_NAME = "val.csv"
-RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, "tensorboard", "eval.json", "eval.md")
 
 
 @dataclass
@@ -213,56 +218,7 @@ def target_loss(model, batch: Batch, world: Distributed, autocast_dtype) -> tupl
     return loss_sum * (world.world_size / n_global), float(loss_sum.detach()), n_global
 
 
-# ---- run directory: provenance, checkpoints, logs ----
-
-def git_commit() -> str:
-    """HEAD of the repository holding this file (+ '-dirty' with uncommitted changes), or 'unknown'."""
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
-                                check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return commit + ("-dirty" if dirty else "")
-
-
-def describe_device(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write `state` with torch.save to a temporary file beside `path`, then atomically rename it."""
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    return torch.load(path, map_location=map_location, weights_only=False)
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        # a checkpoint from a host with more GPUs (a 2-GPU run resumed on 1 GPU) restores the visible ones
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
-
+# ---- logs ----
 
 class CsvLog:
     """Append-only CSV; on resume, rows written after the checkpoint's step are dropped first."""
@@ -304,7 +260,7 @@ def tensorboard_writer(run_dir: Path):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    return SummaryWriter(str(run_dir / TENSORBOARD_NAME))
 
 
 # ---- the loop ----

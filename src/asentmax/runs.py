@@ -1,0 +1,145 @@
+"""Run directories: their layout, config I/O, checkpoints that cannot run code, provenance.
+
+Every driver (training, evaluation, comparison, the demo) reads and writes run directories through this
+module and through nothing else, so none of them imports another. A run directory holds:
+
+    config.json      the configs of the run, its git commit, device, command and parameter count
+    checkpoint.pt    model, optimizer, schedule, RNG states and step (written atomically)
+    log.csv          training log;  val.csv  validation log;  tensorboard/  (optional)
+    eval.json / eval.md   evaluation results
+
+Checkpoints are loaded with `torch.load(weights_only=True)`: only tensors and plain containers of
+numbers and strings are accepted, so a crafted file cannot run code. RNG states are therefore stored as
+tensors and lists (numpy's and python's own state objects are converted on the way in and out).
+
+`RunError` is the one exception for a run directory a user can damage (a missing, truncated or foreign
+checkpoint; an unreadable config.json or eval.json): its message is one line naming the file and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+CONFIG_NAME = "config.json"
+CHECKPOINT_NAME = "checkpoint.pt"
+LOG_NAME = "log.csv"
+VAL_NAME = "val.csv"
+EVAL_NAME = "eval"  # eval.json and eval.md
+TENSORBOARD_NAME = "tensorboard"
+RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, EVAL_NAME + ".json",
+             EVAL_NAME + ".md")
+
+
+class RunError(ValueError):
+    """A run directory (or a file in it) that cannot be used as it is; the message is one line."""
+
+
+# ---- provenance ----
+
+def git_commit() -> str:
+    """HEAD of the repository holding this file (+ '-dirty' with uncommitted changes), or 'unknown'."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
+                                check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads)"
+
+
+# ---- JSON files ----
+
+def write_json(path: Path | str, data: dict) -> None:
+    """Write `data` as indented JSON to a temporary file beside `path`, then atomically rename it."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path | str, what: str = "file") -> dict:
+    """A JSON object from `path`; RunError (one line naming the file) when it is missing or not JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"no {what} at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunError(f"{path} is not a readable JSON {what} ({type(error).__name__}); "
+                       "restore or delete it") from None
+    if not isinstance(data, dict):
+        raise RunError(f"{path} is not a JSON object; restore or delete it")
+    return data
+
+
+# ---- checkpoints ----
+
+def save_checkpoint(path: Path | str, state: dict) -> None:
+    """Write `state` with torch.save to a temporary file beside `path`, then atomically rename it."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
+    """The checkpoint at `path`, loaded with weights_only=True (no code in the file can run).
+
+    Raises RunError with one line for a missing, truncated, corrupt or foreign file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError,
+            AttributeError, TypeError, KeyError, IndexError) as error:
+        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise RunError(f"{path} is not a loadable asentmax checkpoint ({reason}); "
+                       "delete it to start the run again") from None
+    if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        raise RunError(f"{path} is not an asentmax checkpoint (no model or step); delete it to start again")
+    return state
+
+
+# ---- RNG states as tensors and lists (loadable with weights_only=True) ----
+
+def rng_state() -> dict:
+    """torch, numpy, python (and visible CUDA) RNG states in a form torch.load(weights_only=True) accepts."""
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "python": [version, list(internal), gauss_next]}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["key"].numpy().astype(np.uint32),
+                         numpy_state["pos"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if "cuda" in state and torch.cuda.is_available():
+        # a checkpoint from a host with more GPUs (a 2-GPU run resumed on 1 GPU) restores the visible ones
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
