@@ -46,13 +46,13 @@ SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-hea
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
 
 
-def launch(name: str, flags: list[str], out: Path, steps: int, smoke: bool) -> subprocess.Popen:
-    run_dir = out / name
+def launch(name: str, flags: list[str], work: Path, steps: int, smoke: bool) -> subprocess.Popen:
+    run_dir = work / name
     args = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--run-dir", str(run_dir),
             "--overwrite", "--no-progress", "--steps", str(steps), "--log-every", "25", "--val-every", "0",
             "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + flags
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log = open(out / f"{name}.log", "w")
+    log = open(work / f"{name}.log", "w")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
@@ -96,7 +96,9 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="plateau.{json,md,png} go here")
+    parser.add_argument("--work", type=Path, default=Path("runs/plateau"),
+                        help="run directories and their console logs (kept out of --out)")
     parser.add_argument("--study", choices=sorted(STUDIES), default="causes")
     parser.add_argument("--only", nargs="+", help="run only these names of the study")
     parser.add_argument("--seconds", type=float, default=480, help="wall time of the study")
@@ -105,9 +107,10 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny CPU runs (tests the script)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     runs = {k: v for k, v in STUDIES[args.study].items() if not args.only or k in args.only}
     start = time.time()
-    children = {name: launch(name, flags, args.out, args.steps, args.smoke) for name, flags in runs.items()}
+    children = {name: launch(name, flags, args.work, args.steps, args.smoke) for name, flags in runs.items()}
     while time.time() - start < args.seconds and any(c.poll() is None for c in children.values()):
         time.sleep(5)
     for child in children.values():
@@ -117,7 +120,7 @@ def main() -> int:
         child.wait()
     results = {}
     for name, flags in runs.items():
-        curve = read_curve(args.out / name)
+        curve = read_curve(args.work / name)
         last = curve[-1] if curve else (0, float("nan"), 0.0)
         results[name] = {"flags": flags, "steps": last[0], "final_loss": last[1],
                          "steps_per_s": round(last[0] / last[2], 2) if last[2] else None,
