@@ -41,6 +41,16 @@ STUDIES = {
         "asentmax_warmup250": ["--attention", "asentmax", "--warmup-steps", "250"],
         "asentmax_batch512_lr4e-4": ["--attention", "asentmax", "--batch-size", "512", "--lr", "4e-4"],
     },
+    # the first study left seed dependence and the learned temperature as the lead: three seeds of the
+    # default against the temperature projections learning later (delay) or slower (lr scale)
+    "seeds": {
+        **{f"asentmax_seed{s}": ["--attention", "asentmax", "--seed", str(s)] for s in (0, 2, 3)},
+        **{f"asentmax_delay2000_seed{s}": ["--attention", "asentmax", "--seed", str(s),
+                                           "--temperature-delay-steps", "2000"] for s in (0, 2, 3)},
+        **{f"asentmax_tlr0.1_seed{s}": ["--attention", "asentmax", "--seed", str(s),
+                                        "--temperature-lr-scale", "0.1"] for s in (0, 2, 3)},
+        "softmax_seed2": ["--attention", "softmax", "--seed", "2"],
+    },
 }
 SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64",
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
