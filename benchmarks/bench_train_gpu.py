@@ -1,0 +1,342 @@
+"""Training throughput of the MQMTAR preset for every attention normaliser (issue 14, item 5).
+
+For softmax, SSMax, entmax and ASEntmax (all with NAPE positions) at the MQMTAR reference model
+(arXiv:2506.16640, section 3: 4 layers, d_model 512, 16 heads, FFN 1024; training lengths 32-64 in 4
+buckets, bf16 autocast, AdamW) and each batch size, one row holds:
+
+- bare step, eager and torch.compile'd: forward, target-token loss, backward, clipping, AdamW, on batches
+  drawn in advance (the length-bucket mix of training, so the compiled model sees every bucket's shape);
+  ms/step and samples/s; the compiled row's ratio to softmax compiled of the same batch size, measured
+  earlier in the same process;
+- first compiled step: seconds until the first compiled step returned (tracing and compiling), and until
+  every bucket's shape had run once, with the number of graphs compiled;
+- whole loop: the real trainer (asentmax.trainer.train with the task workload, compile and fused AdamW
+  as on the command line's defaults) for --loop-steps steps; its steady-state ms/step from log.csv's
+  elapsed_s between the first log line after the warm-up and the last one (compilation, the final
+  validation and the checkpoint are outside that window); its ratio to the bare compiled step;
+- data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
+  loop's ms/step (the sampler runs on the training stream, so that is the time the step waits for data);
+- TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
+  token, causal attention 2 T^2 d per layer and row, backward = 2 x forward) over its time, and their
+  fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats).
+
+Rows go to OUT.md and OUT.json after every row. The host's numpy producer (asentmax.data.training_batch)
+is timed once for comparison. A time budget (--budget-s) skips the rows that would not fit, saying so.
+
+    PYTHONPATH=src python benchmarks/bench_train_gpu.py --out results/train_gpu          # one GPU
+    PYTHONPATH=src python benchmarks/bench_train_gpu.py --smoke --out /tmp/train_smoke    # CPU, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from asentmax.data import IGNORE_INDEX, length_buckets, training_batch
+from asentmax.nn import Transformer
+from asentmax.nn.presets import mqmtar_model
+from asentmax.tasks import get_task
+from asentmax.tasks.device_sampling import DeviceBatchSampler
+
+NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, repeats: int) -> float:
+    """TFLOP/s of one size^3 matmul (median of `repeats`)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e12
+
+
+def step_flops(model: Transformer, batch_size: int, width: int) -> float:
+    """Training FLOPs of one step on a (batch_size, width) batch: 3 x forward (backward = 2 x forward),
+    forward = 2 x Linear weights per token + causal attention (q.k and p.v: 2 T^2 d per row and layer)."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    config = model.config
+    attention = config.n_layers * 2 * width**2 * config.n_heads * config.head_dim
+    return 3 * batch_size * (2 * width * linear + attention)
+
+
+def make_step(model, optimizer, autocast_dtype, grad_clip: float):
+    """The bare training step the trainer runs (asentmax.trainer): loss over the target tokens divided by
+    their count (on the device), backward, clipping, AdamW, zero_grad."""
+    device_type = next(model.parameters()).device.type
+
+    def step(forward, batch):
+        n_targets = (batch.labels != IGNORE_INDEX).sum()
+        with torch.autocast(device_type=device_type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            logits = forward(batch.input_ids)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
+                               ignore_index=IGNORE_INDEX) / n_targets
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def time_steps(step, forward, batches, n_steps: int, device) -> float:
+    """ms per step over n_steps steps cycling through `batches` (after one untimed pass over them)."""
+    for batch in batches:
+        step(forward, batch)
+    sync(device)
+    start = time.perf_counter()
+    for i in range(n_steps):
+        step(forward, batches[i % len(batches)])
+    sync(device)
+    return (time.perf_counter() - start) / n_steps * 1e3
+
+
+def graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def bare_rows(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, task) -> dict:
+    """Eager and compiled bare-step timings, first-step compile time and FLOPs of one configuration."""
+    config = model_config(args, normaliser, task)
+    batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size) for s in range(args.batches)]
+    widths = sorted({b.input_ids.shape[1] for b in batches})
+    row = {"normaliser": normaliser, "batch": batch_size, "widths": widths}
+    torch.manual_seed(0)
+    model = Transformer(config).to(device)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), **fused)
+    step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
+    row["eager_ms"] = time_steps(step, model, batches, args.steps, device)
+
+    torch._dynamo.reset()
+    graphs_before = graph_count()
+    compiled = torch.compile(model, backend=args.compile_backend, dynamic=args.dynamic)
+    start = time.perf_counter()
+    step(compiled, batches[0])
+    sync(device)
+    row["first_step_s"] = time.perf_counter() - start
+    seen = {batches[0].input_ids.shape[1]}
+    for batch in batches:
+        if batch.input_ids.shape[1] not in seen:
+            seen.add(batch.input_ids.shape[1])
+            step(compiled, batch)
+    sync(device)
+    row["all_shapes_s"] = time.perf_counter() - start
+    row["graphs"] = graph_count() - graphs_before
+    row["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
+    mean_width = statistics.fmean(b.input_ids.shape[1] for b in batches)
+    flops = statistics.fmean(step_flops(model, batch_size, b.input_ids.shape[1]) for b in batches)
+    row["mean_width"] = mean_width
+    row["tflops"] = flops / (row["compiled_ms"] * 1e-3) / 1e12
+    for kind in ("eager", "compiled"):
+        row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
+    return row
+
+
+def data_ms(sampler, batch_size: int, n: int, device) -> float:
+    """ms per training batch of the device sampler alone (synchronised)."""
+    sampler.batch(seed=0, rank=0, step=0, batch_size=batch_size)
+    sync(device)
+    start = time.perf_counter()
+    for s in range(n):
+        sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size)
+    sync(device)
+    return (time.perf_counter() - start) / n * 1e3
+
+
+def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
+    """Samples/s of the host's numpy producer (asentmax.data.training_batch), one process."""
+    start = time.perf_counter()
+    for s in range(n):
+        training_batch(task, seed=0, rank=0, step=s, batch_size=batch_size, buckets=buckets)
+    return n * batch_size / (time.perf_counter() - start)
+
+
+def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
+    """The real trainer for --loop-steps steps; steady-state ms/step from its log.csv."""
+    from asentmax.tasks.workload import TaskWorkload
+    from asentmax.trainer import TrainConfig, train
+
+    workload = TaskWorkload(task="mqmtar", val_multipliers=(1,), val_samples=args.val_samples)
+    train_config = TrainConfig(steps=args.loop_steps, batch_size=batch_size, lr=1e-4, warmup_steps=10,
+                               log_every=args.log_every, val_every=0, checkpoint_every=0,
+                               device=device.type)
+    with tempfile.TemporaryDirectory() as run_dir:
+        start = time.perf_counter()
+        train(workload, train_config, model_config(args, normaliser, task), run_dir, progress=False)
+        total_s = time.perf_counter() - start
+        with open(Path(run_dir) / "log.csv", newline="") as f:
+            log = [(int(r["step"]), float(r["elapsed_s"])) for r in csv.DictReader(f)]
+    (first_step, first_s), (last_step, last_s) = log[len(log) // 3], log[-1]
+    loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
+    return {"loop_ms": loop_ms, "loop_samples_s": batch_size / (loop_ms * 1e-3), "loop_total_s": total_s,
+            "loop_first_log_s": log[0][1], "loop_window": [first_step, last_step]}
+
+
+def model_config(args, normaliser: str, task):
+    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
+    return mqmtar_model(task.vocab_size, attention=normaliser, position="nape", **sizes)
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def write(out: Path, meta: dict, rows: list[dict]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = [
+        "# Training throughput, MQMTAR preset (issue 14 item 5)", "",
+        f"Command: `{meta['command']}`  ",
+        f"Device: {meta['device']}; torch {meta['torch']}; git {meta['git']}  ",
+        f"bf16 matmul ceiling ({meta['matmul_size']}^3): {fmt(meta['matmul_tflops'])} TFLOP/s; "
+        f"host numpy producer (asentmax.data.training_batch): {fmt(meta['host_samples_s'], 0)} samples/s "
+        f"at batch {meta['host_batch']}  ",
+        f"compile: backend {meta['compile_backend']}, dynamic={meta['dynamic']}; "
+        f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
+        "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
+        "loop ms | loop samples/s | loop / bare compiled | data % of loop step | TFLOP/s | % of ceiling | "
+        "first step s | all shapes s | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "skipped" in r or "error" in r:
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r.get('skipped') or r['error']} |"
+                         + " |" * 12)
+            continue
+        lines.append(
+            f"| {r['normaliser']} | {r['batch']} | {fmt(r['eager_ms'], 2)} | {fmt(r['compiled_ms'], 2)} | "
+            f"{fmt(r['compiled_samples_s'], 0)} | {fmt(r.get('vs_softmax'), 2)} | "
+            f"{fmt(r.get('loop_ms'), 2)} | "
+            f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
+            f"{fmt(r.get('data_percent'), 1)} | {fmt(r['tflops'])} | {fmt(r['ceiling_percent'])} | "
+            f"{fmt(r['first_step_s'])} | {fmt(r['all_shapes_s'])} | {r['graphs']} |")
+        if r.get("loop_error"):
+            lines.append(f"|  | loop error: {r['loop_error']} |" + " |" * 13)
+    lines += ["", "Loop rows: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+              "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step; "
+              "TFLOP/s: model FLOPs of the padded compiled bare step.", ""]
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "train_gpu")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU (tests the script)")
+    parser.add_argument("--normalisers", default=",".join(NORMALISERS))
+    parser.add_argument("--batch-sizes", default="512,128")
+    parser.add_argument("--steps", type=int, default=30, help="timed bare steps per variant")
+    parser.add_argument("--batches", type=int, default=16, help="pre-drawn batches the bare steps cycle")
+    parser.add_argument("--loop-steps", type=int, default=240, help="trainer steps per row (0: no loop)")
+    parser.add_argument("--log-every", type=int, default=40)
+    parser.add_argument("--val-samples", type=int, default=64)
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--dynamic", default="auto", choices=("auto", "true", "false"),
+                        help="torch.compile(dynamic=...) of the bare step (auto: None)")
+    parser.add_argument("--budget-s", type=float, default=340.0, help="skip rows that start after this")
+    args = parser.parse_args(argv)
+    args.dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
+    if args.smoke:
+        device, autocast_dtype, matmul_size = torch.device("cpu"), None, 256
+        args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
+        args.steps, args.batches, args.loop_steps, args.log_every = 2, 4, min(args.loop_steps, 6), 2
+        args.val_samples = 2
+        batch_sizes = [4]
+    else:
+        if not torch.cuda.is_available():
+            parser.error("needs a CUDA GPU (use --smoke on CPU)")
+        device, autocast_dtype, matmul_size = torch.device("cuda"), torch.bfloat16, 8192
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    normalisers = args.normalisers.split(",")
+    for name in normalisers:
+        if name not in NORMALISERS:
+            parser.error(f"unknown normaliser {name!r}; choose from {', '.join(NORMALISERS)}")
+    if "softmax" in normalisers:  # softmax first: the others are compared with it
+        normalisers = ["softmax"] + [n for n in normalisers if n != "softmax"]
+
+    clock = time.perf_counter()
+    task = get_task("mqmtar")
+    buckets = length_buckets(32, 64, 4)
+    sampler = DeviceBatchSampler(task, buckets, device)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
+    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
+            "device": name,
+            "git": commit, "matmul_size": matmul_size, "compile_backend": args.compile_backend,
+            "dynamic": args.dynamic, "steps": args.steps, "batches": args.batches,
+            "matmul_tflops": matmul_ceiling(device, matmul_size, torch.bfloat16 if device.type == "cuda"
+                                            else torch.float32, repeats=10),
+            "host_batch": batch_sizes[0],
+            "host_samples_s": host_producer_samples_s(task, buckets, batch_sizes[0], 2 if args.smoke else 4)}
+    rows: list[dict] = []
+    write(args.out, meta, rows)
+    softmax_compiled: dict[int, float] = {}
+    for batch_size in batch_sizes:
+        for normaliser in normalisers:
+            if time.perf_counter() - clock > args.budget_s:
+                rows.append({"normaliser": normaliser, "batch": batch_size,
+                             "skipped": f"skipped: past the {args.budget_s:.0f} s budget"})
+                write(args.out, meta, rows)
+                continue
+            try:
+                row = bare_rows(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
+            except Exception as error:  # a failing normaliser is a result, not the end of the run
+                rows.append({"normaliser": normaliser, "batch": batch_size,
+                             "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"})
+                write(args.out, meta, rows)
+                continue
+            if normaliser == "softmax":
+                softmax_compiled[batch_size] = row["compiled_samples_s"]
+            if batch_size in softmax_compiled:
+                row["vs_softmax"] = row["compiled_samples_s"] / softmax_compiled[batch_size]
+            row["ceiling_percent"] = 100 * row["tflops"] / meta["matmul_tflops"]
+            if args.loop_steps:
+                try:
+                    row.update(loop_row(args, normaliser, batch_size, device, task))
+                    row["loop_vs_bare"] = row["compiled_ms"] / row["loop_ms"]
+                    row["data_ms"] = data_ms(sampler, batch_size, 10, device)
+                    row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
+                except Exception as error:
+                    row["loop_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+            rows.append(row)
+            write(args.out, meta, rows)
+            print(json.dumps(row), flush=True)
+    meta["total_s"] = time.perf_counter() - clock
+    write(args.out, meta, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
