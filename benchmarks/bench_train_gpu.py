@@ -17,7 +17,7 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
 - data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
   loop's ms/step (the sampler runs on the training stream, so that is the time the step waits for data);
 - TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
-  token, causal attention 2 T^2 d per layer and row, backward = 2 x forward) over its time, and their
+  token, causal attention 2 d T (T + 1) per layer and row, backward = 2 x forward) over its time, and their
   fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats).
 
 Rows go to OUT.md and OUT.json after every row. The host's numpy producer (asentmax.data.training_batch)
@@ -74,13 +74,17 @@ def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, repeats:
     return 2 * size**3 / statistics.median(times) / 1e12
 
 
+def attention_flops(config, batch_size: int, width: int) -> float:
+    """Training FLOPs of causal attention: q.k and p.v over the T (T + 1) / 2 visible pairs, 2 FLOPs per
+    multiply-add and head dimension, in every layer, times 3 (backward = 2 x forward)."""
+    return 3 * batch_size * config.n_layers * 2 * width * (width + 1) * config.n_heads * config.head_dim
+
+
 def step_flops(model: Transformer, batch_size: int, width: int) -> float:
-    """Training FLOPs of one step on a (batch_size, width) batch: 3 x forward (backward = 2 x forward),
-    forward = 2 x Linear weights per token + causal attention (q.k and p.v: 2 T^2 d per row and layer)."""
+    """Training FLOPs of one step on a (batch_size, width) batch: 3 x (2 x every Linear's weights per
+    token) plus attention_flops."""
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    config = model.config
-    attention = config.n_layers * 2 * width**2 * config.n_heads * config.head_dim
-    return 3 * batch_size * (2 * width * linear + attention)
+    return 3 * batch_size * 2 * width * linear + attention_flops(model.config, batch_size, width)
 
 
 def make_step(model, optimizer, autocast_dtype, grad_clip: float):

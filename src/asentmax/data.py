@@ -28,8 +28,14 @@ class Batch:
     input_ids: torch.Tensor
     labels: torch.Tensor
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.input_ids.to(device), self.labels.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """On `device`; with non_blocking (from pinned memory) the host does not wait for the copy."""
+        return Batch(self.input_ids.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """In page-locked host memory, so that `to(cuda, non_blocking=True)` is asynchronous."""
+        return Batch(self.input_ids.pin_memory(), self.labels.pin_memory())
 
     @property
     def n_target_tokens(self) -> int:
