@@ -150,10 +150,22 @@ def test_mqmtar_statistics_follow_the_cpu_law(length):
         assert_same_law(histogram(cpu[:, column], length), histogram(device[:, column], length), what)
 
 
-def test_device_sampling_runs_on_cuda_when_present():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA")
-    task = get_task("mqmtar")
-    batch = DeviceBatchSampler(task, BUCKETS, "cuda").batch(seed=0, rank=0, step=0, batch_size=64)
-    examples = decode_rows(task, batch)
-    assert all(example.target == solve(task, example) for example in examples)
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", PAPER_TASKS)
+def test_cuda_batches_are_valid_and_never_wait_for_the_device(name):
+    task = get_task(name)
+    sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
+    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
+    try:
+        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=64) for s in range(4)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for batch in batches:
+        cpu_batch = batch.to("cpu")
+        examples = decode_rows(task, cpu_batch)
+        assert all(example.target == solve(task, example) for example in examples)
+        reference = collate(task, examples)
+        assert torch.equal(cpu_batch.input_ids[:, : reference.input_ids.shape[1]], reference.input_ids)
