@@ -8,9 +8,17 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-from asentmax.data import IGNORE_INDEX, PAD_ID, collate, length_buckets, sample_lengths, step_generator
+from asentmax.data import (
+    IGNORE_INDEX,
+    PAD_ID,
+    collate,
+    length_buckets,
+    sample_lengths,
+    step_generator,
+    training_batch,
+)
 from asentmax.tasks import SEP, Example, get_task
-from asentmax.tasks.device_sampling import DeviceBatchSampler, has_device_sampler
+from asentmax.tasks.device_sampling import DeviceBatchSampler, has_device_sampler, training_batches
 from asentmax.tasks.mqmtar import COLON, QUERY
 from test_tasks_solvers import parse_mqmtar
 
@@ -169,3 +177,21 @@ def test_cuda_batches_are_valid_and_never_wait_for_the_device(name):
         assert all(example.target == solve(task, example) for example in examples)
         reference = collate(task, examples)
         assert torch.equal(cpu_batch.input_ids[:, : reference.input_ids.shape[1]], reference.input_ids)
+
+
+def test_training_batches_pick_the_path_and_resume_at_any_step():
+    task = get_task("sort")
+    common = dict(seed=2, rank=0, local_batch_size=4, device="cpu")
+    host = training_batches(task, BUCKETS, start_step=5, sampling="auto", **common)  # CPU: the numpy path
+    expected = training_batch(task, seed=2, rank=0, step=5, batch_size=4, buckets=BUCKETS)
+    assert torch.equal(next(host).input_ids, expected.input_ids)
+    device = training_batches(task, BUCKETS, start_step=0, sampling="device", **common)
+    resumed = training_batches(task, BUCKETS, start_step=3, sampling="device", **common)
+    fourth = [next(device) for _ in range(4)][3]
+    assert torch.equal(next(resumed).input_ids, fourth.input_ids)
+    flipflop = get_task("flipflop")
+    with pytest.raises(ValueError, match="no device sampler"):
+        next(training_batches(flipflop, [(8, 8)], start_step=0, sampling="device", **common))
+    with pytest.raises(ValueError, match="sampling must be one of"):
+        next(training_batches(task, BUCKETS, start_step=0, sampling="gpu", **common))
+    next(training_batches(flipflop, [(8, 8)], start_step=0, sampling="auto", **common))

@@ -20,6 +20,11 @@ Static shapes. Every batch of a bucket is padded on the right to that bucket's w
 length of its longest sample, minus one), so a run sees only `len(buckets)` input shapes and
 torch.compile compiles each once instead of once per batch width.
 
+Which path a run takes: `training_batches(..., sampling=...)`: "auto" (the default) uses this sampler
+on CUDA for the four tasks above and the numpy path elsewhere (so CPU runs and `make demo` keep their
+batches); "device" forces it (CPU included, e.g. for tests), "host" forces the numpy path, whose batches
+reach the GPU through pinned memory without blocking the host.
+
 Layout (asentmax.tasks.base): tokens = <bos> source <sep> target <eos>, input_ids = tokens[:-1],
 labels = tokens[1:] where the next token is a target token or <eos>, IGNORE_INDEX elsewhere; the
 pad is PAD, so a row decodes with `Task.encode`'s rules (tests/test_device_sampling.py checks this).
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, pick_bucket, step_generator
+from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, pick_bucket, step_generator, training_batch
 from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, Task
 from asentmax.tasks.mqmtar import BLANK, BLOCK_TOKENS, COLON, QUERY, MQMTARTask, pairs_for_length
 from asentmax.tasks.sequence import CopyTask, RandomSequenceTask, ReverseTask, SortTask
@@ -186,3 +191,38 @@ class DeviceBatchSampler:
         lengths = torch.randint(lo, hi + 1, (batch_size,), generator=self.generator, device=self.device)
         parts = self.sampler.draw(lengths, hi, self.generator)
         return lay_out(*parts, self.width((lo, hi)))
+
+
+SAMPLING_MODES = ("auto", "device", "host")
+
+
+def uses_device_sampler(task: Task, device: torch.device | str, sampling: str) -> bool:
+    """Whether training batches come from DeviceBatchSampler: `sampling` "device" (on any device), "host"
+    (never: the numpy path of asentmax.data.training_batch), "auto" (on CUDA, for the tasks that have one;
+    the CPU keeps the numpy path, whose batches `make demo` pins)."""
+    if sampling not in SAMPLING_MODES:
+        raise ValueError(f"sampling must be one of {', '.join(SAMPLING_MODES)}, got {sampling!r}")
+    if sampling == "device" and not has_device_sampler(task):
+        raise ValueError(f"sampling 'device': task {task.name!r} has no device sampler (mqmtar, copy, "
+                         "reverse and sort have one); use --sampling auto or host")
+    return sampling == "device" or (sampling == "auto" and torch.device(device).type == "cuda"
+                                    and has_device_sampler(task))
+
+
+def training_batches(task: Task, buckets: list[tuple[int, int]], *, seed: int, start_step: int, rank: int,
+                     local_batch_size: int, device: torch.device | str, sampling: str = "auto"):
+    """The training batches of steps start_step, start_step + 1, ... of `rank`, on `device` (see
+    uses_device_sampler). Host batches travel through pinned memory without the host waiting for the copy."""
+    device = torch.device(device)
+    step = start_step
+    if uses_device_sampler(task, device, sampling):
+        sampler = DeviceBatchSampler(task, buckets, device)
+        while True:
+            yield sampler.batch(seed=seed, rank=rank, step=step, batch_size=local_batch_size)
+            step += 1
+    pinned = device.type == "cuda"
+    while True:
+        batch = training_batch(task, seed=seed, rank=rank, step=step, batch_size=local_batch_size,
+                               buckets=buckets)
+        yield (batch.pin_memory() if pinned else batch).to(device, non_blocking=pinned)
+        step += 1
