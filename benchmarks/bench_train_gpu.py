@@ -126,42 +126,54 @@ def graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def bare_rows(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, task) -> dict:
-    """Eager and compiled bare-step timings, first-step compile time and FLOPs of one configuration."""
-    config = model_config(args, normaliser, task)
+def first_error_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: {lines[0][:160]}"
+
+
+def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, task) -> dict:
+    """Eager and compiled bare-step timings (a compile failure is recorded, the eager numbers kept),
+    first-step compile time, graphs compiled and model FLOPs of one configuration."""
     batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size) for s in range(args.batches)]
     widths = sorted({b.input_ids.shape[1] for b in batches})
     row = {"normaliser": normaliser, "batch": batch_size, "widths": widths}
     torch.manual_seed(0)
-    model = Transformer(config).to(device)
+    model = Transformer(model_config(args, normaliser, task)).to(device)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), **fused)
     step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
+    flops = statistics.fmean(step_flops(model, batch_size, b.input_ids.shape[1]) for b in batches)
+    row["mean_width"] = statistics.fmean(b.input_ids.shape[1] for b in batches)
     row["eager_ms"] = time_steps(step, model, batches, args.steps, device)
+    try:
+        row.update(compiled_timings(args, model, step, batches, device))
+    except Exception as error:  # a normaliser that does not compile is a result, not the end of the run
+        row["compile_error"] = first_error_line(error)
+    for kind in ("eager", "compiled"):
+        if f"{kind}_ms" in row:
+            row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
+            row[f"{kind}_tflops"] = flops / (row[f"{kind}_ms"] * 1e-3) / 1e12
+    return row
 
+
+def compiled_timings(args, model, step, batches, device) -> dict:
     torch._dynamo.reset()
     graphs_before = graph_count()
     compiled = torch.compile(model, backend=args.compile_backend, dynamic=args.dynamic)
     start = time.perf_counter()
     step(compiled, batches[0])
     sync(device)
-    row["first_step_s"] = time.perf_counter() - start
+    timings = {"first_step_s": time.perf_counter() - start}
     seen = {batches[0].input_ids.shape[1]}
     for batch in batches:
         if batch.input_ids.shape[1] not in seen:
             seen.add(batch.input_ids.shape[1])
             step(compiled, batch)
     sync(device)
-    row["all_shapes_s"] = time.perf_counter() - start
-    row["graphs"] = graph_count() - graphs_before
-    row["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
-    mean_width = statistics.fmean(b.input_ids.shape[1] for b in batches)
-    flops = statistics.fmean(step_flops(model, batch_size, b.input_ids.shape[1]) for b in batches)
-    row["mean_width"] = mean_width
-    row["tflops"] = flops / (row["compiled_ms"] * 1e-3) / 1e12
-    for kind in ("eager", "compiled"):
-        row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
-    return row
+    timings["all_shapes_s"] = time.perf_counter() - start
+    timings["graphs"] = graph_count() - graphs_before
+    timings["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
+    return timings
 
 
 def data_ms(sampler, batch_size: int, n: int, device) -> float:
@@ -235,22 +247,26 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        if "skipped" in r or "error" in r:
-            lines.append(f"| {r['normaliser']} | {r['batch']} | {r.get('skipped') or r['error']} |"
-                         + " |" * 12)
+        if "skipped" in r:
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 12)
             continue
+        best = "compiled" if "compiled_ms" in r else "eager"
         lines.append(
-            f"| {r['normaliser']} | {r['batch']} | {fmt(r['eager_ms'], 2)} | {fmt(r['compiled_ms'], 2)} | "
-            f"{fmt(r['compiled_samples_s'], 0)} | {fmt(r.get('vs_softmax'), 2)} | "
+            f"| {r['normaliser']} | {r['batch']} | {fmt(r['eager_ms'], 2)} | "
+            f"{fmt(r.get('compiled_ms'), 2)} | "
+            f"{fmt(r.get('compiled_samples_s'), 0)} | {fmt(r.get('vs_softmax'), 2)} | "
             f"{fmt(r.get('loop_ms'), 2)} | "
             f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
-            f"{fmt(r.get('data_percent'), 1)} | {fmt(r['tflops'])} | {fmt(r['ceiling_percent'])} | "
-            f"{fmt(r['first_step_s'])} | {fmt(r['all_shapes_s'])} | {r['graphs']} |")
-        if r.get("loop_error"):
-            lines.append(f"|  | loop error: {r['loop_error']} |" + " |" * 13)
-    lines += ["", "Loop rows: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+            f"{fmt(r.get('data_percent'), 1)} | {fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
+            f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} |")
+        for key in ("compile_error", "loop_error"):
+            if key in r:
+                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 13)
+    lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+              "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
               "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step; "
-              "TFLOP/s: model FLOPs of the padded compiled bare step.", ""]
+              "TFLOP/s: model FLOPs of the padded batch over the compiled bare step (eager where "
+              "compiling failed).", ""]
     out.with_suffix(".md").write_text("\n".join(lines))
 
 
@@ -314,26 +330,21 @@ def main(argv=None) -> int:
                              "skipped": f"skipped: past the {args.budget_s:.0f} s budget"})
                 write(args.out, meta, rows)
                 continue
-            try:
-                row = bare_rows(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
-            except Exception as error:  # a failing normaliser is a result, not the end of the run
-                rows.append({"normaliser": normaliser, "batch": batch_size,
-                             "error": f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"})
-                write(args.out, meta, rows)
-                continue
-            if normaliser == "softmax":
+            row = bare_row(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
+            best = "compiled" if "compiled_ms" in row else "eager"
+            if normaliser == "softmax" and best == "compiled":
                 softmax_compiled[batch_size] = row["compiled_samples_s"]
-            if batch_size in softmax_compiled:
+            if batch_size in softmax_compiled and best == "compiled":
                 row["vs_softmax"] = row["compiled_samples_s"] / softmax_compiled[batch_size]
-            row["ceiling_percent"] = 100 * row["tflops"] / meta["matmul_tflops"]
+            row["ceiling_percent"] = 100 * row[f"{best}_tflops"] / meta["matmul_tflops"]
             if args.loop_steps:
                 try:
                     row.update(loop_row(args, normaliser, batch_size, device, task))
-                    row["loop_vs_bare"] = row["compiled_ms"] / row["loop_ms"]
+                    row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
                     row["data_ms"] = data_ms(sampler, batch_size, 10, device)
                     row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
                 except Exception as error:
-                    row["loop_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+                    row["loop_error"] = first_error_line(error)
             rows.append(row)
             write(args.out, meta, rows)
             print(json.dumps(row), flush=True)
