@@ -195,3 +195,19 @@ def test_training_batches_pick_the_path_and_resume_at_any_step():
     with pytest.raises(ValueError, match="sampling must be one of"):
         next(training_batches(task, BUCKETS, start_step=0, sampling="gpu", **common))
     next(training_batches(flipflop, [(8, 8)], start_step=0, sampling="auto", **common))
+
+
+def test_task_workload_sampling_setting():
+    from asentmax.tasks.workload import TaskWorkload
+
+    workload = TaskWorkload(task="mqmtar", sampling="device")
+    batches = workload.batches(seed=0, start_step=2, rank=0, world_size=1, local_batch_size=3, device="cpu")
+    sampler = DeviceBatchSampler(get_task("mqmtar"), BUCKETS, "cpu")
+    batch, expected = next(batches), sampler.batch(seed=0, rank=0, step=2, batch_size=3)
+    assert torch.equal(batch.input_ids, expected.input_ids)
+    saved = workload.to_dict()
+    assert TaskWorkload.from_dict(saved) == workload
+    del saved["sampling"]  # a run saved before the setting existed drew its batches with numpy
+    assert TaskWorkload.from_dict(saved).sampling == "host"
+    with pytest.raises(ValueError, match="no device sampler"):
+        TaskWorkload(task="two_back", sampling="device")
