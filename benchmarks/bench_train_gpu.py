@@ -48,6 +48,8 @@ from asentmax.nn import Transformer
 from asentmax.nn.presets import mqmtar_model
 from asentmax.tasks import get_task
 from asentmax.tasks.device_sampling import DeviceBatchSampler
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.trainer import TrainConfig, compiled_for_training, train
 
 NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
 REPO = Path(__file__).resolve().parents[1]
@@ -159,7 +161,10 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
 def compiled_timings(args, model, step, batches, device) -> dict:
     torch._dynamo.reset()
     graphs_before = graph_count()
-    compiled = torch.compile(model, backend=args.compile_backend, dynamic=args.dynamic)
+    if args.shapes == "trainer":  # what asentmax.trainer runs: the sequence length marked dynamic
+        compiled = compiled_for_training(model, backend=args.compile_backend)
+    else:  # one static graph per bucket width
+        compiled = torch.compile(model, backend=args.compile_backend, dynamic=False)
     start = time.perf_counter()
     step(compiled, batches[0])
     sync(device)
@@ -197,10 +202,8 @@ def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
 
 def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
     """The real trainer for --loop-steps steps; steady-state ms/step from its log.csv."""
-    from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig, train
-
-    workload = TaskWorkload(task="mqmtar", val_multipliers=(1,), val_samples=args.val_samples)
+    workload = TaskWorkload(task="mqmtar", val_multipliers=(1,), val_samples=args.val_samples,
+                            sampling="device")  # what "auto" gives on CUDA; the smoke run on CPU too
     train_config = TrainConfig(steps=args.loop_steps, batch_size=batch_size, lr=1e-4, warmup_steps=10,
                                log_every=args.log_every, val_every=0, checkpoint_every=0,
                                device=device.type)
@@ -213,6 +216,7 @@ def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
     (first_step, first_s), (last_step, last_s) = log[len(log) // 3], log[-1]
     loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
     return {"loop_ms": loop_ms, "loop_samples_s": batch_size / (loop_ms * 1e-3), "loop_total_s": total_s,
+            "loop_compiled": train_config.uses("compile", device),
             "loop_first_log_s": log[0][1], "loop_window": [first_step, last_step]}
 
 
@@ -239,7 +243,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         f"bf16 matmul ceiling ({meta['matmul_size']}^3): {fmt(meta['matmul_tflops'])} TFLOP/s; "
         f"host numpy producer (asentmax.data.training_batch): {fmt(meta['host_samples_s'], 0)} samples/s "
         f"at batch {meta['host_batch']}  ",
-        f"compile: backend {meta['compile_backend']}, dynamic={meta['dynamic']}; "
+        f"compile: backend {meta['compile_backend']}, shapes: {meta['shapes']}; "
         f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
         "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
         "loop ms | loop samples/s | loop / bare compiled | data % of loop step | TFLOP/s | % of ceiling | "
@@ -282,11 +286,11 @@ def main(argv=None) -> int:
     parser.add_argument("--log-every", type=int, default=40)
     parser.add_argument("--val-samples", type=int, default=64)
     parser.add_argument("--compile-backend", default="inductor")
-    parser.add_argument("--dynamic", default="auto", choices=("auto", "true", "false"),
-                        help="torch.compile(dynamic=...) of the bare step (auto: None)")
+    parser.add_argument("--shapes", default="trainer", choices=("trainer", "static"),
+                        help="compiled bare step: the trainer's (sequence length dynamic, one graph) or one "
+                             "static graph per bucket width")
     parser.add_argument("--budget-s", type=float, default=340.0, help="skip rows that start after this")
     args = parser.parse_args(argv)
-    args.dynamic = {"auto": None, "true": True, "false": False}[args.dynamic]
     if args.smoke:
         device, autocast_dtype, matmul_size = torch.device("cpu"), None, 256
         args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
@@ -315,7 +319,7 @@ def main(argv=None) -> int:
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
             "device": name,
             "git": commit, "matmul_size": matmul_size, "compile_backend": args.compile_backend,
-            "dynamic": args.dynamic, "steps": args.steps, "batches": args.batches,
+            "shapes": args.shapes, "steps": args.steps, "batches": args.batches,
             "matmul_tflops": matmul_ceiling(device, matmul_size, torch.bfloat16 if device.type == "cuda"
                                             else torch.float32, repeats=10),
             "host_batch": batch_sizes[0],

@@ -3,7 +3,6 @@ bucket, the large-batch learning-rate rule, compile/fused settings; on CUDA, tra
 log steps never wait for the device."""
 
 import csv
-import functools
 import math
 
 import pytest
@@ -17,15 +16,14 @@ from asentmax.trainer import TrainConfig, compiled_for_training, train
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_one_compiled_graph_serves_every_bucket_width(monkeypatch):
+def test_one_compiled_graph_serves_every_bucket_width():
     """Plain torch.compile compiles twice for four widths (static, then automatic dynamic); marking the
     sequence dimension dynamic up front compiles once, and the outputs equal the eager model's."""
     counter = CompileCounter()
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
     torch._dynamo.reset()
     model = Transformer(ModelConfig(vocab_size=40, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                                     attention="softmax", position="nape"))
-    forward = compiled_for_training(model)
+    forward = compiled_for_training(model, backend=counter)
     for width in (9, 13, 17, 21):
         ids = torch.randint(0, 40, (2, width))
         torch.testing.assert_close(forward(ids), model(ids))

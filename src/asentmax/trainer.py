@@ -150,11 +150,11 @@ LR_SCALINGS = ("none", "sqrt")
 LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3), where the presets' lr holds
 
 
-def compiled_for_training(model):
+def compiled_for_training(model, backend: str = "inductor"):
     """torch.compile'd `model` as a function of input_ids whose sequence dimension is marked dynamic: the
     batches of every length bucket share one graph (a dimension that cannot stay symbolic falls back to
     one graph per bucket width, a handful, never one per batch)."""
-    compiled = torch.compile(model)
+    compiled = torch.compile(model, backend=backend)
 
     def forward(input_ids: torch.Tensor) -> torch.Tensor:
         torch._dynamo.maybe_mark_dynamic(input_ids, 1)
