@@ -14,6 +14,8 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   as on the command line's defaults) for --loop-steps steps; its steady-state ms/step from log.csv's
   elapsed_s between the first log line after the warm-up and the last one (compilation, the final
   validation and the checkpoint are outside that window); its ratio to the bare compiled step;
+- validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
+  trainer runs it) and its share of training time at the presets' val-every 500;
 - data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
   loop's ms/step (the sampler runs on the training stream, so that is the time the step waits for data);
 - TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
@@ -53,6 +55,7 @@ from asentmax.trainer import TrainConfig, compiled_for_training, train
 
 NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
 REPO = Path(__file__).resolve().parents[1]
+VAL_EVERY = 500  # the presets' validation interval (TrainConfig.val_every)
 
 
 def sync(device: torch.device) -> None:
@@ -147,6 +150,7 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
     flops = statistics.fmean(step_flops(model, batch_size, b.input_ids.shape[1]) for b in batches)
     row["mean_width"] = statistics.fmean(b.input_ids.shape[1] for b in batches)
     row["eager_ms"] = time_steps(step, model, batches, args.steps, device)
+    row["val_ms"] = validation_ms(args, model, device, autocast_dtype)
     try:
         row.update(compiled_timings(args, model, step, batches, device))
     except Exception as error:  # a normaliser that does not compile is a result, not the end of the run
@@ -179,6 +183,21 @@ def compiled_timings(args, model, step, batches, device) -> dict:
     timings["graphs"] = graph_count() - graphs_before
     timings["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
     return timings
+
+
+def validation_ms(args, model, device, autocast_dtype) -> float:
+    """ms of one validation by the task workload with the preset's lengths (1, 2, 4 x 64) and
+    --val-samples samples per length, on the eager model as the trainer runs it (after one warm-up call,
+    which also draws the validation sets)."""
+    workload = TaskWorkload(task="mqmtar", val_samples=args.val_samples)
+    model.eval()
+    workload.validate(model, seed=0, step=0, device=device, autocast_dtype=autocast_dtype)
+    sync(device)
+    start = time.perf_counter()
+    workload.validate(model, seed=0, step=0, device=device, autocast_dtype=autocast_dtype)
+    sync(device)
+    model.train()
+    return (time.perf_counter() - start) * 1e3
 
 
 def data_ms(sampler, batch_size: int, n: int, device) -> float:
@@ -246,13 +265,13 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         f"compile: backend {meta['compile_backend']}, shapes: {meta['shapes']}; "
         f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
         "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
-        "loop ms | loop samples/s | loop / bare compiled | data % of loop step | TFLOP/s | % of ceiling | "
-        "first step s | all shapes s | graphs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "loop ms | loop samples/s | loop / bare compiled | data % of loop step | "
+        "validation ms (% of training) | TFLOP/s | % of ceiling | first step s | all shapes s | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 12)
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 13)
             continue
         best = "compiled" if "compiled_ms" in r else "eager"
         lines.append(
@@ -261,14 +280,17 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             f"{fmt(r.get('compiled_samples_s'), 0)} | {fmt(r.get('vs_softmax'), 2)} | "
             f"{fmt(r.get('loop_ms'), 2)} | "
             f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
-            f"{fmt(r.get('data_percent'), 1)} | {fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
+            f"{fmt(r.get('data_percent'), 1)} | {fmt(r['val_ms'], 0)} ({fmt(r.get('val_percent'), 1)}) | "
+            f"{fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
             f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} |")
         for key in ("compile_error", "loop_error"):
             if key in r:
-                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 13)
+                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 14)
     lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
               "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
               "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step; "
+              f"validation: one call of the workload's (3 lengths, eager) and its share of training time at "
+              f"val-every {VAL_EVERY}; "
               "TFLOP/s: model FLOPs of the padded batch over the compiled bare step (eager where "
               "compiling failed).", ""]
     out.with_suffix(".md").write_text("\n".join(lines))
@@ -347,6 +369,7 @@ def main(argv=None) -> int:
                     row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
                     row["data_ms"] = data_ms(sampler, batch_size, 10, device)
                     row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
+                    row["val_percent"] = 100 * row["val_ms"] / (row["val_ms"] + VAL_EVERY * row["loop_ms"])
                 except Exception as error:
                     row["loop_error"] = first_error_line(error)
             rows.append(row)
