@@ -15,7 +15,8 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   elapsed_s between the first log line after the warm-up and the last one (compilation, the final
   validation and the checkpoint are outside that window); its ratio to the bare compiled step;
 - validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
-  trainer runs it) and its share of training time at the presets' val-every 500;
+  trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
+  model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
 - data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
   loop's ms/step (the sampler runs on the training stream, so that is the time the step waits for data);
 - TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
@@ -48,6 +49,7 @@ import torch.nn.functional as F
 from asentmax.data import IGNORE_INDEX, length_buckets, training_batch
 from asentmax.nn import Transformer
 from asentmax.nn.presets import mqmtar_model
+from asentmax.runs import save_checkpoint
 from asentmax.tasks import get_task
 from asentmax.tasks.device_sampling import DeviceBatchSampler
 from asentmax.tasks.workload import TaskWorkload
@@ -55,7 +57,7 @@ from asentmax.trainer import TrainConfig, compiled_for_training, train
 
 NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
 REPO = Path(__file__).resolve().parents[1]
-VAL_EVERY = 500  # the presets' validation interval (TrainConfig.val_every)
+EVERY = 500  # the presets' validation and checkpoint interval (TrainConfig.val_every, checkpoint_every)
 
 
 def sync(device: torch.device) -> None:
@@ -151,6 +153,7 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
     row["mean_width"] = statistics.fmean(b.input_ids.shape[1] for b in batches)
     row["eager_ms"] = time_steps(step, model, batches, args.steps, device)
     row["val_ms"] = validation_ms(args, model, device, autocast_dtype)
+    row["checkpoint_ms"] = checkpoint_ms(model, optimizer)
     try:
         row.update(compiled_timings(args, model, step, batches, device))
     except Exception as error:  # a normaliser that does not compile is a result, not the end of the run
@@ -198,6 +201,19 @@ def validation_ms(args, model, device, autocast_dtype) -> float:
     sync(device)
     model.train()
     return (time.perf_counter() - start) * 1e3
+
+
+def checkpoint_ms(model, optimizer) -> float:
+    """ms of writing model + optimizer state with asentmax.runs.save_checkpoint (the bulk of the trainer's
+    checkpoint), to a temporary directory, median of 3."""
+    times = []
+    with tempfile.TemporaryDirectory() as directory:
+        for _ in range(3):
+            start = time.perf_counter()
+            save_checkpoint(Path(directory) / "checkpoint.pt",
+                            {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def data_ms(sampler, batch_size: int, n: int, device) -> float:
@@ -266,12 +282,13 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
         "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
         "loop ms | loop samples/s | loop / bare compiled | data % of loop step | "
-        "validation ms (% of training) | TFLOP/s | % of ceiling | first step s | all shapes s | graphs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "validation ms (% of training) | checkpoint ms (%) | TFLOP/s | % of ceiling | first step s | "
+        "all shapes s | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 13)
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 14)
             continue
         best = "compiled" if "compiled_ms" in r else "eager"
         lines.append(
@@ -281,16 +298,18 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             f"{fmt(r.get('loop_ms'), 2)} | "
             f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
             f"{fmt(r.get('data_percent'), 1)} | {fmt(r['val_ms'], 0)} ({fmt(r.get('val_percent'), 1)}) | "
+            f"{fmt(r['checkpoint_ms'], 0)} ({fmt(r.get('checkpoint_percent'), 1)}) | "
             f"{fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
             f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} |")
         for key in ("compile_error", "loop_error"):
             if key in r:
-                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 14)
+                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 15)
     lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
               "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
               "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step; "
               f"validation: one call of the workload's (3 lengths, eager) and its share of training time at "
-              f"val-every {VAL_EVERY}; "
+              f"val-every {EVERY}; checkpoint: model + AdamW state written once (save_checkpoint), share of "
+              f"training time at checkpoint-every {EVERY}; "
               "TFLOP/s: model FLOPs of the padded batch over the compiled bare step (eager where "
               "compiling failed).", ""]
     out.with_suffix(".md").write_text("\n".join(lines))
@@ -369,7 +388,9 @@ def main(argv=None) -> int:
                     row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
                     row["data_ms"] = data_ms(sampler, batch_size, 10, device)
                     row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
-                    row["val_percent"] = 100 * row["val_ms"] / (row["val_ms"] + VAL_EVERY * row["loop_ms"])
+                    for what in ("val", "checkpoint"):  # share of training time at the presets' interval
+                        cost = row[f"{what}_ms"]
+                        row[f"{what}_percent"] = 100 * cost / (cost + EVERY * row["loop_ms"])
                 except Exception as error:
                     row["loop_error"] = first_error_line(error)
             rows.append(row)
