@@ -45,10 +45,10 @@ def test_step_flops_match_the_flop_counter():
 def test_smoke_run_writes_consistent_rows(tmp_path):
     bench = load_bench()
     out = tmp_path / "train_gpu"
-    assert bench.main(["--smoke", "--normalisers", "softmax,asentmax", "--out", str(out)]) == 0
+    assert bench.main(["--smoke", "--normalisers", "softmax,ssmax", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())
     rows = data["rows"]
-    assert [(r["normaliser"], r["batch"]) for r in rows] == [("softmax", 4), ("asentmax", 4)]
+    assert [(r["normaliser"], r["batch"]) for r in rows] == [("softmax", 4), ("ssmax", 4)]
     for row in rows:
         assert "error" not in row and "loop_error" not in row, row
         for kind in ("eager", "compiled", "loop"):
@@ -58,4 +58,4 @@ def test_smoke_run_writes_consistent_rows(tmp_path):
         assert 0 < row["data_percent"] and row["graphs"] >= 1 and row["first_step_s"] <= row["all_shapes_s"]
     assert rows[0]["vs_softmax"] == 1.0
     markdown = out.with_suffix(".md").read_text()
-    assert markdown.count("\n| softmax | 4 |") == 1 and markdown.count("\n| asentmax | 4 |") == 1
+    assert markdown.count("\n| softmax | 4 |") == 1 and markdown.count("\n| ssmax | 4 |") == 1
