@@ -248,6 +248,9 @@ def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
         total_s = time.perf_counter() - start
         with open(Path(run_dir) / "log.csv", newline="") as f:
             log = [(int(r["step"]), float(r["elapsed_s"])) for r in csv.DictReader(f)]
+    if len(log) < 2:
+        raise ValueError(f"--loop-steps {args.loop_steps} gives {len(log)} log line(s) at --log-every "
+                         f"{args.log_every}; the steady state needs two")
     (first_step, first_s), (last_step, last_s) = log[len(log) // 3], log[-1]
     loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
     return {"loop_ms": loop_ms, "loop_samples_s": batch_size / (loop_ms * 1e-3), "loop_total_s": total_s,
@@ -387,6 +390,7 @@ def main(argv=None) -> int:
                     row.update(loop_row(args, normaliser, batch_size, device, task))
                     row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
                     row["data_ms"] = data_ms(sampler, batch_size, 10, device)
+                    row["data_samples_s"] = batch_size / (row["data_ms"] * 1e-3)
                     row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
                     for what in ("val", "checkpoint"):  # share of training time at the presets' interval
                         cost = row[f"{what}_ms"]
