@@ -161,7 +161,7 @@ def test_mqmtar_statistics_follow_the_cpu_law(length):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", PAPER_TASKS)
-def test_cuda_batches_are_valid_and_never_wait_for_the_device(name):
+def test_cuda_batches_are_valid_deterministic_and_never_wait_for_the_device(name):
     task = get_task(name)
     sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
     sampler.batch(seed=0, rank=0, step=0, batch_size=8)
@@ -171,6 +171,8 @@ def test_cuda_batches_are_valid_and_never_wait_for_the_device(name):
         batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=64) for s in range(4)]
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    again = DeviceBatchSampler(task, BUCKETS, "cuda").batch(seed=0, rank=0, step=3, batch_size=64)
+    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
     for batch in batches:
         cpu_batch = batch.to("cpu")
         examples = decode_rows(task, cpu_batch)
