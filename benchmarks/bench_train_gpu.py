@@ -18,7 +18,8 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
   model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
 - data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
-  loop's ms/step (the sampler runs on the training stream, so that is the time the step waits for data);
+  loop's ms/step: an upper bound of the time the step waits for data (the trainer draws each batch one
+  step ahead on a side CUDA stream, so these kernels mostly run beside the previous step);
 - TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
   token, causal attention 2 d T (T + 1) per layer and row, backward = 2 x forward) over its time, and their
   fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats).
@@ -309,7 +310,8 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
                 lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 15)
     lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
               "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
-              "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step; "
+              "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step, "
+              "an upper bound (the trainer draws batches one step ahead on a side stream); "
               f"validation: one call of the workload's (3 lengths, eager) and its share of training time at "
               f"val-every {EVERY}; checkpoint: model + AdamW state written once (save_checkpoint), share of "
               f"training time at checkpoint-every {EVERY}; "

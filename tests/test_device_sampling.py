@@ -213,3 +213,18 @@ def test_task_workload_sampling_setting():
     assert TaskWorkload.from_dict(saved).sampling == "host"
     with pytest.raises(ValueError, match="no device sampler"):
         TaskWorkload(task="two_back", sampling="device")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_training_batches_drawn_ahead_on_a_side_stream_are_the_steps_batches():
+    task = get_task("mqmtar")
+    batches = training_batches(task, BUCKETS, seed=1, start_step=4, rank=0, local_batch_size=32,
+                               device="cuda", sampling="auto")
+    drawn = []
+    for _ in range(5):
+        batch = next(batches)
+        drawn.append((batch.input_ids * 1).sum(1))  # consumed on the main stream, as training does
+    sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
+    for step, sums in enumerate(drawn, start=4):
+        assert torch.equal(sums, sampler.batch(seed=1, rank=0, step=step, batch_size=32).input_ids.sum(1))

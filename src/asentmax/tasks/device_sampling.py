@@ -212,17 +212,39 @@ def uses_device_sampler(task: Task, device: torch.device | str, sampling: str) -
 def training_batches(task: Task, buckets: list[tuple[int, int]], *, seed: int, start_step: int, rank: int,
                      local_batch_size: int, device: torch.device | str, sampling: str = "auto"):
     """The training batches of steps start_step, start_step + 1, ... of `rank`, on `device` (see
-    uses_device_sampler). Host batches travel through pinned memory without the host waiting for the copy."""
+    uses_device_sampler). Device batches are drawn one step ahead on a side CUDA stream; host batches
+    travel through pinned memory without the host waiting for the copy."""
     device = torch.device(device)
     step = start_step
     if uses_device_sampler(task, device, sampling):
         sampler = DeviceBatchSampler(task, buckets, device)
-        while True:
-            yield sampler.batch(seed=seed, rank=rank, step=step, batch_size=local_batch_size)
-            step += 1
+        yield from _drawn_ahead(lambda s: sampler.batch(seed=seed, rank=rank, step=s,
+                                                         batch_size=local_batch_size), step, device)
     pinned = device.type == "cuda"
     while True:
         batch = training_batch(task, seed=seed, rank=rank, step=step, batch_size=local_batch_size,
                                buckets=buckets)
         yield (batch.pin_memory() if pinned else batch).to(device, non_blocking=pinned)
         step += 1
+
+
+def _drawn_ahead(draw, step: int, device: torch.device):
+    """draw(step), draw(step + 1), ...; on CUDA every batch is drawn on a side stream one step ahead, so
+    its kernels run beside the previous training step instead of queuing in front of the next one."""
+    if device.type != "cuda":
+        while True:
+            yield draw(step)
+            step += 1
+    main, side = torch.cuda.current_stream(device), torch.cuda.Stream(device)
+    side.wait_stream(main)  # the sampler's tables were copied to the device on the main stream
+    with torch.cuda.stream(side):
+        ahead = draw(step)
+    while True:
+        main.wait_stream(side)  # the training step waits for its batch, not for the one drawn next
+        batch = ahead
+        for tensor in (batch.input_ids, batch.labels):
+            tensor.record_stream(main)  # made on the side stream, used and freed on the main one
+        step += 1
+        with torch.cuda.stream(side):
+            ahead = draw(step)
+        yield batch
