@@ -16,9 +16,13 @@ the host generator `asentmax.data.step_generator(seed, rank, step)` picks the bu
 seed for a torch.Generator on the device, which draws everything else. Resuming at any step therefore
 reproduces the batches exactly, with no sampler state in the checkpoint.
 
-Static shapes. Every batch of a bucket is padded on the right to that bucket's width (the encoded
-length of its longest sample, minus one), so a run sees only `len(buckets)` input shapes and
-torch.compile compiles each once instead of once per batch width.
+Few shapes. Every batch of a bucket is padded on the right to that bucket's width (the encoded length
+of its longest sample, minus one), so a run sees only `len(buckets)` input shapes: the trainer's one
+compiled graph (sequence length dynamic, asentmax.trainer.compiled_for_training) serves them all, and
+where a dimension cannot stay symbolic torch.compile still compiles at most one graph per bucket.
+
+On CUDA, `training_batches` draws each batch one step ahead on a side stream, so these kernels run
+beside the previous training step.
 
 Which path a run takes: `training_batches(..., sampling=...)`: "auto" (the default) uses this sampler
 on CUDA for the four tasks above and the numpy path elsewhere (so CPU runs and `make demo` keep their
