@@ -1,5 +1,5 @@
 """The one training engine: it runs any workload (the synthetic tasks, the language model) and knows
-nothing about either (arXiv:2506.16640, section 3, reference training; docs/method.md).
+nothing about either (docs/method.md section 6, reference training).
 
 AdamW, linear warm-up then cosine decay to min_lr_ratio * lr (optionally over fewer steps than the run:
 `decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA,
