@@ -1,4 +1,4 @@
-"""fp64 oracles of alpha-entmax for the tests, written independently of asentmax.ops (arXiv:2506.16640, section 2).
+"""fp64 oracles of alpha-entmax for the tests, independent of asentmax.ops (arXiv:2506.16640, section 2).
 
 `bisection_tau` halves the bracket [max s - 1, max s] of tau 200 times on s = (alpha - 1) z, rows holding
 their own alpha; `oracle_entmax` returns p from it together with each row's smallest support gap d_min =

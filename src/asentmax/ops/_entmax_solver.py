@@ -117,7 +117,10 @@ def _refine(s, t, q, tol):
     relative precision however small it is. Rows whose shifted bracket [-w, w] does not hold the root
     keep delta = 0 (not seen in testing)."""
     delta = torch.zeros_like(t)
-    steep = (q < 1.0).squeeze(1) if isinstance(q, torch.Tensor) else torch.full_like(t, q < 1.0, dtype=torch.bool).squeeze(1)
+    if isinstance(q, torch.Tensor):
+        steep = (q < 1.0).squeeze(1)
+    else:
+        steep = torch.full_like(t, q < 1.0, dtype=torch.bool).squeeze(1)
     if not bool(steep.any()):
         return delta
     qs = q[steep] if isinstance(q, torch.Tensor) else q

@@ -1,4 +1,4 @@
-"""Exact alpha-entmax with autograd for x and alpha (arXiv:2506.16640, section 2, the alpha-entmax definition).
+"""Exact alpha-entmax with autograd for x and alpha (arXiv:2506.16640, section 2: the alpha-entmax map).
 
     p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)),   tau such that sum_i p_i = 1.
 
@@ -13,9 +13,9 @@ steep (p = d^(1/9) for an entry a distance d inside the support), so entries at 
 are as sensitive to rounding of the input as they are in exact arithmetic.
 
 backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row kernel's
-range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE; fp32/fp16/bf16) to that kernel, everything else to the
-torch path; "torch" is the torch path everywhere (what the "reference" and "chunked" attention backends
-use); "triton" insists on the kernel and raises ValueError where it cannot run.
+range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = (1, 2]; fp32/fp16/bf16) to that kernel, everything else
+to the torch path; "reference" is the torch path on every device (what the "reference" and "chunked"
+attention backends use: pure torch); "triton" insists on the kernel and raises ValueError where it cannot.
 
 How tau is found on the torch path (asentmax.ops._entmax_solver does the root finding):
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
@@ -56,7 +56,7 @@ import torch
 from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
 ALPHA_MAX = 10.0
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "reference", "triton")
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
 
@@ -311,7 +311,8 @@ def _vjp(p, grad, alpha, need_alpha):
 
 
 @torch.library.custom_op("asentmax::entmax", mutates_args=())
-def _entmax_op(x2d: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float, triton: bool) -> torch.Tensor:
+def _entmax_op(x2d: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
+               triton: bool) -> torch.Tensor:
     """p (R, n) of x2d's dtype: the Triton row kernel (triton=True) or the torch solve; alpha_rows (R, 1)
     replaces the float alpha when given (torch path only)."""
     if triton:
@@ -358,10 +359,10 @@ _entmax_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _use_triton(x, alpha, backend):
-    """Whether this call runs the Triton row kernel; raises ValueError for backend="triton" where it cannot."""
+    """Whether this call runs the Triton row kernel; ValueError for backend="triton" where it cannot."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    if backend == "reference":
         return False
     reason = None
     if not isinstance(alpha, float):
@@ -377,9 +378,10 @@ def _use_triton(x, alpha, backend):
             reason = "no triton installation"
         else:
             if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
-                reason = f"alpha {alpha:g} outside the kernel's range ({ALPHA_RANGE[0]:g}, {ALPHA_RANGE[1]:g}]"
+                low, high = ALPHA_RANGE
+                reason = f"alpha {alpha:g} outside the kernel's range ({low:g}, {high:g}]"
     if backend == "triton" and reason is not None:
-        raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'torch'")
+        raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
     return reason is None and (backend == "triton" or x.is_cuda)
 
 
@@ -391,8 +393,8 @@ def entmax(x, alpha=1.5, dim=-1, backend="auto"):
             holding NaN or +inf gives a NaN row (and NaN gradients for that row only).
         alpha: float in (1, 10], or a tensor in (1, 10] broadcastable to x with size 1 along dim.
         dim: the dimension that sums to 1.
-        backend: "auto" (Triton row kernel for CUDA tensors it supports, else torch), "torch" (pure torch
-            everywhere) or "triton" (the kernel or a ValueError).
+        backend: "auto" (Triton row kernel for CUDA tensors it supports, else torch), "reference" (pure
+            torch on every device) or "triton" (the kernel or a ValueError).
     Returns p with x's shape and dtype (fp16/bf16 computed in fp32).
     """
     alpha, dim = _check_inputs(x, alpha, dim)
