@@ -257,9 +257,10 @@ def _gate(p, alpha):
     """u = p^(2 - alpha) on the support, 0 elsewhere (the entmax Jacobian weight). Out of place."""
     if isinstance(alpha, float) and alpha == 2.0:
         return (p > 0).to(p.dtype)
-    if isinstance(alpha, float) and alpha == 1.5:
-        return p.sqrt()
-    return torch.where(p > 0, torch.where(p > 0, p, 1.0).pow(2.0 - alpha), 0.0)
+    on = p > 0
+    p_on = torch.where(on, p, 1.0)  # no infinite derivative at p = 0 (double backward)
+    u = p_on.sqrt() if isinstance(alpha, float) and alpha == 1.5 else p_on.pow(2.0 - alpha)
+    return torch.where(on, u, 0.0)
 
 
 def _phi(x):
