@@ -47,7 +47,7 @@ def task_manager(include_path: str | Path | None = None, include_defaults: bool 
 
 @register_model(MODEL_NAME)
 class AsentmaxLM(TemplateLM):
-    def __init__(self, pretrained: str, device: str = "cpu", batch_size: int | str = 1,
+    def __init__(self, pretrained: str, device: str | None = None, batch_size: int | str = 1,
                  max_length: int = 2048, max_gen_toks: int = 256, dtype: str = "float32",
                  max_batch_size: int | None = None):
         super().__init__()
@@ -55,7 +55,10 @@ class AsentmaxLM(TemplateLM):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int (no 'auto'), got {batch_size!r}")
-        self._device = torch.device(device)
+        # lm_eval's command line passes cuda:0 unless told otherwise
+        self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r} asked for but CUDA is not available: pass --device cpu")
         self.model = load_hf(pretrained).model.to(device=self._device, dtype=DTYPES[dtype]).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
         if self.tokenizer.eos_token_id is None:
