@@ -53,9 +53,11 @@ class ASEntmaxTemperature(nn.Module):
     def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
         dtype = compute_dtype(x.dtype)
-        beta = F.softplus(self.beta_proj(x).to(dtype))
-        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype))
-        return beta.transpose(1, 2), gamma.transpose(1, 2)
+        # (B, m, T) contiguous before the nonlinearities: their backward then sees one layout (a compiled
+        # softplus backward fed a transposed gradient returned other strides than its meta kernel said)
+        beta = F.softplus(self.beta_proj(x).to(dtype).transpose(1, 2).contiguous())
+        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype).transpose(1, 2).contiguous())
+        return beta, gamma
 
     def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T)."""

@@ -206,7 +206,7 @@ def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scal
 
 @chunked_attention_bwd.register_fake
 def _(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau, alpha, causal, scale, block_q):
-    d_q_scale = torch.empty_like(q_scale) if q_scale is not None else q.new_empty(0)
+    d_q_scale = q.new_empty(q.shape[:3], dtype=q_scale.dtype) if q_scale is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_q_scale
 
 
