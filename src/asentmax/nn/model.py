@@ -1,5 +1,5 @@
 """Decoder-only Transformer (Llama-style: pre-norm RMSNorm blocks, SwiGLU or GeLU MLP, optional GQA)
-whose attention normaliser and position scheme come from ModelConfig (PAPER.md section 2).
+whose attention normaliser and position scheme come from ModelConfig (arXiv:2506.16640, section 2).
 
 forward(input_ids (B, T), attention_mask=None (B, T) bool True = real token, cache=None) -> logits (B, T, V).
 Positions and n_i count the real tokens of each row only, so left padding changes nothing for the real
@@ -20,7 +20,6 @@ from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.positions import Rotary, head_slopes
 from asentmax.nn.stats import AttentionStats
-from asentmax.nn.temperature import ASEntmaxTemperature, SSMaxTemperature
 from asentmax.ops.entmax import compute_dtype
 
 
@@ -96,9 +95,9 @@ class Transformer(nn.Module):
         for block in self.blocks:  # residual-branch outputs scaled as in GPT-2
             nn.init.normal_(block.attn.wo.weight, std=std / math.sqrt(2 * self.config.n_layers))
             nn.init.normal_(block.mlp.w_down.weight, std=std / math.sqrt(2 * self.config.n_layers))
-        for module in self.modules():
-            if isinstance(module, (ASEntmaxTemperature, SSMaxTemperature)):
-                module.reset_parameters()
+        for block in self.blocks:
+            if block.attn.temperature is not None:
+                block.attn.temperature.reset_parameters()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
