@@ -99,6 +99,12 @@ class Transformer(nn.Module):
             if block.attn.temperature is not None:
                 block.attn.temperature.reset_parameters()
 
+    def temperature_parameters(self):
+        """The parameters of the length-aware temperatures (ASEntmax, SSMax); none for other normalisers."""
+        for block in self.blocks:
+            if block.attn.temperature is not None:
+                yield from block.attn.temperature.parameters()
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
