@@ -412,8 +412,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
-    optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(), betas=(train_config.beta1,
-                                  train_config.beta2), weight_decay=train_config.weight_decay,
+    optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
+                                  betas=(train_config.beta1, train_config.beta2),
+                                  weight_decay=train_config.weight_decay,
                                   **({"fused": True} if train_config.uses("fused", world.device) else {}))
     multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
