@@ -219,6 +219,43 @@ def test_ddp_gradients_match_single_process(tmp_path):
     assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "val.csv")] == [2, 2, 4, 4]
 
 
+def _interrupted_ddp_worker(rank, init_file, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    summary = train(tiny_workload(), tiny_train(steps=100000, log_every=1, checkpoint_every=0),
+                    tiny_model(get_task("copy")), f"{out_dir}/run", progress=False)
+    with open(f"{out_dir}/summary{rank}.json", "w") as f:
+        json.dump({key: summary[key] for key in ("step", "interrupted", "checkpoint_step")}, f)
+    dist.destroy_process_group()
+
+
+def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step(tmp_path):
+    import json
+    import signal
+    import time
+
+    workers = mp.start_processes(_interrupted_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    log = tmp_path / "run" / "log.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (log.is_file() and len(log.read_text().splitlines()) > 3):
+        time.sleep(0.2)
+    os.kill(workers.processes[1].pid, signal.SIGINT)  # rank 1 only, as a kill of one process would
+    join_workers(workers)
+    summaries = [json.loads((tmp_path / f"summary{rank}.json").read_text()) for rank in (0, 1)]
+    assert summaries[1]["interrupted"] == "SIGINT"
+    assert summaries[0]["interrupted"] == "a signal on another rank"
+    step = summaries[0]["step"]
+    assert summaries[1]["step"] == step and summaries[0]["checkpoint_step"] == step
+    saved = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    assert saved["step"] == step and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
+    assert int(_read_csv(log)[-1]["step"]) == step
+
+
 def test_non_finite_loss_stops_training(tmp_path):
     task = get_task("copy")
     # a learning rate of 1e30 turns the weights into inf/NaN within a few updates, before any checkpoint

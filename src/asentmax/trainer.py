@@ -1,5 +1,5 @@
 """The one training engine: it runs any workload (the synthetic tasks, the language model) and knows
-nothing about either (arXiv:2506.16640, section 3, reference training; docs/method.md).
+nothing about either (docs/method.md section 6, reference training).
 
 AdamW, linear warm-up then cosine decay to min_lr_ratio * lr (optionally over fewer steps than the run:
 `decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA,
@@ -249,7 +249,8 @@ def target_loss(model, batch: Batch, world: Distributed, autocast_dtype, stop: b
 
     Returns (loss to backpropagate, summed loss over this rank's tokens, global labelled-token count,
     whether any rank asked to stop), all but the last as device tensors (nothing waits for the device).
-    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count."""
+    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count, and
+    reading the agreed answer waits for the device once per step (single-process runs never wait)."""
     n_global = (batch.labels != IGNORE_INDEX).sum().double()
     any_stop = stop
     if world.active:
@@ -357,9 +358,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
     early after that many total steps with a checkpoint (as if killed there).
 
-    Summary: step, loss (of the last log line of this process, None when no step ran), val (the last
-    validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the signal
-    name, or None)."""
+    Summary: step, total_steps, loss (of the last log line of this process, None when no step ran), val
+    (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
+    signal name, or None)."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
@@ -523,7 +524,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
-            if stop:
+            if stop and step < end:  # a signal in the last step changes nothing
                 interrupted = stop_request.signal_name or "a signal on another rank"
                 end = step
             if (train_config.checkpoint_every and step % train_config.checkpoint_every == 0) or step == end:
@@ -533,6 +534,6 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         writer.close()
     if world.owns_group:
         dist.destroy_process_group()
-    return {"step": step, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
+    return {"step": step, "total_steps": total, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
             "elapsed_s": time.perf_counter() - start_time, "checkpoint_step": saved_step,
             "interrupted": interrupted}

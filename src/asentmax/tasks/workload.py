@@ -1,4 +1,4 @@
-"""The synthetic tasks as a training workload (arXiv:2506.16640, section 3, reference training).
+"""The synthetic tasks as a training workload (docs/method.md section 6, reference training).
 
 `TaskWorkload` is what `asentmax.trainer.train` runs for a task: it draws the length-bucketed training
 batches (asentmax.tasks.device_sampling.training_batches: on CUDA drawn on the GPU for the paper's tasks,
