@@ -286,7 +286,8 @@ def target_loss(model, batch: Batch, world: Distributed, autocast_dtype, stop: b
 
     Returns (loss to backpropagate, summed loss over this rank's tokens, global labelled-token count,
     whether any rank asked to stop), all but the last as device tensors (nothing waits for the device).
-    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count."""
+    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count, and
+    reading the agreed answer waits for the device once per step (single-process runs never wait)."""
     n_global = (batch.labels != IGNORE_INDEX).sum().double()
     any_stop = stop
     if world.active:
@@ -562,7 +563,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
-            if stop:
+            if stop and step < end:  # a signal in the last step changes nothing
                 interrupted = stop_request.signal_name or "a signal on another rank"
                 end = step
             if (train_config.checkpoint_every and step % train_config.checkpoint_every == 0) or step == end:
