@@ -160,8 +160,8 @@ class Transformer(nn.Module):
                                                                                device=device)
             key_mask = torch.cat([past, new], dim=1)
         slopes = None if self.alibi_slopes is None else self.alibi_slopes.to(device)
-        if slopes is not None and key_mask is not None:
-            _check_contiguous(key_mask)
+        if slopes is not None and key_mask is not None and not torch.compiler.is_compiling():
+            _check_contiguous(key_mask)  # a host sync: checked in eager mode only
         if cache is not None:
             cache.commit(key_mask, previous + counts[:, -1])
         rotary = None
