@@ -49,7 +49,7 @@ def assert_same_training(model, call, ids, mask=None):
     logits, grads = loss_and_grads(model, call, ids, mask)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
     assert len(grads) == len(eager_grads)
-    for got, want in zip(grads, eager_grads):
+    for got, want in zip(grads, eager_grads, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
