@@ -81,6 +81,7 @@ class Transformer(nn.Module):
         self.rotary = Rotary(config.head_dim, config.rope_base) if config.position == "rope" else None
         # (H,) float64 or None; a plain attribute, not a buffer, so that model.to(dtype) never rounds it
         self.alibi_slopes = head_slopes(config)
+        self._slopes_on: dict[torch.device, torch.Tensor] = {}  # alibi_slopes copied once per device
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -165,9 +166,13 @@ class Transformer(nn.Module):
             new = attention_mask if attention_mask is not None else torch.ones(b, t, dtype=torch.bool,
                                                                                device=device)
             key_mask = torch.cat([past, new], dim=1)
-        slopes = None if self.alibi_slopes is None else self.alibi_slopes.to(device)
-        if slopes is not None and key_mask is not None:
-            _check_contiguous(key_mask)
+        slopes = None
+        if self.alibi_slopes is not None:  # a host-to-device copy synchronises: made once per device
+            if device not in self._slopes_on:
+                self._slopes_on[device] = self.alibi_slopes.to(device)
+            slopes = self._slopes_on[device]
+        if slopes is not None and key_mask is not None and not torch.compiler.is_compiling():
+            _check_contiguous(key_mask)  # a host sync: checked in eager mode only
         if cache is not None:
             cache.commit(key_mask, previous + counts[:, -1])
         rotary = None
