@@ -83,15 +83,21 @@ def _check_inputs(x, alpha, dim):
                 raise ValueError(
                     f"alpha of shape {tuple(alpha.shape)} must broadcast to x of shape {tuple(x.shape)} "
                     f"with size 1 along dim {dim}")
-        if not bool(((alpha.detach() > 1) & (alpha.detach() <= ALPHA_MAX)).all()):
-            raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] everywhere (alpha = 1 is softmax)")
-        if alpha.dim() == 0 and not alpha.requires_grad:
+        # the values are checked inside the custom op (_check_alpha_values): no host sync while tracing
+        if alpha.dim() == 0 and not alpha.requires_grad and not torch.compiler.is_compiling():
+            _check_alpha_values(alpha)
             alpha = float(alpha)
     else:
         alpha = float(alpha)
         if not 1 < alpha <= ALPHA_MAX:
             raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] (alpha = 1 is softmax), got {alpha}")
     return alpha, dim
+
+
+def _check_alpha_values(alpha):
+    """ValueError unless every entry of the tensor alpha is in (1, ALPHA_MAX]."""
+    if not bool(((alpha.detach() > 1) & (alpha.detach() <= ALPHA_MAX)).all()):
+        raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] everywhere (alpha = 1 is softmax)")
 
 
 def compute_dtype(dtype):
@@ -320,6 +326,8 @@ def _entmax_op(x2d: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: flo
         from asentmax.ops.triton.entmax_rows import entmax_rows_forward
 
         return entmax_rows_forward(x2d, alpha)
+    if alpha_rows is not None:
+        _check_alpha_values(alpha_rows)
     return _forward_2d(x2d, alpha if alpha_rows is None else alpha_rows, torch.empty_like(x2d))[0]
 
 
@@ -380,7 +388,7 @@ def _use_triton(x, alpha, backend):
         else:
             if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
                 low, high = ALPHA_RANGE
-                reason = f"alpha {alpha:g} outside the kernel's range ({low:g}, {high:g}]"
+                reason = f"alpha {alpha} outside the kernel's range ({low:g}, {high:g}]"
     if backend == "triton" and reason is not None:
         raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
     return reason is None and (backend == "triton" or x.is_cuda)
@@ -426,7 +434,10 @@ def entmax_threshold(x, alpha=1.5, dim=-1):
     alpha, dim = _check_inputs(x, alpha, dim)
     with torch.no_grad():
         x2d = _move_to_rows(x, dim, compute_dtype(x.dtype))
-        rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
+        rows_alpha = alpha
+        if isinstance(alpha, torch.Tensor):
+            rows_alpha = _alpha_rows(alpha, x, dim)
+            _check_alpha_values(rows_alpha)
         _, tau = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1
