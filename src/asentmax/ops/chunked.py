@@ -106,7 +106,7 @@ class _Problem:
             p.div_(total)
             tau = z_max + total.log()
         else:
-            p = entmax(z, alpha=self.alpha, dim=-1)
+            p = entmax(z, alpha=self.alpha, dim=-1, backend="reference")
             # p increases with z: at the largest logit p_max^(alpha-1) = (alpha-1) z_max - tau.
             tau = (self.alpha - 1) * z_max - p.amax(-1, keepdim=True) ** (self.alpha - 1)
         if self.any_empty:

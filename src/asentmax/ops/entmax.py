@@ -83,15 +83,21 @@ def _check_inputs(x, alpha, dim):
                 raise ValueError(
                     f"alpha of shape {tuple(alpha.shape)} must broadcast to x of shape {tuple(x.shape)} "
                     f"with size 1 along dim {dim}")
-        if not bool(((alpha.detach() > 1) & (alpha.detach() <= ALPHA_MAX)).all()):
-            raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] everywhere (alpha = 1 is softmax)")
-        if alpha.dim() == 0 and not alpha.requires_grad:
+        # the values are checked inside the custom op (_check_alpha_values): no host sync while tracing
+        if alpha.dim() == 0 and not alpha.requires_grad and not torch.compiler.is_compiling():
+            _check_alpha_values(alpha)
             alpha = float(alpha)
     else:
         alpha = float(alpha)
         if not 1 < alpha <= ALPHA_MAX:
             raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] (alpha = 1 is softmax), got {alpha}")
     return alpha, dim
+
+
+def _check_alpha_values(alpha):
+    """ValueError unless every entry of the tensor alpha is in (1, ALPHA_MAX]."""
+    if not bool(((alpha.detach() > 1) & (alpha.detach() <= ALPHA_MAX)).all()):
+        raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] everywhere (alpha = 1 is softmax)")
 
 
 def compute_dtype(dtype):
@@ -320,6 +326,8 @@ def _entmax_op(x2d: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: flo
         from asentmax.ops.triton.entmax_rows import entmax_rows_forward
 
         return entmax_rows_forward(x2d, alpha)
+    if alpha_rows is not None:
+        _check_alpha_values(alpha_rows)
     return _forward_2d(x2d, alpha if alpha_rows is None else alpha_rows, torch.empty_like(x2d))[0]
 
 
@@ -341,6 +349,29 @@ def _(p, grad, alpha):
     return torch.empty_like(p)
 
 
+@torch.library.custom_op("asentmax::entmax_bwd", mutates_args=())
+def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
+                       need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the k largest entries of
+    each row (k = the largest support), gathered into an (R, k) matrix when that is at most half a row."""
+    alpha = alpha if alpha_rows is None else alpha_rows
+    n = p.shape[1]
+    k = int((p != 0).sum(1).max()) if p.numel() else n  # NaN counts as support
+    if k > n // 2 or k == 0:
+        dx, dalpha = _vjp(p, grad, alpha, need_alpha)
+    else:
+        top = torch.topk(p, max(k, 1), dim=1).indices  # the support, then zeros (NaN sorts first)
+        dx_top, dalpha = _vjp(p.gather(1, top), grad.gather(1, top), alpha, need_alpha)
+        dx = torch.zeros_like(p).scatter_(1, top, dx_top)
+        dx.masked_fill_(torch.isnan(dx_top).any(1, keepdim=True), float("nan"))  # the whole NaN row
+    return dx, (dalpha if need_alpha else torch.zeros_like(p[:, :1]))
+
+
+@_torch_backward_op.register_fake
+def _(p, grad, alpha_rows, alpha, need_alpha):
+    return torch.empty_like(p), p.new_empty((p.shape[0], 1))
+
+
 def _setup_context(ctx, inputs, output):
     _, alpha_rows, alpha, triton = inputs
     ctx.save_for_backward(output, alpha_rows)
@@ -348,12 +379,17 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
+    """The custom backward ops; create_graph=True (grad mode on) takes _vjp itself (differentiable)."""
     p, alpha_rows = ctx.saved_tensors
-    if ctx.triton and not torch.is_grad_enabled():  # create_graph=True takes the differentiable formula
-        return _triton_backward_op(p, grad.to(p.dtype), ctx.alpha), None, None, None
-    alpha = ctx.alpha if alpha_rows is None else alpha_rows
-    dx, dalpha = _vjp(p, grad.to(p.dtype), alpha, ctx.needs_input_grad[1])
-    return dx, dalpha, None, None
+    grad = grad.to(p.dtype)
+    need_alpha = ctx.needs_input_grad[1]
+    if torch.is_grad_enabled():
+        dx, dalpha = _vjp(p, grad, ctx.alpha if alpha_rows is None else alpha_rows, need_alpha)
+    elif ctx.triton:
+        dx, dalpha = _triton_backward_op(p, grad, ctx.alpha), None
+    else:
+        dx, dalpha = _torch_backward_op(p, grad, alpha_rows, ctx.alpha, need_alpha)
+    return dx, (dalpha if need_alpha else None), None, None
 
 
 _entmax_op.register_autograd(_backward, setup_context=_setup_context)
@@ -380,7 +416,7 @@ def _use_triton(x, alpha, backend):
         else:
             if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
                 low, high = ALPHA_RANGE
-                reason = f"alpha {alpha:g} outside the kernel's range ({low:g}, {high:g}]"
+                reason = f"alpha {alpha} outside the kernel's range ({low:g}, {high:g}]"
     if backend == "triton" and reason is not None:
         raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
     return reason is None and (backend == "triton" or x.is_cuda)
@@ -426,7 +462,10 @@ def entmax_threshold(x, alpha=1.5, dim=-1):
     alpha, dim = _check_inputs(x, alpha, dim)
     with torch.no_grad():
         x2d = _move_to_rows(x, dim, compute_dtype(x.dtype))
-        rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
+        rows_alpha = alpha
+        if isinstance(alpha, torch.Tensor):
+            rows_alpha = _alpha_rows(alpha, x, dim)
+            _check_alpha_values(rows_alpha)
         _, tau = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1

@@ -61,7 +61,7 @@ def reference_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q
     if alpha == 1.0:
         p = torch.softmax(z, dim=-1)
     else:
-        p = entmax(z, alpha=alpha, dim=-1)
+        p = entmax(z, alpha=alpha, dim=-1, backend="reference")
     p = p.masked_fill(empty, 0.0)
     out = (p @ vc).to(q.dtype)
     if not return_aux:

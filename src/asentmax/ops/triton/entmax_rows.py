@@ -36,6 +36,9 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import MODE_ENTMAX15, MODE_GENERAL, MODE_SPARSEMAX, mode_of
 
+# jit functions may read a global only as a tl.constexpr: the same numbers, rebound under the same names
+MODE_ENTMAX15, MODE_SPARSEMAX = tl.constexpr(MODE_ENTMAX15), tl.constexpr(MODE_SPARSEMAX)
+
 MAX_BLOCK_N = 32768  # longest row (power of two) kept in registers; longer rows loop over chunks
 LONG_CHUNK = 4096  # chunk length of the looping kernels
 MAX_ITERS_FAST = 32  # alpha in {1.5, 2}: typically 2-7 steps
