@@ -56,11 +56,12 @@ SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-hea
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
 
 
-def launch(name: str, flags: list[str], work: Path, steps: int, smoke: bool) -> subprocess.Popen:
+def launch(name: str, flags: list[str], work: Path, steps: int, smoke: bool,
+           extra: list[str]) -> subprocess.Popen:
     run_dir = work / name
     args = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--run-dir", str(run_dir),
             "--overwrite", "--no-progress", "--steps", str(steps), "--log-every", "25", "--val-every", "0",
-            "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + flags
+            "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + extra + flags
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(work / f"{name}.log", "w")
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -115,12 +116,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20000, help="schedule length of each run")
     parser.add_argument("--escape-loss", type=float, default=0.3)
     parser.add_argument("--smoke", action="store_true", help="tiny CPU runs (tests the script)")
+    parser.add_argument("--train-flags", default="", help="extra `asentmax train` flags for every run")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {k: v for k, v in STUDIES[args.study].items() if not args.only or k in args.only}
     start = time.time()
-    children = {name: launch(name, flags, args.work, args.steps, args.smoke) for name, flags in runs.items()}
+    extra = args.train_flags.split()
+    children = {name: launch(name, flags, args.work, args.steps, args.smoke, extra)
+                for name, flags in runs.items()}
     while time.time() - start < args.seconds and any(c.poll() is None for c in children.values()):
         time.sleep(5)
     for child in children.values():
