@@ -73,8 +73,7 @@ class TrainConfig:
 
     steps: int = field(default=5000, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=128, metadata={"help": "global batch size (split over DDP ranks)"})
-    lr: float = field(default=1e-3, metadata={"help": (
-        "peak learning rate (times sqrt(batch-size / 128) with --lr-scaling sqrt)")})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})  # see lr_scaling
     lr_scaling: str = field(default="none", metadata={"help": (
         "large-batch rule: none (lr as given) | sqrt (peak lr = lr * sqrt(batch-size / 128): the presets' "
         "lr is the paper's at batch 128, and square-root scaling keeps Adam's update noise about constant "
