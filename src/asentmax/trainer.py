@@ -97,6 +97,12 @@ class TrainConfig:
         "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
         "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
     fused: str = field(default="auto", metadata={"help": "fused AdamW: auto (on CUDA) | on | off"})
+    temperature_lr_scale: float = field(default=1.0, metadata={"help": (
+        "learning-rate multiplier of the length-aware temperature parameters (ASEntmax's beta/gamma "
+        "projections, SSMax's s): results/paper/plateau")})
+    temperature_delay_steps: int = field(default=0, metadata={"help": (
+        "the temperature parameters keep their initial values for this many steps, then follow the "
+        "schedule after a warm-up of their own (0: from the start)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -108,7 +114,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -204,6 +210,37 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class DelayedWarmupCosine(WarmupCosine):
+    """The temperature parameters' LR multiplier: 0 for `delay` steps, then `scale` times the run's
+    WarmupCosine, ramped in linearly over `warmup` steps from the end of the delay."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float, delay: int, scale: float):
+        super().__init__(warmup, total, min_ratio)
+        self.delay, self.scale = delay, scale
+
+    def __call__(self, step: int) -> float:
+        if step < self.delay:
+            return 0.0
+        ramp = min(1.0, (step - self.delay + 1) / self.warmup) if self.delay and self.warmup else 1.0
+        return self.scale * ramp * super().__call__(step)
+
+
+def lr_multipliers(config: TrainConfig, n_groups: int) -> list[WarmupCosine]:
+    """One LR multiplier per optimizer parameter group: the model's, then the temperatures' (if any)."""
+    run = WarmupCosine.of(config)
+    temperatures = DelayedWarmupCosine(run.warmup, run.total, run.min_ratio, config.temperature_delay_steps,
+                                       config.temperature_lr_scale)
+    return [run, temperatures][:n_groups]
+
+
+def parameter_groups(model) -> list[dict]:
+    """AdamW parameter groups: the model's parameters, then (when there are any) its temperatures'."""
+    temperatures = list(model.temperature_parameters())
+    chosen = {id(p) for p in temperatures}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in chosen]}]
+    return groups + ([{"params": temperatures}] if temperatures else [])
 
 
 @dataclass
@@ -375,16 +412,18 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.peak_lr(), betas=(train_config.beta1,
-                                  train_config.beta2), weight_decay=train_config.weight_decay,
+    optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
+                                  betas=(train_config.beta1, train_config.beta2),
+                                  weight_decay=train_config.weight_decay,
                                   **({"fused": True} if train_config.uses("fused", world.device) else {}))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine.of(train_config))
+    multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
     step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        scheduler.lr_lambdas = [WarmupCosine.of(train_config)]  # load_state_dict restored the saved one
+        scheduler.lr_lambdas = multipliers  # load_state_dict restored the saved ones
         step = checkpoint["step"]
         rank_states = checkpoint["rank_states"]
         saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
