@@ -49,7 +49,8 @@ def test_probabilities_against_hand_values():
     # entmax-1.5 of (2, 1, 0): p = [z/2 - t]_+^2 with t = (3 - sqrt 7) / 4 > 0, so the logit 0 gets exactly 0
     sparse = get_normaliser("entmax").probabilities(z, 1.5, 4)
     t = (3 - 7**0.5) / 4
-    torch.testing.assert_close(sparse[0], torch.tensor([(1 - t) ** 2, (0.5 - t) ** 2, 0, 0], dtype=torch.float64))
+    want = torch.tensor([(1 - t) ** 2, (0.5 - t) ** 2, 0, 0], dtype=torch.float64)
+    torch.testing.assert_close(sparse[0], want)
     top2 = get_normaliser("topk").probabilities(z, 1.0, 2)
     torch.testing.assert_close(top2[0], torch.tensor([soft[0], soft[1], 0, 0], dtype=torch.float64)
                                / (soft[0] + soft[1]))
