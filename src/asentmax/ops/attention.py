@@ -17,7 +17,9 @@ Backends (names in asentmax.ops.types.BACKENDS): "reference" (dense oracle, refe
 (memory O(N * block), chunked.py), "triton" (GPU kernels, asentmax.ops.triton, imported lazily) and
 "auto" (triton for CUDA tensors when available, chunked otherwise). Each backend declares a
 BackendSupport; a call outside it (triton: alpha > 2, head_dim > 256) is computed by "chunked", decided
-here and nowhere else.
+here and nowhere else. The chunked and triton computations are torch custom ops (asentmax::chunked_attention,
+asentmax::attention_fwd / attention_bwd / attention_decode): the one boundary torch.compile sees, so that a
+compiled model traces this function and the argument checks but none of the block loops or kernel launches.
 """
 
 import torch
