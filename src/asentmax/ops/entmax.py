@@ -121,19 +121,27 @@ def _normalise(p, alpha):
     return p.div_(torch.where(total > 0, total, 1.0))
 
 
+def _compaction(flat_marks, n_rows, n):
+    """Where the marked entries of an (n_rows, n) matrix go in an (n_rows, k) one, k = most marks in a row.
+
+    Returns (flat_index: their positions, slots: their positions in the compact matrix, counts per row, k)."""
+    flat_index = flat_marks.nonzero().squeeze(1)
+    rows = torch.div(flat_index, n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=n_rows)
+    k = max(int(counts.max()), 1) if n_rows else 1
+    # the i-th mark (row-major) goes to slot i - (marks before its row) of its row
+    shift = torch.arange(n_rows, device=flat_marks.device) * k - (torch.cumsum(counts, 0) - counts)
+    slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=flat_marks.device))
+    return flat_index, slots, counts, k
+
+
 def _compact_solve(x, m, marks, alpha, t_lower):
     """Solve on the candidates (marks != 0) gathered into a (R, k) fp64 matrix padded with -inf.
 
     Returns tau - (alpha - 1) m (R, 1), the flat indices of the candidates, and p at them (x's dtype).
     A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
     n_rows, n = x.shape
-    flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # a bool scan reads 4x fewer bytes
-    rows = torch.div(flat_index, n, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=n_rows)
-    k = max(int(counts.max()), 1)
-    # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
-    shift = torch.arange(n_rows, device=x.device) * k - (torch.cumsum(counts, 0) - counts)
-    slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=x.device))
+    flat_index, slots, counts, k = _compaction(marks.view(-1).bool(), n_rows, n)  # bool: 4x fewer bytes
     s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
     s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
     s[:, 0].masked_fill_(counts == 0, 0.0)
@@ -352,18 +360,23 @@ def _(p, grad, alpha):
 @torch.library.custom_op("asentmax::entmax_bwd", mutates_args=())
 def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
                        need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the k largest entries of
-    each row (k = the largest support), gathered into an (R, k) matrix when that is at most half a row."""
+    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the support of each row
+    (NaN counts as support), compacted into an (R, k) matrix when k (the largest support) is at most
+    _COMPACT_FRACTION of a row, as the forward compacts its candidates."""
     alpha = alpha if alpha_rows is None else alpha_rows
-    n = p.shape[1]
-    k = int((p != 0).sum(1).max()) if p.numel() else n  # NaN counts as support
-    if k > n // 2 or k == 0:
+    n_rows, n = p.shape
+    support = (p != 0).view(-1)
+    flat_index, slots, _, k = _compaction(support, n_rows, n) if p.numel() else (None, None, None, n)
+    if p.numel() == 0 or k > _COMPACT_FRACTION * n:  # gathering costs more than it saves
         dx, dalpha = _vjp(p, grad, alpha, need_alpha)
     else:
-        top = torch.topk(p, max(k, 1), dim=1).indices  # the support, then zeros (NaN sorts first)
-        dx_top, dalpha = _vjp(p.gather(1, top), grad.gather(1, top), alpha, need_alpha)
-        dx = torch.zeros_like(p).scatter_(1, top, dx_top)
-        dx.masked_fill_(torch.isnan(dx_top).any(1, keepdim=True), float("nan"))  # the whole NaN row
+        def compact(v):
+            return v.new_zeros(n_rows * k).index_copy_(0, slots, v.view(-1).index_select(0, flat_index))
+
+        dx_c, dalpha = _vjp(compact(p).view(n_rows, k), compact(grad).view(n_rows, k), alpha, need_alpha)
+        dx = torch.zeros_like(p)
+        dx.view(-1).index_copy_(0, flat_index, dx_c.view(-1).index_select(0, slots))
+        dx.masked_fill_(torch.isnan(dx_c).any(1, keepdim=True), float("nan"))  # the whole NaN row
     return dx, (dalpha if need_alpha else torch.zeros_like(p[:, :1]))
 
 
