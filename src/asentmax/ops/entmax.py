@@ -12,10 +12,11 @@ oracle in tests/test_entmax.py); larger alphas raise ValueError. Near alpha = 10
 steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of the support
 are as sensitive to rounding of the input as they are in exact arithmetic.
 
-backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row kernel's
-range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = (1, 2]; fp32/fp16/bf16) to that kernel, everything else
-to the torch path; "reference" is the torch path on every device (what the "reference" and "chunked"
-attention backends use: pure torch); "triton" insists on the kernel and raises ValueError where it cannot.
+backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row
+kernel's range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = [1.01, 2]; fp32/fp16/bf16) to that kernel,
+everything else to the torch path; "reference" is the torch path on every device (what the "reference"
+and "chunked" attention backends use: pure torch); "triton" insists on the kernel (ValueError where it
+cannot run).
 
 How tau is found on the torch path (asentmax.ops._entmax_solver does the root finding):
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
@@ -427,9 +428,9 @@ def _use_triton(x, alpha, backend):
         except ImportError:
             reason = "no triton installation"
         else:
-            if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
+            if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
                 low, high = ALPHA_RANGE
-                reason = f"alpha {alpha} outside the kernel's range ({low:g}, {high:g}]"
+                reason = f"alpha {alpha} outside the kernel's range [{low:g}, {high:g}]"
     if backend == "triton" and reason is not None:
         raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
     return reason is None and (backend == "triton" or x.is_cuda)
