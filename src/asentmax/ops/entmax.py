@@ -397,8 +397,11 @@ def _backward(ctx, grad):
     p, alpha_rows = ctx.saved_tensors
     grad = grad.to(p.dtype)
     need_alpha = ctx.needs_input_grad[1]
-    if torch.is_grad_enabled():
-        dx, dalpha = _vjp(p, grad, ctx.alpha if alpha_rows is None else alpha_rows, need_alpha)
+    if torch.is_grad_enabled():  # fp16/bf16 p (the Triton path keeps x's dtype) in fp32
+        work = compute_dtype(p.dtype)
+        dx, dalpha = _vjp(p.to(work), grad.to(work), ctx.alpha if alpha_rows is None else alpha_rows,
+                          need_alpha)
+        dx = dx.to(p.dtype)
     elif ctx.triton:
         dx, dalpha = _triton_backward_op(p, grad, ctx.alpha), None
     else:
