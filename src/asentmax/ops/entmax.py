@@ -7,10 +7,10 @@ alpha -> 1+ is softmax, alpha = 1.5 the paper's default, alpha = 2 sparsemax. Pu
 alpha) and `entmax_threshold(x, alpha, dim) -> tau`. alpha is a float or a tensor that broadcasts to x
 and has size 1 along `dim` (one alpha per row).
 
-Supported range: any finite alpha > 1 up to ALPHA_MAX = 10 (the whole range is checked against an fp64
-oracle in tests/test_entmax.py); larger alphas raise ValueError. Near alpha = 10 the map is extremely
-steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of the support
-are as sensitive to rounding of the input as they are in exact arithmetic.
+Supported range: any alpha in (1, ALPHA_MAX = 10] (the whole range is checked against fp64 and 60-digit
+oracles in tests/test_entmax_alpha_range.py); larger alphas raise ValueError. Near alpha = 10 the map
+is extremely steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of
+the support are as sensitive to rounding of the input as they are in exact arithmetic.
 
 backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row
 kernel's range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = [1.01, 2]; fp32/fp16/bf16) to that kernel,
@@ -24,7 +24,9 @@ How tau is found on the torch path (asentmax.ops._entmax_solver does the root fi
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
     they are few; otherwise Newton passes over the full rows raise the lower bound until they are.
   * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
-    2); for other alphas p is divided by its row sum, so every row sums to 1 to the output's precision.
+    2; for alpha > 2 a correction below tau's resolution, solved in the shifted variable s - tau, keeps
+    the digits of entries at the edge of the support); for alphas other than 1.5 and 2, p is divided by
+    its row sum, so every row sums to 1 to the output's precision.
   * p is written only at the candidate positions of a zero-filled output.
 
 Backward (u = p^(2 - alpha) on the support, U = sum u, w = u / U, k = the entry of largest u):
@@ -35,16 +37,19 @@ u spans many orders of magnitude (alpha > 2: u is largest where p is smallest). 
 computed in fp64 in the form p_i [B (1 - a L_i) - b_i (1 - a H)] / U with a = alpha - 1, L = log p,
 H = sum p L, b_i = L_i^2 phi(-a L_i), phi(x) = (e^x - 1 - x) / x^2 (a series for small x), B = sum p b:
 the two 1/a^2 terms cancel analytically instead of in floating point (the gradient stays exact as
-alpha -> 1). The backward is made of differentiable torch operations, so double backward works (on the
-Triton path too: with create_graph=True the torch formula is used).
+alpha -> 1). On the torch path the formula runs on each row's support (compacted like the forward's
+candidates when it is small). It is made of differentiable torch operations, and with create_graph=True
+it is what runs (on the Triton path too), so double backward works.
 
 NaN (or +inf) anywhere in a row gives a NaN row, a NaN gradient for that row's x, and a NaN alpha
 gradient for that row; other rows are unaffected. This holds on every path (closed forms, general and
 tensor alpha, torch and Triton). A row that is entirely -inf gives zeros (tau = +inf) and zero gradients.
 
-torch.compile: the forward is one custom op, `torch.ops.asentmax.entmax` (torch.library; its data-
-dependent candidate search stays behind that boundary); the Triton backward is `asentmax::entmax_rows_bwd`;
-the torch backward is traced. fullgraph=True compiles through `entmax` on both devices.
+torch.compile: the forward is one custom op, `torch.ops.asentmax.entmax` (torch.library, with a fake
+kernel and registered autograd; its data-dependent candidate search stays behind that boundary), the
+backward `asentmax::entmax_bwd` (torch) or `asentmax::entmax_rows_bwd` (Triton); under create_graph=True
+the backward formula itself is traced. fullgraph=True compiles through `entmax` on both devices, and new
+lengths reuse the graph once its dims are dynamic.
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
