@@ -164,7 +164,7 @@ def _snapshot(root):
 
 
 @pytest.mark.parametrize("case", ["truncated-checkpoint", "malicious-checkpoint", "garbage-checkpoint",
-                                  "garbage-config", "config-not-an-object", "config-without-train-config",
+                                  "garbage-config", "config-not-an-object", "config-without-workload",
                                   "garbage-eval-json-on-rerun"])
 def test_eval_of_a_damaged_run_dir_is_one_line_naming_the_file(case, trained_run, tmp_path, capsys):
     checkpoint = (trained_run / "checkpoint.pt").read_bytes()
@@ -179,7 +179,7 @@ def test_eval_of_a_damaged_run_dir_is_one_line_naming_the_file(case, trained_run
         "garbage-checkpoint": ("checkpoint.pt", bytes(range(256)) * 10),
         "garbage-config": ("config.json", b"{not json"),
         "config-not-an-object": ("config.json", b"[1, 2]"),
-        "config-without-train-config": ("config.json", b'{"model_config": {}}'),
+        "config-without-workload": ("config.json", b'{"model_config": {}}'),
         "garbage-eval-json-on-rerun": ("eval.json", b"\x00\xff garbage"),
     }[case]
     run = _damaged_copy(trained_run, tmp_path, name, content)

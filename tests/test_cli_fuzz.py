@@ -68,9 +68,13 @@ RUN_DAMAGES = {  # damage -> function(run dir, root) applied to a copy of a good
     "config-garbage": lambda run, root: (run / "config.json").write_bytes(b"{\"train_config\": {"),
     "config-not-utf8": lambda run, root: (run / "config.json").write_bytes(b"\xff\xfe\x00{}"),
     "config-a-list": lambda run, root: (run / "config.json").write_text("[1, 2, 3]"),
-    "config-no-train-config": lambda run, root: (run / "config.json").write_text('{"model_config": {}}'),
+    "config-no-workload": lambda run, root: (run / "config.json").write_text('{"model_config": {}}'),
     "config-unknown-task": lambda run, root: (run / "config.json").write_text(
-        '{"train_config": {"task": "juggle", "max_length": 6}}'),
+        '{"workload": {"name": "task", "task": "juggle", "max_length": 6}}'),
+    "config-other-workload": lambda run, root: (run / "config.json").write_text(
+        '{"workload": {"name": "lm"}}'),
+    "config-other-task": lambda run, root: (run / "config.json").write_text(
+        '{"workload": {"name": "task", "task": "sort", "max_length": 6}}'),
     "config-missing": lambda run, root: (run / "config.json").unlink(),
     "config-a-directory": lambda run, root: ((run / "config.json").unlink(), (run / "config.json").mkdir()),
 }

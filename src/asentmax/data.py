@@ -1,4 +1,4 @@
-"""Batching for the synthetic tasks (PAPER.md section 3): encode, pad, and draw length-bucketed batches.
+"""Batching for the synthetic tasks (docs/method.md section 6): encode, pad, and draw length-bucketed batches.
 
 A sequence is `<bos> source <sep> target <eos>`; the model reads tokens[:-1] and is scored on the
 next token only where the task's target_mask is True (target tokens and EOS), so the loss is taken on

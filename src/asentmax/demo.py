@@ -191,13 +191,3 @@ def run_demo(output_dir: Path | str = DEFAULT_OUTPUT, steps: int | None = None,
         publish(output_dir, publish_root)
         print(f"copied to {publish_root / PUBLISHED_DIR} and rewrote README.md's demo table")
     return table
-
-
-def main(argv: list[str] | None = None) -> int:
-    from asentmax.cli import main as cli_main
-
-    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-"""Length-generalisation evaluation (arXiv:2506.16640, the synthetic-task experiments): exact match of
-greedy decoding per length multiplier.
+"""Length-generalisation evaluation (docs/method.md section 7): exact match of greedy decoding per length
+multiplier.
 
 For each length multiplier m (1x = the training "ID" length, up to 1024x) a fixed, seeded evaluation
 set is drawn (asentmax.tasks.make_eval_set), prompts `<bos> source <sep>` are decoded greedily with
@@ -21,9 +21,8 @@ per-token accuracy is over the same tokens. Exact match comes with a Wilson conf
 - on the CPU the default multipliers stop at `cpu_max_length` tokens (the paper's 1x..1024x is hours
   there); any --multipliers given explicitly are evaluated as given, with the estimate printed.
 
-`teacher_forced_accuracy` scores one forward pass instead; its exact match equals greedy decoding's
-(greedy decoding is right at every step iff every teacher-forced argmax is right), so training uses it
-for cheap validation.
+Training validates with `asentmax.tasks.scoring.teacher_forced_accuracy` instead (one forward pass; the
+same exact match as greedy decoding).
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from asentmax.runs import (
     read_json,
     write_json,
 )
+from asentmax.tasks.scoring import autocast, shape_batches
 
 PAPER_MULTIPLIERS = (1, 2, 4, 16, 64, 256, 1024)  # the paper's MQMTAR protocol: 1x .. 1024x
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
@@ -140,40 +140,6 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
     return lengths
 
 
-def _autocast(device, dtype):
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype or torch.bfloat16,
-                          enabled=dtype is not None)
-
-
-def _groups(examples, key, max_batch: int, max_tokens: int):
-    """Indices of `examples` grouped by `key` (equal prompt shapes), cut into batches under both budgets."""
-    by_key: dict = {}
-    for i, example in enumerate(examples):
-        by_key.setdefault(key(example), []).append(i)
-    for shape, indices in by_key.items():
-        rows = max(1, min(max_batch, max_tokens // max(1, shape[0])))
-        for start in range(0, len(indices), rows):
-            yield indices[start:start + rows]
-
-
-@torch.no_grad()
-def teacher_forced_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                            max_batch_tokens: int = 32768) -> dict:
-    """Exact match and per-token accuracy of the argmax next token at every scored position (target + EOS)."""
-    exact, correct, total = 0, 0, 0
-    key = lambda e: (len(e.source) + len(e.target) + 2,)
-    for indices in _groups(examples, key, batch_size, max_batch_tokens):
-        batch = collate(task, [examples[i] for i in indices]).to(device)
-        with _autocast(device, autocast_dtype):
-            logits = model(batch.input_ids)
-        scored = batch.labels != IGNORE_INDEX
-        hits = (logits.argmax(-1) == batch.labels) & scored
-        exact += int((hits.sum(1) == scored.sum(1)).sum())
-        correct += int(hits.sum())
-        total += int(scored.sum())
-    return {"exact_match": exact / len(examples), "token_accuracy": correct / total}
-
-
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
                     max_batch_tokens: int = 32768, on_batch=None) -> dict:
@@ -183,11 +149,11 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
 
     exact, correct, total = 0, 0, 0
     key = lambda e: (len(e.source) + 2, len(e.target))
-    for indices in _groups(examples, key, batch_size, max_batch_tokens):
+    for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
         group = [examples[i] for i in indices]
         prompts = torch.tensor([[BOS, *e.source, SEP] for e in group], dtype=torch.long, device=device)
         expected = torch.tensor([[*e.target, EOS] for e in group], dtype=torch.long, device=device)
-        with _autocast(device, autocast_dtype):
+        with autocast(device, autocast_dtype):
             out = model.generate(prompts, expected.shape[1], temperature=0.0)
         hits = out[:, prompts.shape[1]:] == expected
         exact += int(hits.all(1).sum())
@@ -388,14 +354,19 @@ class EvalPlan:
 
 
 def _saved_task(run_dir: Path) -> tuple[str, int]:
-    """(task name, longest training length) from the run's config.json; RunError naming the file."""
-
+    """(task name, longest training length) of a synthetic-task run, from its config.json (the workload
+    record the trainer writes); RunError naming the file when it is unreadable or not such a run."""
     path = run_dir / CONFIG_NAME
-    saved = read_json(path, "run config").get("train_config")
-    if not (isinstance(saved, dict) and isinstance(saved.get("task"), str)
-            and isinstance(saved.get("max_length"), int) and saved["max_length"] > 0):
-        raise RunError(f"{path} has no train_config with task and max_length; restore it from the run")
-    return saved["task"], saved["max_length"]
+    workload = read_json(path, "run config").get("workload")
+    if not isinstance(workload, dict):
+        raise RunError(f"{path} has no workload record; restore it from the run")
+    if workload.get("name") != "task":
+        raise RunError(f"{path} is a {workload.get('name')!r} run; `asentmax eval` scores synthetic-task "
+                       "runs")
+    if not (isinstance(workload.get("task"), str) and isinstance(workload.get("max_length"), int)
+            and workload["max_length"] > 0):
+        raise RunError(f"{path} has no task and max_length in its workload; restore it from the run")
+    return workload["task"], workload["max_length"]
 
 
 def _model_from_checkpoint(path: Path, checkpoint: dict, attention_backend: str):
@@ -403,7 +374,7 @@ def _model_from_checkpoint(path: Path, checkpoint: dict, attention_backend: str)
     from asentmax.nn import ModelConfig, Transformer
 
     try:
-        model_config = ModelConfig(**checkpoint["model_config"])
+        model_config = ModelConfig.from_dict(checkpoint["model_config"])
         if attention_backend:
             model_config = replace(model_config, attention_backend=attention_backend)
         Transformer(model_config).load_state_dict(checkpoint["model"])
@@ -468,6 +439,10 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         task = get_task(task_name)
     except (KeyError, ValueError) as error:
         raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}") from error
+    saved_workload = checkpoint.get("workload")
+    if not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name:
+        raise RunError(f"{checkpoint_path} is not the checkpoint of the {task_name} run that "
+                       f"{run_dir / CONFIG_NAME} describes")
     id_length = config.id_length or max_length
     multipliers, left_out = resolve_multipliers(config, id_length, device)
     lengths = multiplier_lengths(id_length, multipliers, task)
@@ -493,7 +468,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     header = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length,
               "eval_config": {**asdict(config), "multipliers": list(multipliers)}, "protocol": protocol,
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
-              "train_step": checkpoint["step"], "git_commit": git_commit(), "device": describe_device(device)}
+              "workload": saved_workload, "train_step": checkpoint["step"], "git_commit": git_commit(),
+              "device": describe_device(device)}
     return EvalPlan(run_dir=run_dir, output=output, config=config, device=device,
                     autocast_dtype=autocast_dtype, task=task, model_config=model_config,
                     model_state=model_state, lengths=lengths, done=done, header=header, notes=notes)

@@ -1,4 +1,4 @@
-"""Flip-flop language (PAPER.md section 3; Liu et al. 2023, "Exposing Attention Glitches with
+"""Flip-flop language (docs/method.md section 6; Liu et al. 2023, "Exposing Attention Glitches with
 Flip-Flop Language Modeling"): remember the last written bit across ignored and read instructions.
 
 Vocabulary (fixed, 9 ids): 4 specials, then `w`=4 (write), `i`=5 (ignore), `r`=6 (read),
@@ -27,6 +27,7 @@ BIT0 = FIRST_SYMBOL + 3  # bit b is BIT0 + b
 
 class FlipFlopTask(Task):
     name = "flipflop"
+    train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     min_length = 3
 
     def __init__(self, p_write: float = 0.1, p_read: float = 0.0):

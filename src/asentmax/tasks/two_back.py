@@ -1,4 +1,4 @@
-"""2-back (PAPER.md section 3): for every position, the token two steps earlier.
+"""2-back (docs/method.md section 6): for every position, the token two steps earlier.
 
 Vocabulary (fixed): 4 specials, NONE=4 (named `-`), then `n_symbols` (32) symbols named s0..
 Source: `length` symbols drawn uniformly with replacement. Target: `length` tokens,
@@ -19,6 +19,7 @@ NONE = FIRST_SYMBOL
 
 class TwoBackTask(Task):
     name = "two_back"
+    train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     min_length = 1
 
     def __init__(self, n_symbols: int = 32):
