@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from asentmax.eval import format_multiplier, load_evaluation
+from asentmax.nn.normalisers import NORMALISERS
 from asentmax.runs import write_json
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
@@ -42,8 +43,7 @@ PAPER_RESULTS = {
         "asentmax": (100.0, 100.0, 79.7, 0.0),
     },
 }
-METHOD_NAMES = {"softmax": "Softmax", "ssmax": "SSMax", "entmax": "Entmax", "asentmax": "ASEntmax",
-                "topk": "Top-K"}
+METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 
 
 def method_label(result: dict) -> str:

@@ -38,6 +38,7 @@ from statistics import NormalDist
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
+from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
     CHECKPOINT_NAME,
     CONFIG_NAME,
@@ -77,10 +78,10 @@ class EvalConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
-        default="", metadata={"help": "replace the model's attention backend: auto|reference|chunked|triton"})
+        default="", metadata={"help": "replace the model's attention backend: " + "|".join(BACKENDS)})
 
     def validate(self) -> None:
-        if self.attention_backend not in ("", "auto", "reference", "chunked", "triton"):
+        if self.attention_backend not in ("", *BACKENDS):
             raise ValueError(f"unknown attention-backend {self.attention_backend!r}")
         if any(not (m > 0 and math.isfinite(m)) for m in self.multipliers):
             given = " ".join(map(str, self.multipliers))
