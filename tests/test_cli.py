@@ -188,6 +188,9 @@ def test_eval_of_a_damaged_run_dir_is_one_line_naming_the_file(case, trained_run
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and str(run / name) in err, err
     assert not marker.exists()
+    why = {"truncated-checkpoint": "truncated", "garbage-checkpoint": "not a torch checkpoint",
+           "malicious-checkpoint": "nothing in it ran"}.get(case, "")
+    assert why in err, err
     assert _snapshot(tmp_path) == before
 
 

@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import subprocess
 import zipfile
@@ -137,7 +138,13 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError,
             AttributeError, TypeError, KeyError, IndexError) as error:
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        if re.search(r"unsupported (global|class)", str(error), re.IGNORECASE):
+            reason = "it holds objects other than tensors and plain data: refused, nothing in it ran"
+        elif isinstance(error, (pickle.UnpicklingError, EOFError, zipfile.BadZipFile)) \
+                or "PytorchStreamReader" in str(error):
+            reason = "truncated, or not a torch checkpoint file"
+        else:
+            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise RunError(f"{path} is not a loadable asentmax checkpoint ({reason}); "
                        "delete it to start the run again") from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
