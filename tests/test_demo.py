@@ -39,11 +39,10 @@ def test_demo_pipeline_writes_table_plots_and_summary_and_publishes(tmp_path, mo
         [p.relative_to(output) for p in output.rglob("*") if p.is_file() and p.suffix != ".pt"]
         + [Path("README.md")])
     assert (published / "README.md").read_text() == "kept"
-    readme = (checkout / "README.md").read_text()
-    assert readme.startswith("intro\n") and readme.endswith("rest\n") and "old table" not in readme
     block = demo.readme_demo_block(json.loads((published / "compare.json").read_text()),
                                    json.loads((published / "demo.json").read_text()))
-    assert demo.readme_demo_section(readme) == block
+    readme = (checkout / "README.md").read_text()
+    assert readme == f"intro\n{demo.README_BEGIN}\n{block}\n{demo.README_END}\nrest\n"
     assert "| Softmax | " in block and "| 1x | 1.5x |" in block
 
 

@@ -106,12 +106,17 @@ def readme_demo_block(compare: dict, summary: dict) -> str:
     return "\n".join(lines)
 
 
-def readme_demo_section(readme_text: str) -> str:
-    """The text between README_BEGIN and README_END; ValueError when the markers are missing."""
+def _section_bounds(readme_text: str) -> tuple[int, int]:
     start, end = readme_text.find(README_BEGIN), readme_text.find(README_END)
     if start < 0 or end < start:
         raise ValueError(f"README.md has no demo table markers ({README_BEGIN} ... {README_END})")
-    return readme_text[start + len(README_BEGIN):end].strip("\n")
+    return start + len(README_BEGIN), end
+
+
+def readme_demo_section(readme_text: str) -> str:
+    """The text between README_BEGIN and README_END; ValueError when the markers are missing."""
+    start, end = _section_bounds(readme_text)
+    return readme_text[start:end].strip("\n")
 
 
 def check_publish_target(root: Path) -> None:
@@ -130,8 +135,8 @@ def publish(output_dir: Path, root: Path) -> None:
     summary = json.loads((target / "demo.json").read_text())
     readme = root / "README.md"
     text = readme.read_text()
-    old = readme_demo_section(text)
-    readme.write_text(text.replace(old, readme_demo_block(compare, summary), 1))
+    start, end = _section_bounds(text)
+    readme.write_text(f"{text[:start]}\n{readme_demo_block(compare, summary)}\n{text[end:]}")
 
 
 def run_demo(output_dir: Path | str = DEFAULT_OUTPUT, steps: int | None = None,
