@@ -78,13 +78,15 @@ RUN_DAMAGES = {  # damage -> function(run dir, root) applied to a copy of a good
     "config-missing": lambda run, root: (run / "config.json").unlink(),
     "config-a-directory": lambda run, root: ((run / "config.json").unlink(), (run / "config.json").mkdir()),
 }
-EVAL_DAMAGES = {  # these break a re-run of eval and compare
+EVAL_DAMAGES = {  # these break a re-run of eval, and (but for eval.md) compare
     "eval-garbage": lambda run, root: (run / "eval.json").write_text('{"rows": [ '),
     "eval-misshapen": lambda run, root: (run / "eval.json").write_text('{"rows": [{"length": -1}]}'),
     "eval-a-list": lambda run, root: (run / "eval.json").write_text("[]"),
     "eval-a-directory": lambda run, root: ((run / "eval.json").unlink(), (run / "eval.json").mkdir()),
+    "eval-md-a-directory": lambda run, root: ((run / "eval.md").unlink(), (run / "eval.md").mkdir()),
 }
 NOT_A_RUN = ("run-dir-missing", "run-dir-a-file", "run-dir-empty")
+COMPARE_DAMAGES = (*(name for name in EVAL_DAMAGES if name != "eval-md-a-directory"), *NOT_A_RUN)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,8 @@ BAD_EVAL_FLAGS = [
     ["--seed", "-1"], ["--dispersion-samples", "-1"], ["--dispersion-max-tokens", "-5"],
     ["--cpu-max-length", "-1"], ["--device", "tpu"], ["--device", "cuda"], ["--amp", "fp8"],
     ["--attention-backend", "magic"], ["--bogus"], ["--output"], ["--output", "@a-file/eval"],
-    ["--fresh", "--samples", "0"],
+    ["--fresh", "--samples", "0"], ["--fresh", "--output", "@eval-a-directory/eval"],
+    ["--fresh", "--output", "@eval-md-a-directory/eval"],
 ]
 BAD_TRAIN = [
     [], ["--task", "juggle"], ["--attention", "magic"], ["--steps", "abc"], ["--steps", "0"],
@@ -139,8 +142,7 @@ def _cases():
     """Every damaged run dir under eval (and, for eval.json damage, compare), then seeded random mixes."""
     rng = random.Random(SEED)
     cases = [["eval", f"@{name}"] for name in (*RUN_DAMAGES, *EVAL_DAMAGES, *NOT_A_RUN)]
-    cases += [["compare", "@good", f"@{name}", "--output-dir", "@new"]
-              for name in (*EVAL_DAMAGES, *NOT_A_RUN)]
+    cases += [["compare", "@good", f"@{name}", "--output-dir", "@new"] for name in COMPARE_DAMAGES]
     cases += [["train", "--run-dir", f"@checkpoint-{how}", "--resume", "--no-progress"]
               for how in ("truncated", "empty", "random", "planted-code", "missing")]
     cases += [["eval", "@good", *flag] for flag in BAD_EVAL_FLAGS]
@@ -164,7 +166,7 @@ def _cases():
         elif kind == "eval-flag":
             cases.append(["eval", "@good", *_valid_eval_flags(rng), *rng.choice(BAD_EVAL_FLAGS)])
         elif kind == "compare":
-            bad = [f"@{d}" for d in rng.sample([*EVAL_DAMAGES, *NOT_A_RUN], rng.randint(1, 2))]
+            bad = [f"@{d}" for d in rng.sample(COMPARE_DAMAGES, rng.randint(1, 2))]
             dirs = ["@good", *bad]
             rng.shuffle(dirs)
             cases.append(["compare", *dirs, "--output-dir", rng.choice(["@new", "@a-file", "@a-file/sub"])])

@@ -360,8 +360,7 @@ def test_rerun_after_more_training_starts_afresh(tiny_run, monkeypatch, capsys):
 def test_load_evaluation_rejects_what_eval_does_not_write(problem, data, tmp_path):
     import json
 
-    from asentmax.eval import load_evaluation
-    from asentmax.runs import RunError
+    from asentmax.runs import RunError, load_evaluation
 
     path = tmp_path / "eval.json"
     path.write_text(json.dumps(data))

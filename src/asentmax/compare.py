@@ -4,16 +4,15 @@ its synthetic-task results), an accuracy-vs-length plot (log x axis) and an atte
 `dispersion` entries `asentmax eval` stores per length.
 
 Writes compare.md, compare.json, accuracy.png and (when dispersion was measured) dispersion.png, after
-every eval.json has been read and checked (asentmax.eval.load_evaluation: RunError naming a bad file).
+every eval.json has been read and checked (asentmax.runs.load_evaluation: RunError naming a bad file).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from asentmax.eval import format_multiplier, load_evaluation
 from asentmax.nn.normalisers import NORMALISERS
-from asentmax.runs import write_json
+from asentmax.runs import format_multiplier, load_evaluation, write_json
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes).

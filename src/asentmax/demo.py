@@ -90,7 +90,7 @@ def readme_demo_block(compare: dict, summary: dict) -> str:
     """README.md's demo paragraph and table (between README_BEGIN and README_END) from a demo's
     compare.json and demo.json: exact match % of each method at every evaluated multiplier."""
     from asentmax.compare import method_label
-    from asentmax.eval import format_multiplier
+    from asentmax.runs import format_multiplier
 
     results = compare["results"]
     multipliers = sorted({row["length"] / r["id_length"] for r in results for row in r["rows"]})

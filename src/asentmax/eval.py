@@ -45,8 +45,10 @@ from asentmax.runs import (
     EVAL_NAME,
     RunError,
     describe_device,
+    format_multiplier,
     git_commit,
     load_checkpoint,
+    load_evaluation,
     read_json,
     write_json,
 )
@@ -261,55 +263,7 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_multiplier(m: float) -> str:
-    return f"{m:g}x"
-
-
 # ---- evaluation files ----
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _evaluation_problem(data: dict) -> str | None:
-    """What makes `data` unusable as an evaluation result (None when it is usable)."""
-    if not isinstance(data.get("task"), str) or not isinstance(data.get("run_dir"), str):
-        return "no task or run_dir"
-    if not (isinstance(data.get("id_length"), int) and data["id_length"] > 0):
-        return "no positive id_length"
-    model_config = data.get("model_config")
-    if not (isinstance(model_config, dict) and isinstance(model_config.get("attention"), str)):
-        return "no model_config.attention"
-    if not isinstance(data.get("rows"), list):
-        return "no rows"
-    for row in data["rows"]:
-        if not isinstance(row, dict) or not all(_number(row.get(k)) for k in (
-                "length", "n", "n_exact", "exact_match", "token_accuracy", "ci_low", "ci_high")):
-            return "a row without length, n, n_exact, exact_match, token_accuracy, ci_low, ci_high"
-        if not (row["length"] > 0 and row["n"] > 0 and 0 <= row["exact_match"] <= 1):
-            return f"an impossible row at length {row['length']}"
-        dispersion = row.get("dispersion")
-        if dispersion is not None and not (isinstance(dispersion, dict) and all(
-                _number(dispersion.get(k)) for k in ("normalised_entropy", "support_size"))):
-            return f"unreadable dispersion at length {row['length']}"
-    return None
-
-
-def load_evaluation(path: Path | str) -> dict:
-    """An evaluation result (eval.json, or a run directory holding one); RunError (one line naming the
-    file) when it is missing, not JSON or not shaped like what `asentmax eval` writes."""
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / f"{EVAL_NAME}.json"
-    if not path.exists():
-        raise RunError(f"no evaluation at {path} (run `asentmax eval` first)")
-    data = read_json(path, "evaluation")
-    problem = _evaluation_problem(data)
-    if problem:
-        raise RunError(f"{path} is not an asentmax evaluation ({problem}); re-run `asentmax eval --fresh`")
-    return data
-
 
 def _write_results(output: Path, result: dict) -> None:
     """<output>.json and <output>.md, each replaced atomically."""
@@ -398,11 +352,11 @@ def resolve_multipliers(config: EvalConfig, id_length: int, device: torch.device
 
 def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict], list[str]]:
     """Rows of an earlier evaluation at `path` made with the same protocol, and notes to print."""
-
+    for target in (path, path.with_suffix(".md")):
+        if target.exists() and not target.is_file():
+            raise RunError(f"{target} is not a file; move it away or pass --output")
     if fresh or not path.exists():
         return [], []
-    if not path.is_file():
-        raise RunError(f"{path} is not a file; move it away or pass --output")
     try:
         earlier = load_evaluation(path)
     except RunError as error:
