@@ -76,8 +76,8 @@ def main() -> int:
                  "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
     train_s = run_all(train, work, "train", args.train_seconds)
     multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
-    evals = {m: ["eval", str(d), "--multipliers", *multipliers, "--samples", str(args.samples)]
-             for m, d in runs.items()}
+    evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers,
+                 "--samples", str(args.samples)] for m, d in runs.items()}
     eval_s = run_all(evals, work, "eval", None)
     compare = subprocess.run([sys.executable, "-m", "asentmax", "compare", *map(str, runs.values()),
                               "--output-dir", str(out)], capture_output=True, text=True, check=True)
