@@ -38,7 +38,8 @@ def sequence_nll(model, sequences: torch.Tensor, *, batch_size: int,
         chunk = sequences[lo:lo + batch_size].to(device)
         with _autocast(device, autocast_dtype):
             logits = model(chunk[:, :-1])
-        total += float(F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
+        total += float(F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"))
         count += chunk[:, 1:].numel()
     return total, count
 
