@@ -18,7 +18,7 @@ test: $(STAMP)
 	TRITON_INTERPRET=1 $(PY) -m pytest -q -m "not gpu" tests
 
 demo: $(STAMP)
-	$(PY) -m asentmax.demo
+	$(PY) -m asentmax demo
 
 demo-dispersion: $(STAMP)
 	$(PY) -m asentmax.dispersion

@@ -13,9 +13,11 @@ import torch.multiprocessing as mp
 
 from asentmax.data import length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
-from asentmax.tasks import get_task
 from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
-from asentmax.train import Distributed, TrainConfig, target_loss, train
+from asentmax.tasks import get_task
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.train import resume_run
+from asentmax.trainer import Distributed, TrainConfig, target_loss, train
 from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,9 +26,12 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ddp_scaling.
 
 
 def tiny_config() -> TrainConfig:
-    return TrainConfig(task="copy", min_length=3, max_length=6, steps=6, batch_size=8, lr=3e-3,
-                       warmup_steps=2, val_every=0, val_multipliers=(1,), val_samples=4, log_every=2,
+    return TrainConfig(steps=6, batch_size=8, lr=3e-3, warmup_steps=2, val_every=0, log_every=2,
                        checkpoint_every=0, seed=3, device="cpu")
+
+
+def tiny_workload() -> TaskWorkload:
+    return TaskWorkload(task="copy", min_length=3, max_length=6, val_multipliers=(1,), val_samples=4)
 
 
 def tiny_model() -> ModelConfig:
@@ -39,7 +44,8 @@ def _two_process_worker(rank, init_file, run_dir):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    train(tiny_config(), tiny_model(), run_dir, stop_at_step=3, progress=False)  # step 3: mid log window
+    # step 3: mid log window
+    train(tiny_workload(), tiny_config(), tiny_model(), run_dir, stop_at_step=3, progress=False)
     dist.destroy_process_group()
 
 
@@ -57,15 +63,15 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, monkeypatch):
     assert saved["step"] == 3 and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    summary = train(None, None, run_dir, resume=True, progress=False)
+    summary = resume_run(run_dir, progress=False)
     assert summary["step"] == 6
     resumed = load_checkpoint(run_dir / CHECKPOINT_NAME)
     assert resumed["step"] == 6 and resumed["world_size"] == 1 and len(resumed["rank_states"]) == 1
     assert resumed["scheduler"]["last_epoch"] == 6
 
     # independent count: the batches each (rank, step) draws, 4 per rank on 2 ranks, 8 on 1 rank
-    task, config = get_task("copy"), tiny_config()
-    buckets = length_buckets(config.min_length, config.max_length, config.length_buckets)
+    task, config, workload = get_task("copy"), tiny_config(), tiny_workload()
+    buckets = length_buckets(workload.min_length, workload.max_length, workload.length_buckets)
     batch = lambda rank, step, size: training_batch(task, seed=config.seed, rank=rank, step=step,
                                                     batch_size=size, buckets=buckets)
     log = _read_log(run_dir / "log.csv")
@@ -78,10 +84,10 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, monkeypatch):
     model = Transformer(tiny_model())
     model.load_state_dict(saved["model"])
     with torch.no_grad():
-        _, loss_sum, n_targets = target_loss(model, batch(0, 3, 8), Distributed(), None)
+        _, loss_sum, n_targets, _ = target_loss(model, batch(0, 3, 8), Distributed(), None)
     windows = [state["window"] for state in saved["rank_states"]]
     assert windows[0]["targets"] == windows[1]["targets"] > 0
-    expected = (sum(w["loss"] for w in windows) + loss_sum) / (windows[0]["targets"] + n_targets)
+    expected = (sum(w["loss"] for w in windows) + float(loss_sum)) / (windows[0]["targets"] + int(n_targets))
     assert float(log[1]["loss"]) == pytest.approx(expected, rel=1e-5)
     assert math.isfinite(float(log[2]["loss"]))
 

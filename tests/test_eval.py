@@ -14,11 +14,11 @@ from asentmax.eval import (
     evaluate,
     greedy_accuracy,
     multiplier_lengths,
-    teacher_forced_accuracy,
     wilson_interval,
 )
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import BOS, EOS, SEP, get_task, make_eval_set
+from asentmax.tasks.scoring import teacher_forced_accuracy
 
 
 class StubModel(torch.nn.Module):

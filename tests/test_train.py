@@ -1,5 +1,6 @@
-"""Training driver (asentmax.train, asentmax.data): batching, schedule, loss goes down, exact resume,
-DDP (2 gloo processes) gradients equal to the single-process gradients of the concatenated batch."""
+"""The training engine (asentmax.trainer) on the task workload (asentmax.tasks.workload, asentmax.data):
+batching, schedule, loss goes down, exact resume, DDP (2 gloo processes) gradients equal to the
+single-process gradients of the concatenated batch."""
 
 import csv
 import math
@@ -12,9 +13,11 @@ import torch.multiprocessing as mp
 
 from asentmax.data import IGNORE_INDEX, collate, length_buckets, training_batch
 from asentmax.nn import ModelConfig, Transformer
-from asentmax.tasks import get_task
 from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
-from asentmax.train import Distributed, TrainConfig, WarmupCosine, target_loss, train
+from asentmax.tasks import get_task
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.train import resume_run
+from asentmax.trainer import Distributed, NonFiniteLoss, TrainConfig, WarmupCosine, target_loss, train
 from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,9 +29,14 @@ def tiny_model(task, **overrides) -> ModelConfig:
 
 
 def tiny_train(**overrides) -> TrainConfig:
-    fields = dict(task="copy", min_length=3, max_length=6, steps=12, batch_size=8, lr=3e-3, warmup_steps=3,
-                  val_every=0, val_multipliers=(1, 2), val_samples=4, log_every=2, checkpoint_every=4, seed=3)
+    fields = dict(steps=12, batch_size=8, lr=3e-3, warmup_steps=3, val_every=0, log_every=2,
+                  checkpoint_every=4, seed=3)
     return TrainConfig(**{**fields, **overrides})
+
+
+def tiny_workload(**overrides) -> TaskWorkload:
+    return TaskWorkload(**{**dict(task="copy", min_length=3, max_length=6, val_multipliers=(1, 2),
+                                  val_samples=4), **overrides})
 
 
 # ---- data ----
@@ -105,7 +113,8 @@ def test_training_reduces_the_loss(tmp_path):
     task = get_task("copy")  # 32 symbols: predicting the marginal gives log(32) nats per token
     config = tiny_train(steps=150, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=0,
                         val_every=75)
-    summary = train(config, tiny_model(task, d_model=48, n_heads=4), tmp_path / "run", progress=False)
+    summary = train(tiny_workload(), config, tiny_model(task, d_model=48, n_heads=4), tmp_path / "run",
+                    progress=False)
     losses = [float(r["loss"]) for r in _read_csv(tmp_path / "run" / "log.csv")]
     assert len(losses) == 15 and summary["step"] == 150
     assert losses[0] > 0.95 * math.log(32)  # starts at chance
@@ -121,10 +130,11 @@ def test_kill_and_resume_gives_the_same_weights(tmp_path, attention):
     task = get_task("copy")
     # dropout > 0 makes the result depend on the restored torch RNG state
     model_config = tiny_model(task, attention=attention, dropout=0.1)
-    straight = train(tiny_train(), model_config, tmp_path / "straight", progress=False)
-    first = train(tiny_train(), model_config, tmp_path / "resumed", stop_at_step=5, progress=False)
+    straight = train(tiny_workload(), tiny_train(), model_config, tmp_path / "straight", progress=False)
+    first = train(tiny_workload(), tiny_train(), model_config, tmp_path / "resumed", stop_at_step=5,
+                  progress=False)
     assert first["step"] == 5 and load_checkpoint(tmp_path / "resumed" / CHECKPOINT_NAME)["step"] == 5
-    resumed = train(None, None, tmp_path / "resumed", resume=True, progress=False)  # fresh objects
+    resumed = resume_run(tmp_path / "resumed", progress=False)  # fresh objects, from the checkpoint
     assert straight["step"] == resumed["step"] == 12
     a = load_checkpoint(tmp_path / "straight" / CHECKPOINT_NAME)
     b = load_checkpoint(tmp_path / "resumed" / CHECKPOINT_NAME)
@@ -143,21 +153,23 @@ def test_kill_and_resume_gives_the_same_weights(tmp_path, attention):
 
 def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
     task = get_task("copy")
-    train(tiny_train(steps=4), tiny_model(task), tmp_path / "run", progress=False)
+    train(tiny_workload(), tiny_train(steps=4), tiny_model(task), tmp_path / "run", progress=False)
     checkpoint = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
-    for key in ("train_config", "model_config", "model", "optimizer", "scheduler", "rank_states", "step",
-                "git_commit", "device"):
+    for key in ("train_config", "workload", "model_config", "model", "optimizer", "scheduler", "rank_states",
+                "step", "git_commit", "device"):
         assert key in checkpoint, key
     assert set(checkpoint["rank_states"][0]["rng"]) >= {"torch", "numpy", "python"}
     assert checkpoint["model_config"] == {**tiny_model(task).to_dict()}
     assert checkpoint["train_config"]["steps"] == 4 and checkpoint["step"] == 4
+    assert TaskWorkload.from_dict(checkpoint["workload"]) == tiny_workload()
     assert not [p for p in os.listdir(tmp_path / "run") if ".tmp" in p]  # atomic write left no temp file
 
 
 def test_mismatched_vocab_is_refused(tmp_path):
     with pytest.raises(ValueError, match="vocab_size"):
-        train(tiny_train(), ModelConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, d_ff=16),
-              tmp_path / "run", progress=False)
+        train(tiny_workload(), tiny_train(),
+              ModelConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, d_ff=16), tmp_path / "run",
+              progress=False)
 
 
 # ---- DDP ----
@@ -172,13 +184,13 @@ def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_dir):
     model.load_state_dict(state)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     batch = collate(task, examples_per_rank[rank])
-    loss, _, _ = target_loss(ddp, batch, Distributed(rank, world_size), None)
+    loss, _, _, _ = target_loss(ddp, batch, Distributed(rank, world_size), None)
     loss.backward()
     if rank == 0:
         torch.save({name: p.grad for name, p in model.named_parameters()}, f"{out_dir}/grads.pt")
     # the whole training loop on the same group: collectives for loss, logging, validation, checkpoints
-    train(tiny_train(steps=4, batch_size=6, val_every=2, checkpoint_every=2), tiny_model(task),
-          f"{out_dir}/run", progress=False)
+    train(tiny_workload(), tiny_train(steps=4, batch_size=6, val_every=2, checkpoint_every=2),
+          tiny_model(task), f"{out_dir}/run", progress=False)
     dist.destroy_process_group()
 
 
@@ -195,9 +207,9 @@ def test_ddp_gradients_match_single_process(tmp_path):
     join_workers(workers)
     ddp_grads = torch.load(tmp_path / "grads.pt")
 
-    loss, loss_sum, n = target_loss(model, collate(task, shards[0] + shards[1]), Distributed(), None)
+    loss, loss_sum, n, _ = target_loss(model, collate(task, shards[0] + shards[1]), Distributed(), None)
     loss.backward()
-    assert n == sum(len(e.target) + 1 for shard in shards for e in shard)
+    assert int(n) == sum(len(e.target) + 1 for shard in shards for e in shard)
     for name, p in model.named_parameters():
         torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
@@ -209,10 +221,36 @@ def test_ddp_gradients_match_single_process(tmp_path):
 
 def test_non_finite_loss_stops_training(tmp_path):
     task = get_task("copy")
-    # an infinite learning rate turns the weights into inf/NaN in the first update: step 2 must stop
-    with pytest.raises(FloatingPointError, match="non-finite training loss at step 2"):
-        train(tiny_train(lr=float("inf")), tiny_model(task), tmp_path / "run", progress=False)
+    # a learning rate of 1e30 turns the weights into inf/NaN within a few updates, before any checkpoint
+    with pytest.raises(NonFiniteLoss, match=r"loss at step \d+; no checkpoint was written"):
+        train(tiny_workload(), tiny_train(lr=1e30, checkpoint_every=0), tiny_model(task), tmp_path / "run",
+              progress=False)
     assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()
+
+
+class BrokenAtStep(TaskWorkload):
+    """The copy workload whose batch of 0-based step `broken` has no labelled token (a 0/0 loss)."""
+
+    broken = 6
+
+    def batches(self, *, start_step, **kwargs):
+        for step, batch in enumerate(super().batches(start_step=start_step, **kwargs), start_step):
+            if step == self.broken:
+                batch.labels.fill_(IGNORE_INDEX)
+            yield batch
+
+
+def test_non_finite_loss_names_its_step_and_the_checkpoint_that_exists(tmp_path):
+    task = get_task("copy")
+    workload = BrokenAtStep.from_dict(tiny_workload().to_dict())
+    with pytest.raises(NonFiniteLoss) as error:  # logs every 5 steps: found at step 10, happened at step 7
+        train(workload, tiny_train(log_every=5, checkpoint_every=4), tiny_model(task), tmp_path / "run",
+              progress=False)
+    path = tmp_path / "run" / CHECKPOINT_NAME
+    assert str(error.value) == (f"non-finite training loss at step 7; {path} holds step 4 (written before "
+                                "the loss broke); resume from it with a lower lr, or start again")
+    saved = load_checkpoint(path)
+    assert saved["step"] == 4 and all(torch.isfinite(v).all() for v in saved["model"].values())
 
 
 def test_rng_state_from_a_host_with_more_gpus(monkeypatch):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
-import shutil
 import sys
 import types
 import typing
@@ -45,6 +45,16 @@ def _flag_type(hint):
     return hint, None, None
 
 
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _parse_bool(text: str) -> bool:
     if text.lower() in ("1", "true", "yes", "on"):
         return True
@@ -66,6 +76,8 @@ def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defau
         allowed = list((choices or {}).get(f.name, allowed) or []) or None
         if kind is bool:
             kind = _parse_bool
+        elif kind is float:
+            kind = _finite_float
         default = f.default if f.default is not dataclasses.MISSING else None
         note = defaults_note or f"default: {default}"
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs,
@@ -84,77 +96,211 @@ def _given(args, names) -> dict:
 
 # ---- train ----
 
+TRAIN_EPILOG = ("`asentmax train --preset sort --help` lists the sort preset's values. --resume continues "
+                "a run from its checkpoint; --resume --steps N extends a (finished) run to N steps with the "
+                "lr at its minimum after the original steps. Ctrl-C (SIGINT) or SIGTERM saves a checkpoint "
+                "at the current step and exits with code 130.")
+
+
+def _preset_values(preset: str) -> dict:
+    """Every train, workload and model field's value under the preset of task `preset` (model fields of
+    a task without a model preset: ModelConfig's defaults, the architecture marked 'required')."""
+    from asentmax.nn import ModelConfig
+    from asentmax.tasks.workload import ARCHITECTURE_FIELDS, TaskWorkload
+    from asentmax.trainer import TrainConfig
+
+    workload = TaskWorkload(task=preset)
+    values = {**dataclasses.asdict(TrainConfig(**workload.train_preset())), **workload.to_dict()}
+    try:
+        model = workload.model_config().to_dict()
+    except ValueError:
+        model = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+        model.update({name: "required (no model preset)" for name in ARCHITECTURE_FIELDS})
+    return {**model, **values}
+
+
+def _describe_preset(parser, preset: str) -> None:
+    """Set each config flag's help to its field help and the value under `preset`."""
+    values = _preset_values(preset)
+    for action in parser._actions:
+        base = getattr(action, "field_help", None)
+        if base is not None:
+            value = values.get(action.dest)
+            shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+            action.help = f"{base} (default: {shown}, from the {preset} preset)"
+
+
+class _PresetAction(argparse.Action):
+    """Stores the preset (or task) name and shows its values in a later --help."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        setattr(namespace, self.dest, value)
+        _describe_preset(parser, value)
+
+
 def _train_parser(sub):
     from asentmax.nn import ModelConfig, config
     from asentmax.tasks import TASK_NAMES
-    from asentmax.train import PRESETS, TrainConfig
+    from asentmax.tasks.workload import TaskWorkload
+    from asentmax.trainer import TrainConfig
 
-    p = sub.add_parser("train", help="train a model on a synthetic task", description=(
+    p = sub.add_parser("train", help="train a model on a synthetic task", epilog=TRAIN_EPILOG, description=(
         "Train a model on a synthetic task. Flags not given keep the preset's values "
-        "(--preset, else the preset of --task)."))
-    p.add_argument("--run-dir", required=True, type=Path, help="output directory (refused if it exists)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="paper task preset (training and model)")
+        "(--preset, else the preset of --task, else copy)."))
+    p.add_argument("--run-dir", required=True, type=Path,
+                   help="output directory (refused if it holds another run's checkpoint or other files)")
+    p.add_argument("--preset", choices=TASK_NAMES, action=_PresetAction,
+                   help="the task's training and model preset; put it before --help to see its values")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run-dir")
     p.add_argument("--stop-at-step", type=int, help="stop (with a checkpoint) after this many steps")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train_choices = {"task": TASK_NAMES, "device": ("auto", "cpu", "cuda"), "amp": ("auto", "bf16", "off")}
+    p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
+                   help="synthetic task (its preset applies unless --preset is given)")
+    workload_names = ["task"] + add_config_flags(p, TaskWorkload, skip=("task",))
+    train_choices = {"device": ("auto", "cpu", "cuda"), "amp": ("auto", "bf16", "off")}
     train_names = add_config_flags(p, TrainConfig, choices=train_choices)
     model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,
                      "alibi_slopes": config.ALIBI_SLOPES, "asentmax_init": config.ASENTMAX_INITS,
                      "ssmax_form": config.SSMAX_FORMS, "attention_backend": config.BACKENDS}
-    model_names = add_config_flags(p, ModelConfig, skip=("vocab_size",) + tuple(train_names),
-                                   choices=model_choices, defaults_note="default: from the preset")
-    p.set_defaults(run=_run_train, train_names=train_names, model_names=model_names)
+    model_names = add_config_flags(p, ModelConfig, skip=("vocab_size",) + tuple(train_names + workload_names),
+                                   choices=model_choices)
+    field_help = {f.name: f.metadata.get("help", f.name.replace("_", " "))
+                  for cls in (TaskWorkload, TrainConfig, ModelConfig) for f in dataclasses.fields(cls)}
+    for action in p._actions:
+        if action.dest in field_help and action.dest != "task":
+            action.field_help = field_help[action.dest]
+    _describe_preset(p, "copy")
+    p.set_defaults(run=_run_train, train_names=train_names, workload_names=workload_names,
+                   model_names=model_names)
+
+
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU is visible on this machine; use --device cpu or auto")
+
+
+def _main_rank() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _run_train(args) -> None:
-    from asentmax.tasks import get_task
-    from asentmax.runs import CHECKPOINT_NAME, RUN_FILES
-    from asentmax.train import PRESETS, model_config_for, train
+    from asentmax.runs import RunError
+    from asentmax.trainer import NonFiniteLoss, train
 
-    run_dir: Path = args.run_dir
-    train_overrides, model_overrides = _given(args, args.train_names), _given(args, args.model_names)
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite exclude each other")
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise UsageError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
-    if args.resume:
-        if train_overrides or model_overrides or args.preset:
-            raise UsageError("--resume continues with the saved configuration; drop the config flags")
-        if not (run_dir / CHECKPOINT_NAME).is_file():
-            raise UsageError(f"no checkpoint to resume at {run_dir / CHECKPOINT_NAME}")
-        _report_training(train(None, None, run_dir, resume=True, stop_at_step=args.stop_at_step,
-                               progress=not args.no_progress))
-        return
+    try:
+        if args.resume:
+            from asentmax.train import resume_run
+
+            saved, steps = _saved_run(args)
+            summary = resume_run(args.run_dir, saved, steps=steps, stop_at_step=args.stop_at_step,
+                                 progress=not args.no_progress)
+        else:
+            workload, train_config, model_config = _new_run(args)
+            summary = train(workload, train_config, model_config, args.run_dir,
+                            stop_at_step=args.stop_at_step, progress=not args.no_progress)
+    except (RunError, NonFiniteLoss) as error:
+        raise UsageError(str(error)) from None
+    _report_training(summary, args.run_dir)
+
+
+def _check_world(train_config) -> None:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if train_config.batch_size % world_size:
+        raise UsageError(f"--batch-size {train_config.batch_size} is not divisible by {world_size} processes")
+
+
+def _saved_run(args):
+    """The checkpoint of --run-dir to resume and the --steps to extend it to (None: keep its steps)."""
+    from asentmax.train import extended, load_run
+
+    train_overrides = _given(args, args.train_names)
+    steps = train_overrides.pop("steps", None)
+    if train_overrides or _given(args, args.model_names) or _given(args, args.workload_names) or args.preset:
+        raise UsageError("--resume continues with the saved configuration; drop the config flags "
+                         "(only --steps may be given, to extend the run)")
+    saved = load_run(args.run_dir)
+    _check_device(saved.train_config.device)
+    _check_world(saved.train_config)
+    if steps is not None and steps != saved.train_config.steps:
+        try:
+            extended(saved.train_config, steps, saved.checkpoint["step"])
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    return saved, steps
+
+
+def _new_run(args):
+    """(workload, TrainConfig, ModelConfig) of the flags, checked, with --run-dir ready for them."""
+    from asentmax.tasks import get_task
+    from asentmax.tasks.workload import TaskWorkload
+    from asentmax.trainer import TrainConfig
+
+    run_dir: Path = args.run_dir
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"run dir {run_dir} is a file")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not args.overwrite:
-        raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or --overwrite")
-    preset = args.preset or train_overrides.get("task", "copy")
-    if preset not in PRESETS:
-        raise UsageError(f"no preset for task {preset!r}")
-    train_config = dataclasses.replace(PRESETS[preset](), **train_overrides)
+    workload_overrides = _given(args, args.workload_names)
+    preset = args.preset or workload_overrides.get("task", "copy")
     try:
+        workload = TaskWorkload(**{"task": preset, **workload_overrides})
+        train_config = TrainConfig(**{**get_task(preset).train_preset, **_given(args, args.train_names)})
         train_config.validate()
-        task = get_task(train_config.task)
-        for length in (train_config.min_length, train_config.max_length):
-            task.check_length(length)
-        model_config = model_config_for(task, model_overrides)
+        model_config = workload.model_config(_given(args, args.model_names))
+        workload.check_model(model_config)
     except (ValueError, TypeError) as error:
-        raise UsageError(str(error)) from error
-    if args.overwrite and int(os.environ.get("RANK", "0")) == 0:
-        for name in RUN_FILES:
-            target = run_dir / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
-    _report_training(train(train_config, model_config, run_dir, stop_at_step=args.stop_at_step,
-                           progress=not args.no_progress))
+        raise UsageError(str(error)) from None
+    _check_device(train_config.device)
+    _check_world(train_config)
+    _prepare_run_dir(run_dir, args.overwrite)
+    if train_config.warmup_steps >= train_config.steps and _main_rank():
+        print(f"warning: --warmup-steps {train_config.warmup_steps} >= --steps {train_config.steps}: the lr "
+              f"rises for the whole run and peaks at "
+              f"{train_config.lr * train_config.steps / train_config.warmup_steps:.3g}, not --lr "
+              f"{train_config.lr:g}", file=sys.stderr)
+    return workload, train_config, model_config
 
 
-def _report_training(summary: dict) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
-              f"{summary['loss']:.4f}; run dir {summary['run_dir']}")
+def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Refuse a run dir holding a run or other files; clear one the user overwrites or that can restart
+    (asentmax.runs.restartable: no checkpoint, only files a run writes before its first one)."""
+    from asentmax.runs import CHECKPOINT_NAME, clear_run_files, restartable
+
+    if not (run_dir.is_dir() and any(run_dir.iterdir())):
+        return
+    if not overwrite:
+        if (run_dir / CHECKPOINT_NAME).exists():
+            raise UsageError(f"run dir {run_dir} holds a checkpoint; pass --resume to continue it or "
+                             "--overwrite to replace it")
+        if not restartable(run_dir):
+            raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or --overwrite")
+        if _main_rank():
+            print(f"run dir {run_dir} holds no checkpoint: starting it again", file=sys.stderr)
+    if _main_rank():
+        clear_run_files(run_dir)
+
+
+def _report_training(summary: dict, run_dir: Path) -> None:
+    if not _main_rank():
+        if summary["interrupted"]:
+            raise SystemExit(130)
+        return
+    if summary["interrupted"]:
+        print(f"interrupted ({summary['interrupted']}) at step {summary['step']}; "
+              f"{run_dir / 'checkpoint.pt'} holds step {summary['checkpoint_step']}. Resume with: "
+              f"asentmax train --run-dir {run_dir} --resume", file=sys.stderr)
+        raise SystemExit(130)
+    if summary["loss"] is None:
+        print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
+              f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")
+        return
+    print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
+          f"{summary['loss']:.4f}; run dir {summary['run_dir']}")
 
 
 # ---- eval ----
@@ -173,8 +319,8 @@ def _eval_parser(sub):
 
 def _run_eval(args) -> None:
     from asentmax.eval import EvalConfig, evaluate_run, multiplier_lengths
-    from asentmax.tasks import get_task
     from asentmax.runs import CHECKPOINT_NAME, CONFIG_NAME
+    from asentmax.tasks import get_task
 
     if args.output is not None and len(args.run_dirs) > 1:
         raise UsageError("--output needs exactly one run dir")
@@ -184,7 +330,7 @@ def _run_eval(args) -> None:
         for run_dir in args.run_dirs:
             if not (run_dir / CHECKPOINT_NAME).is_file():
                 raise ValueError(f"no checkpoint at {run_dir / CHECKPOINT_NAME}")
-            saved = json.loads((run_dir / CONFIG_NAME).read_text())["train_config"]
+            saved = json.loads((run_dir / CONFIG_NAME).read_text())["workload"]
             multiplier_lengths(config.id_length or saved["max_length"], config.multipliers,
                                get_task(saved["task"]))
     except (ValueError, TypeError, OSError, KeyError) as error:

@@ -60,7 +60,7 @@ def _report(table: str, train_options: dict, total: float, train_seconds: float)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return "\n".join([
         "# `make demo` result", "",
-        f"Command: `make demo` (= `python -m asentmax.demo`), run {when} on {_cores()} CPU cores.",
+        f"Command: `make demo` (= `python -m asentmax demo`), run {when} on {_cores()} CPU cores.",
         f"Wall time {total:.0f} s (training done at {train_seconds:.0f} s; the two models in parallel).", "",
         f"Task {DEMO_TASK}, training lengths {train_options['min-length']}-{train_options['max-length']} "
         f"(ID = {train_options['max-length']}), {train_options['steps']} steps of batch "
@@ -115,19 +115,9 @@ def run_demo(output_dir: Path | str = "results/demo", steps: int | None = None) 
     summary = {"task": DEMO_TASK, "train": train_options, "model": DEMO_MODEL, "eval": DEMO_EVAL,
                "train_seconds": round(train_seconds, 1), "total_seconds": round(total, 1),
                "finished_at_s": seconds,
-               "command": "make demo  (python -m asentmax.demo)", "cpu_count": _cores()}
+               "command": "make demo  (python -m asentmax demo)", "cpu_count": _cores()}
     (output_dir / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     (output_dir / "demo.md").write_text(_report(table, train_options, total, train_seconds))
     print(table)
     print(f"demo finished in {total:.0f}s (training {train_seconds:.0f}s); outputs in {output_dir}")
     return table
-
-
-def main(argv: list[str] | None = None) -> int:
-    from asentmax.cli import main as cli_main
-
-    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

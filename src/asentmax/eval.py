@@ -7,9 +7,8 @@ memory-safe on CPU (the model's "auto" attention backend is the chunked torch pa
 an exact match when it reproduces the target and then <eos> (the tokens the training loss covers);
 per-token accuracy is over the same tokens. Exact match comes with a Wilson confidence interval.
 
-`teacher_forced_accuracy` scores one forward pass instead; its exact match equals greedy decoding's
-(greedy decoding is right at every step iff every teacher-forced argmax is right), so training uses it
-for cheap validation.
+Training validates with `asentmax.tasks.scoring.teacher_forced_accuracy` instead (one forward pass; the
+same exact match as greedy decoding).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from statistics import NormalDist
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
+from asentmax.tasks.scoring import autocast, shape_batches
 
 
 @dataclass
@@ -90,40 +90,6 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
     return lengths
 
 
-def _autocast(device, dtype):
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype or torch.bfloat16,
-                          enabled=dtype is not None)
-
-
-def _groups(examples, key, max_batch: int, max_tokens: int):
-    """Indices of `examples` grouped by `key` (equal prompt shapes), cut into batches under both budgets."""
-    by_key: dict = {}
-    for i, example in enumerate(examples):
-        by_key.setdefault(key(example), []).append(i)
-    for shape, indices in by_key.items():
-        rows = max(1, min(max_batch, max_tokens // max(1, shape[0])))
-        for start in range(0, len(indices), rows):
-            yield indices[start:start + rows]
-
-
-@torch.no_grad()
-def teacher_forced_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                            max_batch_tokens: int = 32768) -> dict:
-    """Exact match and per-token accuracy of the argmax next token at every scored position (target + EOS)."""
-    exact, correct, total = 0, 0, 0
-    key = lambda e: (len(e.source) + len(e.target) + 2,)
-    for indices in _groups(examples, key, batch_size, max_batch_tokens):
-        batch = collate(task, [examples[i] for i in indices]).to(device)
-        with _autocast(device, autocast_dtype):
-            logits = model(batch.input_ids)
-        scored = batch.labels != IGNORE_INDEX
-        hits = (logits.argmax(-1) == batch.labels) & scored
-        exact += int((hits.sum(1) == scored.sum(1)).sum())
-        correct += int(hits.sum())
-        total += int(scored.sum())
-    return {"exact_match": exact / len(examples), "token_accuracy": correct / total}
-
-
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
                     max_batch_tokens: int = 32768) -> dict:
@@ -132,11 +98,11 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
 
     exact, correct, total = 0, 0, 0
     key = lambda e: (len(e.source) + 2, len(e.target))
-    for indices in _groups(examples, key, batch_size, max_batch_tokens):
+    for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
         group = [examples[i] for i in indices]
         prompts = torch.tensor([[BOS, *e.source, SEP] for e in group], dtype=torch.long, device=device)
         expected = torch.tensor([[*e.target, EOS] for e in group], dtype=torch.long, device=device)
-        with _autocast(device, autocast_dtype):
+        with autocast(device, autocast_dtype):
             out = model.generate(prompts, expected.shape[1], temperature=0.0)
         hits = out[:, prompts.shape[1]:] == expected
         exact += int(hits.all(1).sum())
@@ -194,8 +160,8 @@ def load_model(run_dir: Path | str, device: torch.device, attention_backend: str
     """The trained Transformer of a run directory (from its checkpoint), its task and the checkpoint;
     a non-empty `attention_backend` replaces the one the model was trained with."""
     from asentmax.nn import ModelConfig, Transformer
-    from asentmax.tasks import get_task
     from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
+    from asentmax.tasks import get_task
 
     checkpoint = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
     model_config = ModelConfig(**checkpoint["model_config"])
@@ -204,7 +170,7 @@ def load_model(run_dir: Path | str, device: torch.device, attention_backend: str
     model = Transformer(model_config)
     model.load_state_dict(checkpoint["model"])
     model.to(device).eval()
-    return model, get_task(checkpoint["train_config"]["task"]), checkpoint
+    return model, get_task(checkpoint["workload"]["task"]), checkpoint
 
 
 def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
@@ -235,7 +201,7 @@ def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | N
         raise ValueError("device 'cuda' requested but CUDA is not available")
     device = torch.device("cuda" if use_cuda else "cpu")
     model, task, checkpoint = load_model(run_dir, device, config.attention_backend)
-    id_length = config.id_length or checkpoint["train_config"]["max_length"]
+    id_length = config.id_length or checkpoint["workload"]["max_length"]
     lengths = multiplier_lengths(id_length, config.multipliers, task)
     use_bf16 = config.amp == "bf16" or (config.amp == "auto" and device.type == "cuda")
     rows = evaluate(model, task, lengths, samples=config.samples, seed=config.seed, device=device,
@@ -247,7 +213,8 @@ def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | N
                                            f"({r['n_exact']}/{r['n']}), {r['seconds']:.1f}s"))
     result = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length, "rows": rows,
               "eval_config": asdict(config), "model_config": checkpoint["model_config"],
-              "train_config": checkpoint["train_config"], "train_step": checkpoint["step"],
+              "train_config": checkpoint["train_config"], "workload": checkpoint["workload"],
+              "train_step": checkpoint["step"],
               "git_commit": git_commit(), "device": describe_device(device)}
     output = Path(output) if output is not None else run_dir / "eval"
     output.parent.mkdir(parents=True, exist_ok=True)

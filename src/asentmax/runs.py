@@ -22,6 +22,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -87,6 +88,32 @@ def read_json(path: Path | str, what: str = "file") -> dict:
     if not isinstance(data, dict):
         raise RunError(f"{path} is not a JSON object; restore or delete it")
     return data
+
+
+# ---- the state of a run directory ----
+
+def restartable(run_dir: Path | str) -> bool:
+    """True for a run directory without a checkpoint that holds only what a run writes before its first
+    checkpoint (a config.json of asentmax, the logs, tensorboard/): starting it again loses nothing."""
+    run_dir = Path(run_dir)
+    if (run_dir / CHECKPOINT_NAME).exists() or not all(p.name in RUN_FILES for p in run_dir.iterdir()):
+        return False
+    if not (run_dir / CONFIG_NAME).exists():
+        return True
+    try:
+        return "train_config" in read_json(run_dir / CONFIG_NAME)
+    except RunError:
+        return False
+
+
+def clear_run_files(run_dir: Path | str) -> None:
+    """Delete the files a run writes (RUN_FILES) from `run_dir`; other files stay."""
+    for name in RUN_FILES:
+        target = Path(run_dir) / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
 
 
 # ---- checkpoints ----

@@ -51,7 +51,8 @@ class Example:
 
 
 class Task:
-    """Base class: subclasses set `name`, `min_length`, `symbol_names` and implement `_generate`.
+    """Base class: subclasses set `name`, `min_length`, `symbol_names`, the presets, and implement
+    `_generate`.
 
     `symbol_names` lists the human-readable names of the task's own symbols, which get the ids
     FIRST_SYMBOL, FIRST_SYMBOL + 1, ...; `vocab_size = FIRST_SYMBOL + len(symbol_names)`.
@@ -59,6 +60,11 @@ class Task:
 
     name: str = ""
     min_length: int = 1
+    # Presets (arXiv:2506.16640, section 3, reference training): the TrainConfig fields this task sets
+    # (asentmax.trainer.TrainConfig; the rest keep their defaults), and its reference model, a function
+    # (vocab_size, **overrides) -> ModelConfig, or None when the paper gives none (then the user must).
+    train_preset: dict = {}
+    model_preset = None
 
     def __init__(self, symbol_names: list[str]):
         self.symbol_names = list(symbol_names)

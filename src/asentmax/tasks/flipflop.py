@@ -27,6 +27,7 @@ BIT0 = FIRST_SYMBOL + 3  # bit b is BIT0 + b
 
 class FlipFlopTask(Task):
     name = "flipflop"
+    train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     min_length = 3
 
     def __init__(self, p_write: float = 0.1, p_read: float = 0.0):

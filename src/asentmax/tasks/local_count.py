@@ -20,6 +20,7 @@ from asentmax.tasks.base import FIRST_SYMBOL, Task
 
 class LocalCountTask(Task):
     name = "local_count"
+    train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     min_length = 1
 
     def __init__(self, n_symbols: int = 32, min_run: int = 2, max_run: int = 12):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from asentmax.nn.presets import mqmtar_model
 from asentmax.tasks.base import FIRST_SYMBOL, Task
 
 BLANK, COLON, QUERY = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
@@ -41,6 +42,8 @@ def pairs_for_length(length: int, table_size: int) -> int:
 class MQMTARTask(Task):
     name = "mqmtar"
     min_length = BLOCK_TOKENS
+    train_preset = {"lr": 2e-4, "steps": 20000, "warmup_steps": 1000}
+    model_preset = staticmethod(mqmtar_model)
 
     def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0):
         if not isinstance(n_queries, int) or n_queries < 1:

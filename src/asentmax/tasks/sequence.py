@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from asentmax.nn.presets import copy_model, reverse_model, sort_model
 from asentmax.tasks.base import FIRST_SYMBOL, Task
 
 
@@ -35,6 +36,8 @@ class CopyTask(RandomSequenceTask):
     """Target = the source unchanged."""
 
     name = "copy"
+    train_preset = {"lr": 1e-3, "steps": 5000}
+    model_preset = staticmethod(copy_model)
 
     def transform(self, source):
         return source
@@ -44,6 +47,8 @@ class ReverseTask(RandomSequenceTask):
     """Target = the source reversed."""
 
     name = "reverse"
+    train_preset = {"lr": 4e-4, "steps": 10000, "warmup_steps": 500}
+    model_preset = staticmethod(reverse_model)
 
     def transform(self, source):
         return source[::-1]
@@ -53,6 +58,8 @@ class SortTask(RandomSequenceTask):
     """Target = the source sorted by symbol id (ascending, duplicates kept)."""
 
     name = "sort"
+    train_preset = {"lr": 4e-4, "steps": 10000, "warmup_steps": 500}
+    model_preset = staticmethod(sort_model)
 
     def transform(self, source):
         return np.sort(source)

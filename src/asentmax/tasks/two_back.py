@@ -19,6 +19,7 @@ NONE = FIRST_SYMBOL
 
 class TwoBackTask(Task):
     name = "two_back"
+    train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     min_length = 1
 
     def __init__(self, n_symbols: int = 32):

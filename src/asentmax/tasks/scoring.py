@@ -1,0 +1,51 @@
+"""Scoring a model on task examples: batches of equal shapes, and teacher-forced accuracy
+(arXiv:2506.16640, section 3: exact match on the target tokens and EOS).
+
+`teacher_forced_accuracy` takes one forward pass per batch and scores the argmax next token at every
+position the training loss covers (target tokens and EOS). Its exact match equals that of greedy
+decoding (greedy decoding is right at every step iff every teacher-forced argmax is right), so training
+validates with it; `asentmax.eval` decodes greedily with the KV cache and shares `shape_batches` and
+`autocast` with this file.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asentmax.data import IGNORE_INDEX, collate
+
+
+def autocast(device, dtype):
+    """torch.autocast to `dtype` on `device`'s type, or a disabled one when `dtype` is None."""
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype or torch.bfloat16,
+                          enabled=dtype is not None)
+
+
+def shape_batches(examples, key, max_batch: int, max_tokens: int):
+    """Indices of `examples` grouped by `key` (equal prompt shapes), cut into batches of at most
+    `max_batch` rows and about `max_tokens` tokens (key()[0] tokens per row)."""
+    by_key: dict = {}
+    for i, example in enumerate(examples):
+        by_key.setdefault(key(example), []).append(i)
+    for shape, indices in by_key.items():
+        rows = max(1, min(max_batch, max_tokens // max(1, shape[0])))
+        for start in range(0, len(indices), rows):
+            yield indices[start:start + rows]
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
+                            max_batch_tokens: int = 32768) -> dict:
+    """Exact match and per-token accuracy of the argmax next token at every scored position (target + EOS)."""
+    exact, correct, total = 0, 0, 0
+    key = lambda e: (len(e.source) + len(e.target) + 2,)
+    for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
+        batch = collate(task, [examples[i] for i in indices]).to(device)
+        with autocast(device, autocast_dtype):
+            logits = model(batch.input_ids)
+        scored = batch.labels != IGNORE_INDEX
+        hits = (logits.argmax(-1) == batch.labels) & scored
+        exact += int((hits.sum(1) == scored.sum(1)).sum())
+        correct += int(hits.sum())
+        total += int(scored.sum())
+    return {"exact_match": exact / len(examples), "token_accuracy": correct / total}

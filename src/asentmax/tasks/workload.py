@@ -1,0 +1,116 @@
+"""The synthetic tasks as a training workload (arXiv:2506.16640, section 3, reference training).
+
+`TaskWorkload` is what `asentmax.trainer.train` runs for a task: it draws the length-bucketed training
+batches of asentmax.data (a pure function of seed, rank and step, so a run resumes exactly and every
+data-parallel rank reads its own shard), validates with teacher-forced exact match at a few multiples of
+the longest training length (rank 0 only), and builds the task's preset model. Its fields are the
+task-specific settings of a run; `to_dict()` / `from_dict()` store and rebuild it from a checkpoint.
+
+Presets belong to the tasks (`Task.train_preset`, `Task.model_preset` in each task's file): this file
+reads them and knows no task by name, so a new task needs no edit here or in the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
+
+import torch
+
+from asentmax.data import Batch, length_buckets, training_batch
+from asentmax.tasks.eval_sets import make_eval_set
+from asentmax.tasks.registry import get_task
+from asentmax.tasks.scoring import teacher_forced_accuracy
+
+# the model sizes a task without a model preset needs from the user
+ARCHITECTURE_FIELDS = ("d_model", "n_layers", "n_heads", "d_ff")
+
+
+@dataclass
+class TaskWorkload:
+    """Training and validation data of one synthetic task."""
+
+    name: ClassVar[str] = "task"
+
+    task: str = field(default="copy", metadata={"help": "synthetic task name (asentmax.tasks.TASK_NAMES)"})
+    min_length: int = field(default=32, metadata={"help": "shortest training length"})
+    max_length: int = field(default=64, metadata={"help": "longest training length (the 'ID' length)"})
+    length_buckets: int = field(default=4, metadata={"help": "training-length buckets (batches share one)"})
+    val_multipliers: tuple[int, ...] = field(
+        default=(1, 2, 4), metadata={"help": "validation lengths as multiples of max-length"})
+    val_samples: int = field(default=64, metadata={"help": "validation samples per length"})
+
+    def __post_init__(self):
+        self.val_multipliers = tuple(self.val_multipliers)
+        self.task_object = get_task(self.task)  # ValueError for an unknown task
+        if not 1 <= self.min_length <= self.max_length:
+            raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
+        for name in ("length_buckets", "val_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not self.val_multipliers or any(m < 1 for m in self.val_multipliers):
+            raise ValueError(f"val-multipliers must be >= 1, got {self.val_multipliers}")
+        for length in (self.min_length, self.max_length):
+            self.task_object.check_length(length)
+        self._val_sets: dict[int, list] | None = None
+
+    # ---- presets ----
+
+    def train_preset(self) -> dict:
+        """The task's TrainConfig settings (lr, steps, warm-up, ...) as a dict of field values."""
+        return dict(self.task_object.train_preset)
+
+    def model_config(self, overrides: dict | None = None):
+        """The task's preset ModelConfig with `overrides`; a task without a model preset needs the
+        architecture (d_model, n_layers, n_heads, d_ff) in `overrides` and raises ValueError otherwise."""
+        from asentmax.nn import ModelConfig
+
+        overrides = dict(overrides or {})
+        preset = self.task_object.model_preset
+        if preset is not None:
+            return preset(self.task_object.vocab_size, **overrides)
+        missing = [name for name in ARCHITECTURE_FIELDS if name not in overrides]
+        if missing:
+            raise ValueError(f"task {self.task!r} has no model preset; give "
+                             + ", ".join(f"--{name.replace('_', '-')}" for name in missing))
+        return ModelConfig(vocab_size=self.task_object.vocab_size, **overrides)
+
+    def check_model(self, model_config) -> None:
+        if model_config.vocab_size < self.task_object.vocab_size:
+            raise ValueError(f"model vocab_size {model_config.vocab_size} < task vocab_size "
+                             f"{self.task_object.vocab_size}")
+
+    # ---- the Workload protocol of asentmax.trainer ----
+
+    def batches(self, *, seed: int, start_step: int, rank: int, world_size: int, local_batch_size: int,
+                device: torch.device) -> Iterator[Batch]:
+        """The training batches of steps start_step, start_step + 1, ... on `rank` (its shard)."""
+        buckets = length_buckets(self.min_length, self.max_length, self.length_buckets)
+        step = start_step
+        while True:
+            yield training_batch(self.task_object, seed=seed, rank=rank, step=step,
+                                 batch_size=local_batch_size, buckets=buckets).to(device)
+            step += 1
+
+    def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:
+        """One row per validation length: length, exact_match, token_accuracy (teacher-forced)."""
+        if self._val_sets is None:
+            self._val_sets = {self.max_length * m: make_eval_set(self.task_object, self.max_length * m,
+                                                                 self.val_samples, seed=seed + 1)
+                              for m in self.val_multipliers}
+        return [{"length": length, **teacher_forced_accuracy(model, self.task_object, examples, device=device,
+                                                             autocast_dtype=autocast_dtype)}
+                for length, examples in self._val_sets.items()]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TaskWorkload:
+        """The workload `to_dict` saved; ValueError for keys that are not fields."""
+        values = {key: value for key, value in values.items() if key != "name"}
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown task workload settings: {', '.join(sorted(unknown))}")
+        return cls(**values)

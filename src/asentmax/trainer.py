@@ -1,0 +1,489 @@
+"""The one training engine: it runs any workload (the synthetic tasks, the language model) and knows
+nothing about either (arXiv:2506.16640, section 3, reference training; docs/method.md).
+
+AdamW, linear warm-up then cosine decay to min_lr_ratio * lr (optionally over fewer steps than the run:
+`decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA,
+next-token cross-entropy on the labelled tokens only, periodic validation by the workload (rank 0),
+a tqdm bar, CSV (and TensorBoard when installed) logs, and atomic checkpoints holding everything a
+resume needs to continue bit for bit: configs, workload, model, optimizer, schedule, RNG states of
+torch / numpy / python, the partial log window, the step, and the git commit.
+
+The loss is normalised by the GLOBAL number of labelled tokens, counted on the device and summed over
+data-parallel ranks, so the averaged DDP gradient equals the single-process gradient of the concatenated
+batch. The loss of the log window is summed on the device as well: the host reads it at log steps, at
+checkpoints and at the end only, so the loop does not wait for the device at every step. A non-finite
+loss stops the run at the next of those reads with the exact step it first appeared at and which
+checkpoint exists.
+
+Data-parallel training runs under `torchrun` (gloo on CPU, NCCL on CUDA). A checkpoint also resumes
+under another number of processes (say 2 GPUs -> 1): model, optimizer and schedule continue, rank 0's
+RNG state seeds every rank, and the new ranks draw their shards of the same global batch size.
+
+SIGINT / SIGTERM during the loop end the run after the current step with a checkpoint at that step
+(all ranks agree on the step); `train` then returns with summary["interrupted"] set.
+
+log.csv columns: step, loss (mean over the labelled tokens since the last line), lr, tokens (non-pad
+input tokens of all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
+val.csv: step, then the columns of the rows the workload's `validate` returns.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from asentmax.data import IGNORE_INDEX, PAD_ID, Batch
+from asentmax.runs import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    LOG_NAME,
+    TENSORBOARD_NAME,
+    VAL_NAME,
+    describe_device,
+    git_commit,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation settings of a run: everything except the workload and the model."""
+
+    steps: int = field(default=5000, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=128, metadata={"help": "global batch size (split over DDP ranks)"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate as a fraction of lr"})
+    warmup_steps: int = field(default=200, metadata={"help": "linear warm-up steps"})
+    decay_steps: int = field(
+        default=0, metadata={"help": "the cosine decays over this many steps, then the lr stays at its "
+                                     "minimum (0: over all steps)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    beta2: float = field(default=0.99, metadata={"help": "AdamW beta2"})
+    grad_clip: float = field(default=1.0, metadata={"help": "max gradient norm (0 disables clipping)"})
+    val_every: int = field(default=500, metadata={"help": "validate every N steps (0: only at the end)"})
+    log_every: int = field(default=20, metadata={"help": "log every N steps"})
+    checkpoint_every: int = field(default=500, metadata={"help": "checkpoint every N steps (and at the end)"})
+    seed: int = field(default=0, metadata={"help": "seed of model init and data"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
+    amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the training forward and backward"})
+    fused: bool = field(default=False, metadata={"help": "fused AdamW (CUDA only)"})
+
+    def validate(self) -> None:
+        """Raise ValueError for settings that cannot run (one line naming the flag)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name.replace('_', '-')} must be a finite number, got {value}")
+        for name in ("steps", "batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
+                     "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"need lr > 0 and 0 <= min-lr-ratio <= 1, got {self.lr}, {self.min_lr_ratio}")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.amp not in ("auto", "bf16", "off"):
+            raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        return cls(**values)
+
+
+class Workload(Protocol):
+    """What the trainer runs: one object per run (asentmax.tasks.workload.TaskWorkload is one).
+
+    Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
+    only and returns rows (dicts of numbers) that go to val.csv, one line each."""
+
+    name: str
+
+    def model_config(self, overrides: dict | None = None): ...
+
+    def check_model(self, model_config) -> None: ...
+
+    def batches(self, *, seed: int, start_step: int, rank: int, world_size: int, local_batch_size: int,
+                device: torch.device) -> Iterator[Batch]: ...
+
+    def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]: ...
+
+    def to_dict(self) -> dict: ...
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The training loss became inf or NaN; the message says at which step and which checkpoint exists."""
+
+
+# ---- pieces of a training step ----
+
+class WarmupCosine:
+    """LR multiplier: linear warm-up to 1 over `warmup` steps, then cosine decay to `min_ratio` at `total`
+    (and `min_ratio` after it)."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    @classmethod
+    def of(cls, config: TrainConfig) -> WarmupCosine:
+        return cls(config.warmup_steps, config.decay_steps or config.steps, config.min_lr_ratio)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    owns_group: bool = False  # True when setup_distributed created the process group (and must end it)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_distributed(device_name: str) -> Distributed:
+    """Join the torchrun process group when WORLD_SIZE > 1 (gloo on CPU, NCCL on CUDA) and pick the device."""
+    use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    owns_group = world_size > 1 and not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if use_cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    return Distributed(rank=rank, world_size=world_size, device=device, owns_group=owns_group)
+
+
+def target_loss(model, batch: Batch, world: Distributed, autocast_dtype, stop: bool = False):
+    """Cross-entropy on the labelled tokens, normalised by the GLOBAL labelled-token count times the world
+    size, so the DDP gradient average equals the gradient of the mean over all ranks' tokens.
+
+    Returns (loss to backpropagate, summed loss over this rank's tokens, global labelled-token count,
+    whether any rank asked to stop), all but the last as device tensors (nothing waits for the device).
+    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count."""
+    n_global = (batch.labels != IGNORE_INDEX).sum().double()
+    any_stop = stop
+    if world.active:
+        flag = torch.tensor(float(stop), dtype=torch.float64, device=n_global.device)
+        counts = torch.stack([n_global, flag])
+        dist.all_reduce(counts)
+        n_global, any_stop = counts[0], bool(counts[1] > 0)  # every rank ends after the same step
+    with torch.autocast(device_type=batch.input_ids.device.type, dtype=autocast_dtype or torch.bfloat16,
+                        enabled=autocast_dtype is not None):
+        logits = model(batch.input_ids)
+    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
+                               ignore_index=IGNORE_INDEX)
+    return loss_sum * (world.world_size / n_global).to(loss_sum.dtype), loss_sum.detach(), n_global, any_stop
+
+
+# ---- logs ----
+
+class CsvLog:
+    """Append-only CSV; on resume, rows written after the checkpoint's step are dropped first. Without
+    `columns` the header comes from the kept file or from the first row written."""
+
+    def __init__(self, path: Path, columns: list[str] | None, keep_until_step: int | None):
+        self.path, self.columns = path, columns
+        rows = []
+        if keep_until_step is not None and path.exists():
+            with open(path, newline="") as f:
+                reader = csv.DictReader(f)
+                rows = [r for r in reader if int(r["step"]) <= keep_until_step]
+                self.columns = self.columns or (list(reader.fieldnames) if reader.fieldnames else None)
+        with open(path, "w", newline="") as f:
+            if self.columns:
+                writer = csv.DictWriter(f, self.columns)
+                writer.writeheader()
+                writer.writerows(rows)
+
+    def write(self, row: dict) -> None:
+        with open(self.path, "a", newline="") as f:
+            if self.columns is None:
+                self.columns = list(row)
+                csv.DictWriter(f, self.columns).writeheader()
+            csv.DictWriter(f, self.columns).writerow(row)
+
+
+def restored_window(rank_states: list[dict], world: Distributed) -> tuple[float, int]:
+    """(loss sum, global labelled-token count) of the partial log window saved in a checkpoint, for this
+    rank. Loss sums are per rank, the count is global. When the world size changed since the checkpoint
+    (say 2 GPUs -> 1), rank 0 takes over the loss sums of all saved ranks, so the first window logged after
+    the resume still averages over every token of that window."""
+    if len(rank_states) == world.world_size:
+        window = rank_states[world.rank]["window"]
+        return window["loss"], window["targets"]
+    targets = rank_states[0]["window"]["targets"]
+    if not world.is_main:
+        return 0.0, targets
+    return sum(state["window"]["loss"] for state in rank_states), targets
+
+
+def tensorboard_writer(run_dir: Path):
+    """A SummaryWriter when the optional tensorboard package is installed, else None."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(str(run_dir / TENSORBOARD_NAME))
+
+
+def _row_text(row: dict) -> str:
+    return " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+
+
+class StopRequest:
+    """Turns SIGINT / SIGTERM into a flag the loop reads after each step (main thread only). A second
+    signal gets the previous handler (Ctrl-C twice aborts at once)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal_name: str | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.signal_name = signal.Signals(signum).name
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---- the loop ----
+
+def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: Path | str, *,
+          checkpoint: dict | None = None, stop_at_step: int | None = None, progress: bool = True) -> dict:
+    """Train `model_config` on `workload` in `run_dir`; returns a summary.
+
+    `checkpoint` (a dict from asentmax.runs.load_checkpoint of this run) resumes from it: model,
+    optimizer, schedule, RNG states and step come from it, the configs from the arguments (the caller
+    passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
+    early after that many total steps with a checkpoint (as if killed there).
+
+    Summary: step, loss (of the last log line of this process, None when no step ran), val (the last
+    validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the signal
+    name, or None)."""
+    from asentmax.nn import Transformer
+
+    run_dir = Path(run_dir)
+    train_config.validate()
+    workload.check_model(model_config)
+
+    world = setup_distributed(train_config.device)
+    if train_config.batch_size % world.world_size:
+        raise ValueError(f"batch-size {train_config.batch_size} not divisible by {world.world_size} ranks")
+    local_batch = train_config.batch_size // world.world_size
+    use_bf16 = train_config.amp == "bf16" or (train_config.amp == "auto" and world.device.type == "cuda")
+    autocast_dtype = torch.bfloat16 if use_bf16 else None
+
+    torch.manual_seed(train_config.seed)
+    model = Transformer(model_config).to(world.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.lr, betas=(train_config.beta1,
+                                  train_config.beta2), weight_decay=train_config.weight_decay,
+                                  **({"fused": True} if train_config.fused else {}))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine.of(train_config))
+    step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        scheduler.lr_lambdas = [WarmupCosine.of(train_config)]  # load_state_dict restored the saved one
+        step = checkpoint["step"]
+        rank_states = checkpoint["rank_states"]
+        saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
+        set_rng_state(saved_state["rng"])
+        window_loss, window_targets = restored_window(rank_states, world)
+    saved_step = None if checkpoint is None else step
+    ddp_model = model
+    if world.active:
+        ddp_model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
+    step_model = torch.compile(ddp_model) if train_config.compile else ddp_model
+
+    commit = git_commit()
+    if world.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_record = {"train_config": asdict(train_config), "workload": workload.to_dict(),
+                         "model_config": asdict(model_config)}
+        if checkpoint is None:
+            (run_dir / CONFIG_NAME).write_text(json.dumps({
+                **config_record, "git_commit": commit, "device": describe_device(world.device),
+                "world_size": world.world_size, "torch_version": torch.__version__, "command": sys.argv,
+                "n_parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
+        keep = step if checkpoint is not None else None
+        log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens", "tokens_per_s", "elapsed_s"], keep)
+        val_log = CsvLog(run_dir / VAL_NAME, None, keep)
+        writer = tensorboard_writer(run_dir)
+
+    device = world.device
+    window_loss_t = torch.tensor(window_loss, dtype=torch.float64, device=device)
+    window_targets_t = torch.tensor(float(window_targets), dtype=torch.float64, device=device)
+    window_tokens_t = torch.zeros((), dtype=torch.float64, device=device)
+    first_bad_step = torch.zeros((), dtype=torch.int64, device=device)  # 0: every loss so far was finite
+
+    def check_finite() -> None:
+        """Raise NonFiniteLoss when a loss since the last check was inf/NaN (reads the device)."""
+        bad = first_bad_step.clone()
+        if world.active:
+            bad = torch.where(bad > 0, bad, torch.iinfo(torch.int64).max)
+            dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+            bad = torch.where(bad == torch.iinfo(torch.int64).max, 0, bad)
+        bad_step = int(bad)
+        if bad_step:
+            if saved_step is None:
+                where = f"no checkpoint was written, so {run_dir} cannot be resumed; start it again"
+            else:
+                where = (f"{run_dir / CHECKPOINT_NAME} holds step {saved_step} (written before the loss "
+                         "broke); resume from it with a lower lr, or start again")
+            raise NonFiniteLoss(f"non-finite training loss at step {bad_step}; {where}")
+
+    def validate() -> list[dict]:
+        rows = []
+        if world.is_main:
+            model.eval()
+            rows = workload.validate(model, seed=train_config.seed, step=step, device=device,
+                                     autocast_dtype=autocast_dtype)
+            for row in rows:
+                val_log.write({"step": step, **row})
+                if writer is not None:
+                    label = "".join(f"_{v}" for v in row.values() if isinstance(v, int))
+                    for key, value in row.items():
+                        if isinstance(value, float):
+                            writer.add_scalar(f"val/{key}{label}", value, step)
+            model.train()
+        if world.active:
+            dist.barrier()
+        return rows
+
+    def checkpoint_now() -> None:
+        nonlocal saved_step
+        check_finite()
+        # per rank: RNG states and the partial loss window, so a resumed run logs the same numbers
+        mine = {"rng": rng_state(), "window": {"loss": float(window_loss_t),
+                                               "targets": int(window_targets_t)}}
+        states = [None] * world.world_size
+        if world.active:
+            dist.all_gather_object(states, mine)
+        else:
+            states = [mine]
+        if world.is_main:
+            save_checkpoint(run_dir / CHECKPOINT_NAME, {
+                "train_config": asdict(train_config), "workload": workload.to_dict(),
+                "model_config": asdict(model_config), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "rank_states": states, "step": step, "git_commit": commit,
+                "device": describe_device(device), "world_size": world.world_size})
+        saved_step = step
+
+    total = train_config.steps
+    end = total if stop_at_step is None else min(total, stop_at_step)
+    bar = tqdm(total=total, initial=step, disable=not (progress and world.is_main), dynamic_ncols=True,
+               desc=f"train {workload.name}")
+    batches = workload.batches(seed=train_config.seed, start_step=step, rank=world.rank,
+                               world_size=world.world_size, local_batch_size=local_batch, device=device)
+    model.train()
+    window_start = time.perf_counter()
+    start_time, last_loss, val_rows, interrupted = time.perf_counter(), None, [], None
+    with StopRequest() as stop_request:
+        while step < end:
+            batch = next(batches)
+            loss, loss_sum, n_targets, stop = target_loss(step_model, batch, world, autocast_dtype,
+                                                          stop_request.signal_name is not None)
+            loss.backward()
+            if train_config.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            first_bad_step.copy_(torch.where((first_bad_step == 0) & ~torch.isfinite(loss.detach()),
+                                             step, first_bad_step))
+            window_loss_t += loss_sum.double()
+            window_targets_t += n_targets
+            window_tokens_t += (batch.input_ids != PAD_ID).sum()
+            if step % train_config.log_every == 0 or step == total:
+                check_finite()
+                totals = torch.stack([window_loss_t, window_tokens_t])
+                if world.active:
+                    dist.all_reduce(totals)
+                last_loss = float(totals[0]) / int(window_targets_t)
+                tokens = int(totals[1])  # non-pad tokens of all ranks since the last log line
+                tokens_per_s = tokens / max(time.perf_counter() - window_start, 1e-9)
+                if world.is_main:
+                    log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}", "tokens": tokens,
+                               "tokens_per_s": f"{tokens_per_s:.1f}",
+                               "elapsed_s": f"{time.perf_counter() - start_time:.2f}"})
+                    if writer is not None:
+                        writer.add_scalar("train/loss", last_loss, step)
+                        writer.add_scalar("train/lr", lr, step)
+                bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
+                for t in (window_loss_t, window_targets_t, window_tokens_t):
+                    t.zero_()
+                window_start = time.perf_counter()
+            bar.update(1)
+            if (train_config.val_every and step % train_config.val_every == 0) or step == total:
+                val_rows = validate()
+                if world.is_main:
+                    bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
+            if stop:
+                interrupted = stop_request.signal_name or "a signal on another rank"
+                end = step
+            if (train_config.checkpoint_every and step % train_config.checkpoint_every == 0) or step == end:
+                checkpoint_now()
+    bar.close()
+    if world.is_main and writer is not None:
+        writer.close()
+    if world.owns_group:
+        dist.destroy_process_group()
+    return {"step": step, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
+            "elapsed_s": time.perf_counter() - start_time, "checkpoint_step": saved_step,
+            "interrupted": interrupted}
