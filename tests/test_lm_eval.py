@@ -70,7 +70,8 @@ def test_windowed_perplexity_matches_token_by_token_scoring(preset):
 
 def _needle_value(text: str, task: str) -> str:
     """An independent reader of the needle: the digits the prompt's needle sentence states."""
-    pattern = r"The pass key is (\d+)\." if task == "passkey" else r"special magic numbers for [a-z-]+ is: (\d+)\."
+    pattern = (r"The pass key is (\d+)\." if task == "passkey"
+               else r"special magic numbers for [a-z-]+ is: (\d+)\.")
     found = re.findall(pattern, text)
     assert len(found) == 1, found
     return found[0]
@@ -95,7 +96,8 @@ def test_needle_prompts(data, task):
                 key=re.search(r"numbers for ([a-z-]+) is", text).group(1) if task != "passkey" else "",
                 value=sample.answer)
             needle_ids = tokenizer.encode(needle)
-            assert sample.prompt[sample.needle_start:sample.needle_start + len(needle_ids)].tolist() == needle_ids
+            at = sample.needle_start
+            assert sample.prompt[at:at + len(needle_ids)].tolist() == needle_ids
             assert text.endswith("is:" if task != "passkey" else "The pass key is")
             question = len(tokenizer.encode(text[text.rindex("\nWhat is"):]))
             head = 1 + (len(tokenizer.encode(PASSKEY_INTRO)) if task == "passkey" else 0)
@@ -134,7 +136,8 @@ def test_exact_match_scoring(data, task):
     tokenizer, documents = data
     builder = NeedleBuilder(tokenizer, np.concatenate(documents))
     length = builder.min_length(task) + 20
-    right = retrieval_accuracy(_Reader(tokenizer, task), builder, task, length, n_samples=6, seed=0, batch_size=4)
+    right = retrieval_accuracy(_Reader(tokenizer, task), builder, task, length, n_samples=6, seed=0,
+                               batch_size=4)
     wrong = retrieval_accuracy(_Reader(tokenizer, task, 1), builder, task, length, n_samples=6, seed=0,
                                batch_size=4)
     assert right["accuracy"] == 100.0 and wrong["accuracy"] == 0.0 and right["samples"] == 6

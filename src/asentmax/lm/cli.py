@@ -16,13 +16,15 @@ import sys
 import time
 from pathlib import Path
 
-# optimisation defaults of an LM run (one H200: ~315M tokens at context 512 in ~2400 steps of 256 windows)
-LM_TRAIN_DEFAULTS = dict(steps=2400, batch_size=256, lr=2e-3, warmup_steps=200, weight_decay=0.1, beta2=0.95,
+# optimisation defaults of an LM run: 2500 steps of 256 windows of 512 tokens = 328M token slots (~309M
+# scored targets, ~11 epochs of the prepared corpus) on one H200
+LM_TRAIN_DEFAULTS = dict(steps=2500, batch_size=256, lr=2e-3, warmup_steps=200, weight_decay=0.1, beta2=0.95,
                          val_every=500, log_every=50, checkpoint_every=800)
 EVAL_NAME = "lm_eval"
 
 
 def add_lm_parser(sub, add_config_flags, usage_error) -> None:
+    from asentmax.lm.needles import TASKS
     from asentmax.lm.workload import ATTENTION_PRESETS, MODEL_SIZES, LMConfig
 
     lm = sub.add_parser("lm", help="language modelling: prepare the corpus, train, evaluate, compare")
@@ -31,7 +33,8 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     p = lm_sub.add_parser("prepare", help="build the corpus, train the tokenizer, write the token splits")
     p.add_argument("--out", type=Path, default=Path("data/lm"), help="output folder (default data/lm)")
     p.add_argument("--cache", type=Path, default=Path("data/lm-packages"),
-                   help="where the pinned .deb packages are downloaded and unpacked (default data/lm-packages)")
+                   help="where the pinned .deb packages are downloaded and unpacked "
+                   "(default data/lm-packages)")
     p.add_argument("--text-folder", type=Path,
                    help="use the .txt files of this folder as the documents instead of the Debian packages")
     p.add_argument("--vocab-size", type=int, default=16384, help="BPE vocabulary size (default 16384)")
@@ -43,7 +46,7 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
 
     from asentmax.trainer import TrainConfig
 
-    p = lm_sub.add_parser("train", help="train an LM on the prepared data (flags of TrainConfig and LMConfig)")
+    p = lm_sub.add_parser("train", help="train an LM on the prepared data (TrainConfig, LMConfig flags)")
     p.add_argument("--run-dir", required=True, type=Path, help="output directory (refused if it exists)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -56,7 +59,10 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     p.add_argument("run_dirs", nargs="+", type=Path, help="trained LM run directories")
     p.add_argument("--multipliers", type=int, nargs="+", default=[1, 2, 4, 8, 16],
                    help="lengths as multiples of the training context (default 1 2 4 8 16)")
-    p.add_argument("--samples", type=int, default=100, help="needle prompts per task and length (default 100)")
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS,
+                   help="needle tasks (default: " + " ".join(TASKS) + ")")
+    p.add_argument("--samples", type=int, default=100, help="needle prompts per task and length "
+                   "(default 100)")
     p.add_argument("--batch-size", type=int, default=16, help="needle prompts per generate call (default 16)")
     p.add_argument("--tokens-per-batch", type=int, default=32768, help="perplexity batch size in tokens")
     p.add_argument("--stats-max-length", type=int, default=2048,
@@ -118,28 +124,38 @@ def _train(args, train_names, lm_names) -> None:
 
     given = {name: getattr(args, name) for name in train_names + lm_names if hasattr(args, name)}
     if args.resume:
-        from asentmax.train import resume_run  # rebuilds the workload through asentmax.train.WORKLOADS
+        from asentmax.train import load_run, resume_run  # rebuilds the workload via asentmax.train.WORKLOADS
 
-        summary = resume_run(args.run_dir, steps=given.get("steps"), progress=not args.no_progress)
+        saved = load_run(args.run_dir)
+        if saved.checkpoint["workload"].get("name") != "lm":
+            raise ValueError(f"{args.run_dir} is not an LM run; resume it with `asentmax train --resume`")
+        summary = resume_run(args.run_dir, saved, steps=given.get("steps"), progress=not args.no_progress)
+        workload, batch_size = saved.workload, saved.train_config.batch_size
     else:
         if args.run_dir.exists():
             raise ValueError(f"{args.run_dir} exists; pick a new --run-dir or pass --resume")
         workload = LMWorkload(LMConfig(**{k: v for k, v in given.items() if k in lm_names}))
-        train_values = {**LM_TRAIN_DEFAULTS, **{k: v for k, v in given.items() if k in train_names}}
-        train_config = TrainConfig(**train_values)
-        model_config = workload.model_config()
-        summary = train(workload, train_config, model_config, args.run_dir, progress=not args.no_progress)
-        summary.update(epoch_report(workload, train_config))
-        (args.run_dir / "lm_train.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        train_values = {k: v for k, v in given.items() if k in train_names}
+        train_config = TrainConfig(**{**LM_TRAIN_DEFAULTS, **train_values})
+        summary = train(workload, train_config, workload.model_config(), args.run_dir,
+                        progress=not args.no_progress)
+        batch_size = train_config.batch_size
+    summary.update(epoch_report(workload, summary["step"], batch_size))
+    report = args.run_dir / "lm_train.json"
+    if args.resume and report.is_file():  # the wall time of a resumed run adds up over its parts
+        summary["elapsed_s"] += json.loads(report.read_text()).get("elapsed_s", 0.0)
+    report.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "val"}, default=str))
 
 
-def epoch_report(workload, train_config) -> dict:
-    """Tokens the run saw (window slots and scored targets) and epochs over the training split."""
-    windows = train_config.steps * train_config.batch_size
+def epoch_report(workload, steps: int, batch_size: int) -> dict:
+    """Tokens a run of `steps` steps saw (window slots and scored targets) and its epochs over the training
+    split (the windows of every training document, once each, make one epoch)."""
+    windows = steps * batch_size
     per_window = workload.targets_per_epoch / len(workload.train_windows)
     return {"windows_seen": windows, "token_slots_seen": windows * workload.config.context,
-            "targets_seen": round(windows * per_window), "train_targets_per_epoch": workload.targets_per_epoch,
+            "targets_seen": round(windows * per_window), "train_windows": len(workload.train_windows),
+            "train_targets_per_epoch": workload.targets_per_epoch,
             "epochs": windows / len(workload.train_windows)}
 
 
@@ -182,10 +198,11 @@ def _eval(args) -> None:
                                 multipliers=sorted(args.multipliers), retrieval_samples=args.samples,
                                 retrieval_batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
                                 stats_max_length=args.stats_max_length, stats_windows=args.stats_windows,
-                                seed=args.seed,
+                                seed=args.seed, tasks=tuple(args.tasks),
                                 autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+        elapsed = round(time.perf_counter() - start, 1)
         result.update({"run_dir": str(run_dir), "step": step, "workload": workload,
-                       "n_parameters": model.num_parameters(), "eval_s": round(time.perf_counter() - start, 1),
+                       "n_parameters": model.num_parameters(), "eval_s": elapsed,
                        "device": describe_device(device), "git_commit": git_commit(),
                        "python": platform.python_version(), "command": " ".join(["asentmax"] + sys.argv[1:]),
                        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()

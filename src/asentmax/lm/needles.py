@@ -21,16 +21,17 @@ from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
 
 TASKS = ("niah_1", "niah_2", "passkey")
 NOISE = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-                 "I will quiz you about the important information there.")
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. "
+                 "Find it and memorize it. I will quiz you about the important information there.")
 NIAH_NEEDLE = " One of the special magic numbers for {key} is: {value}."
 NIAH_QUESTION = ("\nWhat is the special magic number for {key} mentioned in the provided text? "
                  "The special magic number for {key} mentioned in the provided text is:")
 PASSKEY_NEEDLE = " The pass key is {value}. Remember it. {value} is the pass key."
 PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
-ADJECTIVES = ("quiet", "bright", "hollow", "silver", "gentle", "crooked", "hidden", "ancient", "brave", "calm",
-              "dusty", "eager", "frozen", "golden", "humble", "icy", "jolly", "lively", "misty", "narrow",
-              "orange", "proud", "rapid", "sleepy", "tidy", "upper", "vivid", "wooden", "young", "zealous")
+ADJECTIVES = ("quiet", "bright", "hollow", "silver", "gentle", "crooked", "hidden", "ancient", "brave",
+              "calm", "dusty", "eager", "frozen", "golden", "humble", "icy", "jolly", "lively", "misty",
+              "narrow", "orange", "proud", "rapid", "sleepy", "tidy", "upper", "vivid", "wooden", "young",
+              "zealous")
 NOUNS = ("harbor", "lantern", "meadow", "falcon", "garden", "kettle", "island", "compass", "ribbon", "canyon",
          "orchard", "pebble", "tunnel", "violin", "window", "anchor", "basket", "candle", "dragon", "engine",
          "feather", "glacier", "hammer", "jacket", "ladder", "magnet", "needle", "pillow", "rocket", "saddle")
@@ -63,6 +64,7 @@ class NeedleBuilder:
         self.haystack = haystack_tokens[haystack_tokens != DOC_ID].astype(np.int64)
         texts = tokenizer.token_texts()
         self.sentence_end = np.array([t.rstrip(" ").endswith((".", "!", "?", "\n")) for t in texts])
+        self._min_length: dict[str, int] = {}
 
     def _pieces(self, task: str, rng: np.random.Generator) -> tuple[str, list[int], list[int], list[int]]:
         """(value, head, needle, question) of one prompt."""
@@ -80,8 +82,11 @@ class NeedleBuilder:
     def min_length(self, task: str, draws: int = 64) -> int:
         """A prompt length every draw of `task` fits in (the longest of `draws` draws, plus 8 tokens of
         haystack and 8 of margin)."""
-        rng = np.random.default_rng(0)
-        return max(sum(len(p) for p in self._pieces(task, rng)[1:]) for _ in range(draws)) + 16
+        if task not in self._min_length:
+            rng = np.random.default_rng(0)
+            self._min_length[task] = max(sum(len(p) for p in self._pieces(task, rng)[1:])
+                                         for _ in range(draws)) + 16
+        return self._min_length[task]
 
     def sample(self, task: str, length: int, rng: np.random.Generator) -> NeedleSample:
         value, head, needle, question = self._pieces(task, rng)

@@ -24,7 +24,8 @@ def _tokenizers():
     try:
         import tokenizers
     except ImportError:
-        raise RuntimeError("the LM workload needs the `tokenizers` package: pip install 'asentmax[lm]'") from None
+        raise RuntimeError("the LM workload needs the `tokenizers` package: "
+                           "pip install 'asentmax[lm]'") from None
     return tokenizers
 
 

@@ -10,7 +10,8 @@ Sizes: the model presets of asentmax.nn (lm_tiny for tests, lm_25m, lm_120m) at 
 
 Batches are a pure function of (seed, rank, step), the seed being the trainer's: sample
 s = (step * world_size + rank) * local_batch + i of the whole run reads window perm_e[s mod W] of epoch
-e = s // W, perm_e a permutation seeded by (seed, e). So a run resumes exactly at any step and the ranks read disjoint shards of one global batch.
+e = s // W, perm_e a permutation seeded by (seed, e). So a run resumes exactly at any step and the ranks
+read disjoint shards of one global batch.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class LMConfig:
 
     def __post_init__(self):
         if self.preset not in ATTENTION_PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; expected one of {', '.join(ATTENTION_PRESETS)}")
+            raise ValueError(f"unknown preset {self.preset!r}; "
+                             f"expected one of {', '.join(ATTENTION_PRESETS)}")
         if self.size not in MODEL_SIZES:
             raise ValueError(f"unknown size {self.size!r}; expected one of {', '.join(MODEL_SIZES)}")
         for name in ("context", "val_windows", "val_batch_size"):
