@@ -20,7 +20,7 @@ from asentmax.lm.corpus import (
     html_to_text,
     read_text_folder,
 )
-from asentmax.lm.dataset import Split, prepare, read_manifest, windows
+from asentmax.lm.dataset import Split, prepare, read_manifest, split_documents, windows
 from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
 from asentmax.lm.workload import LMConfig, LMWorkload
 
@@ -158,3 +158,15 @@ def test_config_errors(prepared):
         LMWorkload.from_dict({"name": "lm", "data": str(out), "bogus": 1})
     with pytest.raises(FileNotFoundError, match="lm prepare"):
         LMWorkload(LMConfig(data=str(out / "missing")))
+
+
+def test_held_out_documents_are_long_prose_that_may_be_held_out():
+    prose = "the quick brown fox jumps over the lazy dog " * 30
+    table = "0x1F 0x2A [\\x00-\\x20] {}; " * 60
+    docs = [Document("s", f"p{i}", prose + str(i), True) for i in range(6)]
+    docs += [Document("s", "table", table, True), Document("s", "dictionary", prose + "!", False),
+             Document("s", "short", "the fox " * 10, True)]
+    splits = split_documents(docs, min_test_chars=1000, n_test=10, n_valid=2)
+    assert {d.name for d in splits["test"]} == {f"p{i}" for i in range(6)}
+    assert len(splits["valid"]) == 2 and len(splits["train"]) == 1
+    assert sorted(d.name for s in splits.values() for d in s) == sorted(d.name for d in docs)

@@ -6,7 +6,8 @@ can rebuild anywhere the Debian archive is reachable).
 `apt-get download`, checks the checksums and unpacks them with `dpkg-deb -x`; `read_documents` turns the
 unpacked trees into plain-text documents (one file = one document; the dictionary is cut into chunks of
 whole entries), `clean_text` normalises whitespace, and `deduplicate` drops exact duplicates (after
-whitespace normalisation) and documents shorter than `MIN_DOCUMENT_CHARS`.
+whitespace normalisation) and documents shorter than `MIN_DOCUMENT_CHARS`. Documents held out for the
+long-context evaluation must also be prose (`prose_fraction` >= MIN_PROSE_FRACTION).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 MIN_DOCUMENT_CHARS = 200
+MIN_PROSE_FRACTION = 0.8  # a held-out document is mostly letters and spaces (no tables of code points)
 DICTIONARY_CHUNK_CHARS = 40_000  # gcide is cut into documents of whole entries, about this long
 
 
@@ -221,6 +223,11 @@ def deduplicate(documents: list[Document], min_chars: int = MIN_DOCUMENT_CHARS) 
         seen.add(key)
         kept.append(document)
     return kept
+
+
+def prose_fraction(text: str) -> float:
+    """The fraction of a text's characters that are letters or spaces."""
+    return sum(c.isalpha() or c == " " for c in text) / max(len(text), 1)
 
 
 def read_text_folder(folder: Path) -> list[Document]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from asentmax.data import IGNORE_INDEX, PAD_ID
-from asentmax.lm.corpus import Document
+from asentmax.lm.corpus import MIN_PROSE_FRACTION, Document, prose_fraction
 from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -62,7 +62,8 @@ class Split:
         np.savez_compressed(path, tokens=self.tokens, offsets=self.offsets)
 
     @classmethod
-    def load(cls, path: Path) -> Split:
+    def load(cls, path: Path | str) -> Split:
+        path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no {path.name} in {path.parent}; run `asentmax lm prepare` first")
         with np.load(path) as data:
@@ -76,10 +77,11 @@ def _order_key(document: Document) -> bytes:
 def split_documents(documents: list[Document], *, min_test_chars: int, n_test: int,
                     n_valid: int) -> dict[str, list[Document]]:
     """Deterministic split (documents ranked by a hash of their name): the first n_test documents that
-    may be held out and have >= min_test_chars characters are test candidates, the next n_valid
+    may be held out, have >= min_test_chars characters and are prose are test candidates, the next n_valid
     documents of the rest are validation, everything else trains."""
     ranked = sorted(documents, key=_order_key)
-    test = [d for d in ranked if d.held_out_ok and len(d.text) >= min_test_chars][:n_test]
+    test = [d for d in ranked if d.held_out_ok and len(d.text) >= min_test_chars
+            and prose_fraction(d.text) >= MIN_PROSE_FRACTION][:n_test]
     chosen = {id(d) for d in test}
     rest = [d for d in ranked if id(d) not in chosen]
     return {"test": test, "valid": rest[:n_valid], "train": rest[n_valid:]}

@@ -124,7 +124,8 @@ def evaluate_model(model, tokenizer: LMTokenizer, test_documents: list[np.ndarra
     lengths = [m * context for m in multipliers]
     ppl = perplexity_by_length(model, test_documents, lengths, tokens_per_batch=tokens_per_batch,
                                autocast_dtype=autocast_dtype)
-    builder = NeedleBuilder(tokenizer, np.concatenate(test_documents))
+    # the S-NIAH-2 haystack: the documents' scored prefixes, so that each weighs the same
+    builder = NeedleBuilder(tokenizer, np.concatenate([d[:max(lengths) + 1] for d in test_documents]))
     retrieval: dict[str, dict] = {task: {} for task in tasks}
     for task in tasks:
         for m in multipliers:

@@ -55,15 +55,17 @@ def _repeat(unit: list[int], n: int) -> np.ndarray:
 
 class NeedleBuilder:
     """Builds prompts of exact token lengths; `haystack_tokens` (the held-out text, DOC ids removed) feeds
-    niah_2, `sentence_end` marks the ids after which a needle may go (text ending in '.', '!', '?' or
-    a newline)."""
+    niah_2, whose needle goes between two tokens where a sentence ends: the first ends in '.', '!' or '?'
+    and the second starts with white space, or the first ends with a newline."""
 
     def __init__(self, tokenizer: LMTokenizer, haystack_tokens: np.ndarray):
         self.tokenizer = tokenizer
         self.noise = tokenizer.encode(NOISE)
         self.haystack = haystack_tokens[haystack_tokens != DOC_ID].astype(np.int64)
         texts = tokenizer.token_texts()
-        self.sentence_end = np.array([t.rstrip(" ").endswith((".", "!", "?", "\n")) for t in texts])
+        self.ends_sentence = np.array([t.endswith((".", "!", "?")) for t in texts])
+        self.ends_line = np.array([t.endswith("\n") for t in texts])
+        self.starts_space = np.array([t[:1].isspace() for t in texts])
         self._min_length: dict[str, int] = {}
 
     def _pieces(self, task: str, rng: np.random.Generator) -> tuple[str, list[int], list[int], list[int]]:
@@ -101,7 +103,9 @@ class NeedleBuilder:
                                  f"{length} needs {n_hay}")
             start = int(rng.integers(0, len(self.haystack) - n_hay + 1))
             hay = self.haystack[start:start + n_hay]
-            ends = np.flatnonzero(self.sentence_end[hay]) + 1  # cut points after a sentence end
+            before, after = hay[:-1], hay[1:]
+            ends = np.flatnonzero((self.ends_sentence[before] & self.starts_space[after])
+                                  | self.ends_line[before]) + 1  # cut points: hay[:cut] ends a sentence
             target = int(round(depth * n_hay))
             cut = int(ends[np.abs(ends - target).argmin()]) if len(ends) else target
         else:
