@@ -3,7 +3,10 @@ cross a document, and deterministic sharded batches (asentmax.lm.corpus / tokeni
 
 from __future__ import annotations
 
+import gzip
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +17,15 @@ from asentmax.data import IGNORE_INDEX, PAD_ID
 from asentmax.lm.corpus import (
     SOURCES,
     Document,
+    Source,
     clean_text,
     deduplicate,
     dictionary_chunks,
+    fetch_sources,
     html_to_text,
+    read_documents,
     read_text_folder,
+    sha256_file,
 )
 from asentmax.lm.dataset import Split, prepare, read_manifest, split_documents, windows
 from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
@@ -170,3 +177,32 @@ def test_held_out_documents_are_long_prose_that_may_be_held_out():
     assert {d.name for d in splits["test"]} == {f"p{i}" for i in range(6)}
     assert len(splits["valid"]) == 2 and len(splits["train"]) == 1
     assert sorted(d.name for s in splits.values() for d in s) == sorted(d.name for d in docs)
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None or shutil.which("apt-get") is None,
+                    reason="needs dpkg-deb and apt-get (Debian)")
+def test_fetch_sources_checks_and_unpacks_a_package(tmp_path):
+    """A package already in the cache is verified against its pinned sha256, unpacked and read."""
+    tree = tmp_path / "tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text("Package: lm-sample\nVersion: 1.0\nArchitecture: all\n"
+                                             "Maintainer: t <t@t>\nDescription: t\n")
+    docs = tree / "usr" / "share" / "doc" / "lm-sample"
+    docs.mkdir(parents=True)
+    (docs / "a.txt").write_text("first document " * 20)
+    (docs / "b.txt.gz").write_bytes(gzip.compress(("second document " * 20).encode()))
+    (docs / "skip.txt").write_text("excluded " * 40)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    deb = cache / "lm-sample_1.0_all.deb"
+    subprocess.run(["dpkg-deb", "--build", str(tree), str(deb)], check=True, capture_output=True)
+    plain = Source("lm-sample", "1.0", sha256_file(deb), "usr/share/doc/lm-sample", ("*.txt",), "text",
+                   exclude=("skip",))
+    packed = Source("lm-sample", "1.0", sha256_file(deb), "usr/share/doc/lm-sample", ("*.gz",), "gzip")
+    unpacked = fetch_sources(cache, (plain,))
+    read = read_documents(unpacked, (plain,)) + read_documents(unpacked, (packed,))
+    assert [(d.name, d.text) for d in read] == [("a.txt", ("first document " * 20).strip()),
+                                                ("b.txt.gz", ("second document " * 20).strip())]
+    wrong = Source("lm-sample", "1.0", "0" * 64, "usr/share/doc/lm-sample", ("*.txt",), "text")
+    with pytest.raises(RuntimeError, match="sha256"):
+        fetch_sources(cache, (wrong,))
