@@ -46,11 +46,15 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
 
     from asentmax.trainer import TrainConfig
 
-    p = lm_sub.add_parser("train", help="train an LM on the prepared data (TrainConfig, LMConfig flags)")
+    lm_defaults = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in LM_TRAIN_DEFAULTS.items())
+    p = lm_sub.add_parser("train", help="train an LM on the prepared data (TrainConfig, LMConfig flags)",
+                          description=f"Train an LM. Optimisation defaults of LM runs: {lm_defaults}; "
+                          "the other TrainConfig flags keep TrainConfig's defaults (on a GPU pass "
+                          "--compile true --fused true).")
     p.add_argument("--run-dir", required=True, type=Path, help="output directory (refused if it exists)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train_names = add_config_flags(p, TrainConfig, defaults_note="LM default: see asentmax.lm.cli")
+    train_names = add_config_flags(p, TrainConfig, defaults_note="default: TrainConfig's or the LM one above")
     lm_names = add_config_flags(p, LMConfig, skip=tuple(train_names),
                                 choices={"preset": tuple(ATTENTION_PRESETS), "size": tuple(MODEL_SIZES)})
     p.set_defaults(run=lambda args: _guard(usage_error, _train, args, train_names, lm_names))
