@@ -1,10 +1,11 @@
-"""Forward tests of asentmax.ops.entmax against independent fp64 computations (PAPER.md section 2).
+"""Forward tests of asentmax.ops.entmax against independent fp64 computations (arXiv:2506.16640, section 2).
 
 Oracles written here, independently of the library: sparsemax and 1.5-entmax by sorting the whole row
 (the classic support-size search), and general alpha by 200 bisection steps on tau in fp64.
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -230,7 +231,7 @@ def test_large_magnitude_inputs(alpha):
 
 def test_bad_inputs_raise():
     z = torch.randn(3, 4)
-    for alpha in (1.0, 0.5, -2.0, float("nan"), float("inf")):
+    for alpha in (1.0, 0.5, -2.0, float("nan"), float("inf"), 10.5):
         with pytest.raises(ValueError, match="alpha"):
             entmax(z, alpha)
     with pytest.raises(ValueError, match="alpha"):
@@ -245,6 +246,44 @@ def test_bad_inputs_raise():
         entmax(z, 1.5, dim=2)
     with pytest.raises(ValueError, match="floating"):
         entmax_threshold(torch.ones(2, 2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="backend"):
+        entmax(z, 1.5, backend="chunked")
+
+
+# ---- the backend switch --------------------------------------------------------------------------------
+
+
+def test_reference_backend_is_the_default_on_cpu():
+    z = rows(4, 300, 2.0, seed=15)
+    torch.testing.assert_close(entmax(z, 1.5, backend="reference"), entmax(z, 1.5), rtol=0, atol=0)
+
+
+def test_triton_backend_refuses_what_the_kernel_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    z = torch.randn(3, 8)
+    with pytest.raises(ValueError, match="backend='triton' cannot run on a CPU tensor"):
+        entmax(z, 1.5, backend="triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for alpha, why in ((torch.full((3, 1), 1.5), "tensor alpha"), (3.0, "outside the kernel's range")):
+        with pytest.raises(ValueError, match=why):
+            entmax(z, alpha, backend="triton")
+    with pytest.raises(ValueError, match="float64"):
+        entmax(z.double(), 1.5, backend="triton")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1 (make test)")
+def test_reference_backend_never_launches_the_kernel(monkeypatch):
+    """Under the interpreter "triton" runs the row kernel; "reference" must not touch it."""
+    er = pytest.importorskip("asentmax.ops.triton.entmax_rows")
+    calls = []
+    real = er.entmax_rows_forward
+    monkeypatch.setattr(er, "entmax_rows_forward", lambda x, a: calls.append(a) or real(x, a))
+    z = rows(3, 20, 1.0, seed=16).float()
+    p_ref = entmax(z, 1.5, backend="reference")
+    assert calls == []
+    p_kernel = entmax(z, 1.5, backend="triton")
+    assert calls == [1.5]
+    torch.testing.assert_close(p_kernel, p_ref, rtol=0, atol=2e-6)
 
 
 # ---- properties (hypothesis) ------------------------------------------------------------------
@@ -286,9 +325,23 @@ def test_empty_inputs():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
+def test_cuda_reference_backend_stays_in_torch(monkeypatch):
+    er = pytest.importorskip("asentmax.ops.triton.entmax_rows")
+    calls = []
+    real = er.entmax_rows_forward
+    monkeypatch.setattr(er, "entmax_rows_forward", lambda x, a: calls.append(a) or real(x, a))
+    z = torch.randn(8, 500, device="cuda")
+    p_ref = entmax(z, 1.5, backend="reference")
+    assert calls == []
+    torch.testing.assert_close(entmax(z, 1.5), p_ref, rtol=0, atol=2e-6)
+    assert calls == [1.5]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3, 5.0])
 def test_cuda_matches_cpu(alpha):
-    """float alpha: the Triton row kernel (if importable); tensor alpha: the torch path on the GPU."""
+    """float alpha <= 2: the Triton row kernel (if importable); alpha 5 and tensor alpha: the torch path."""
     z = rows(64, 1000, 2.0, seed=14)
     z[3] = float("-inf")
     z[5, ::2] = float("-inf")

@@ -99,3 +99,27 @@ def test_bad_generate_arguments():
     with pytest.raises(ValueError, match="at least one real token"):
         model.generate(ids, 2, attention_mask=torch.tensor([[False, False]]))
     assert torch.equal(model.generate(ids, 0), ids)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "ssmax"])
+def test_decoding_builds_no_mask_per_step(attention, monkeypatch):
+    """SDPA softmax with ALiBi heads needs an explicit (B, H, T, Nk) mask; a KV-cache decoding step would
+    rebuild it for every new token (the cause of softmax decoding being slower than entmax decoding).
+    Decoding steps go to the fused entmax_attention(alpha=1) path instead, and give the same tokens as a
+    full uncached forward over the generated sequence."""
+    from asentmax.nn import attention as attention_module
+
+    model = make_model(attention, "nape")
+    built = []
+    original = attention_module.AttentionContext.additive
+
+    def recording(ctx, dtype, device):
+        built.append(ctx.offset)
+        return original(ctx, dtype, device)
+
+    monkeypatch.setattr(attention_module.AttentionContext, "additive", recording)
+    prompt = torch.tensor([PROMPTS[0]])
+    out = model.generate(prompt, 6)
+    assert built and all(offset == 0 for offset in built), built  # the prefill only
+    full = model(out)[0, prompt.shape[1] - 1: -1].argmax(-1)
+    assert full.tolist() == out[0, prompt.shape[1]:].tolist()

@@ -17,7 +17,15 @@ from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
 from asentmax.tasks import get_task
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.train import resume_run
-from asentmax.trainer import Distributed, NonFiniteLoss, TrainConfig, WarmupCosine, target_loss, train
+from asentmax.trainer import (
+    DelayedWarmupCosine,
+    Distributed,
+    NonFiniteLoss,
+    TrainConfig,
+    WarmupCosine,
+    target_loss,
+    train,
+)
 from conftest import join_workers
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -100,6 +108,39 @@ def test_warmup_cosine_schedule():
     assert schedule(110) == pytest.approx(0.1)
     values = [schedule(s) for s in range(10, 111)]
     assert all(x >= y for x, y in zip(values, values[1:], strict=False))
+
+
+def test_delayed_temperature_schedule():
+    run = WarmupCosine(warmup=10, total=110, min_ratio=0.1)
+    delayed = DelayedWarmupCosine(warmup=10, total=110, min_ratio=0.1, delay=30, scale=0.5)
+    assert [delayed(s) for s in (0, 15, 29)] == [0.0, 0.0, 0.0]
+    assert delayed(30) == pytest.approx(0.5 * run(30) / 10)  # its own warm-up starts after the delay
+    assert delayed(39) == pytest.approx(0.5 * run(39))
+    assert delayed(80) == pytest.approx(0.5 * run(80))
+    assert DelayedWarmupCosine(10, 110, 0.1, delay=0, scale=1.0)(5) == run(5)
+
+
+def test_temperature_parameters_wait_for_their_delay_then_learn(tmp_path):
+    """--temperature-delay-steps: ASEntmax's beta/gamma projections keep their initial values while every
+    other parameter trains; after the delay they move (results/paper/plateau)."""
+    task = get_task("copy")
+    model_config = tiny_model(task, attention="asentmax")
+    names = [n for n, _ in Transformer(model_config).named_parameters() if ".temperature." in n]
+    assert names  # the asentmax model has temperature parameters
+
+    def weights(steps):
+        run_dir = tmp_path / f"delay_{steps}"
+        train(tiny_workload(), tiny_train(steps=steps, temperature_delay_steps=6, checkpoint_every=0),
+              model_config, run_dir, progress=False)
+        return load_checkpoint(run_dir / CHECKPOINT_NAME)["model"]
+
+    frozen, moved = weights(6), weights(12)
+    torch.manual_seed(3)  # the trainer's seed (tiny_train): the same initial weights
+    initial = {n: p.detach().clone() for n, p in Transformer(model_config).named_parameters()}
+    for name in names:
+        assert torch.equal(frozen[name], initial[name]), name
+        assert not torch.equal(moved[name], initial[name]), name
+    assert not torch.equal(frozen["blocks.0.attn.wq.weight"], initial["blocks.0.attn.wq.weight"])
 
 
 # ---- training ----
@@ -217,6 +258,43 @@ def test_ddp_gradients_match_single_process(tmp_path):
     assert checkpoint["step"] == 4 and checkpoint["world_size"] == 2 and len(checkpoint["rank_states"]) == 2
     assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "log.csv")] == [2, 4]
     assert [int(r["step"]) for r in _read_csv(tmp_path / "run" / "val.csv")] == [2, 2, 4, 4]
+
+
+def _interrupted_ddp_worker(rank, init_file, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    summary = train(tiny_workload(), tiny_train(steps=100000, log_every=1, checkpoint_every=0),
+                    tiny_model(get_task("copy")), f"{out_dir}/run", progress=False)
+    with open(f"{out_dir}/summary{rank}.json", "w") as f:
+        json.dump({key: summary[key] for key in ("step", "interrupted", "checkpoint_step")}, f)
+    dist.destroy_process_group()
+
+
+def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step(tmp_path):
+    import json
+    import signal
+    import time
+
+    workers = mp.start_processes(_interrupted_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    log = tmp_path / "run" / "log.csv"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (log.is_file() and len(log.read_text().splitlines()) > 3):
+        time.sleep(0.2)
+    os.kill(workers.processes[1].pid, signal.SIGINT)  # rank 1 only, as a kill of one process would
+    join_workers(workers)
+    summaries = [json.loads((tmp_path / f"summary{rank}.json").read_text()) for rank in (0, 1)]
+    assert summaries[1]["interrupted"] == "SIGINT"
+    assert summaries[0]["interrupted"] == "a signal on another rank"
+    step = summaries[0]["step"]
+    assert summaries[1]["step"] == step and summaries[0]["checkpoint_step"] == step
+    saved = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
+    assert saved["step"] == step and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
+    assert int(_read_csv(log)[-1]["step"]) == step
 
 
 def test_non_finite_loss_stops_training(tmp_path):

@@ -202,8 +202,9 @@ def test_triton_matches_reference(case):
 
 
 def test_head_dim_above_kernel_limit_uses_chunked(monkeypatch):
-    """head_dim > MAX_HEAD_DIM (tiles would outgrow shared memory): the triton backend computes with the
-    chunked backend instead of launching the kernels."""
+    """head_dim above what the kernels support (tiles would outgrow shared memory): the dispatcher sends
+    the triton backend's call to the chunked backend instead of launching the kernels."""
+    from asentmax.ops import triton as triton_package
     from asentmax.ops.triton import attention as triton_attention
 
     def no_kernels(*args, **kwargs):
@@ -211,7 +212,7 @@ def test_head_dim_above_kernel_limit_uses_chunked(monkeypatch):
 
     monkeypatch.setattr(triton_attention, "entmax_attention_fwd", no_kernels)
     monkeypatch.setattr(triton_attention, "entmax_attention_decode", no_kernels)
-    check_case(C(1.5, True, 5, 9, triton_attention.MAX_HEAD_DIM + 44, q_scale=True))
+    check_case(C(1.5, True, 5, 9, triton_package.SUPPORT.max_head_dim + 44, q_scale=True))
 
 
 def test_rows_sum_to_one():

@@ -218,6 +218,7 @@ def _check_world(train_config) -> None:
 
 def _saved_run(args):
     """The checkpoint of --run-dir to resume and the --steps to extend it to (None: keep its steps)."""
+    from asentmax.runs import CHECKPOINT_NAME
     from asentmax.train import extended, load_run
 
     train_overrides = _given(args, args.train_names)
@@ -225,6 +226,9 @@ def _saved_run(args):
     if train_overrides or _given(args, args.model_names) or _given(args, args.workload_names) or args.preset:
         raise UsageError("--resume continues with the saved configuration; drop the config flags "
                          "(only --steps may be given, to extend the run)")
+    if not (args.run_dir / CHECKPOINT_NAME).is_file():
+        raise UsageError(f"no checkpoint to resume at {args.run_dir / CHECKPOINT_NAME}; run the command "
+                         "without --resume to start the run")
     saved = load_run(args.run_dir)
     _check_device(saved.train_config.device)
     _check_world(saved.train_config)
@@ -295,9 +299,12 @@ def _report_training(summary: dict, run_dir: Path) -> None:
               f"{run_dir / 'checkpoint.pt'} holds step {summary['checkpoint_step']}. Resume with: "
               f"asentmax train --run-dir {run_dir} --resume", file=sys.stderr)
         raise SystemExit(130)
-    if summary["loss"] is None:
+    if summary["loss"] is None and summary["step"] >= summary["total_steps"]:
         print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
               f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")
+        return
+    if summary["loss"] is None:
+        print(f"run {run_dir} is at step {summary['step']} already (--stop-at-step); nothing to do")
         return
     print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
           f"{summary['loss']:.4f}; run dir {summary['run_dir']}")

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from asentmax.eval import format_multiplier
+from asentmax.nn.normalisers import NORMALISERS
 
 # PAPER.md section 4: exact match % per length multiplier (NAPE). Copy and Sort are 2nd-hand there.
 PAPER_RESULTS = {
@@ -39,8 +40,7 @@ PAPER_RESULTS = {
         "asentmax": (100.0, 100.0, 79.7, 0.0),
     },
 }
-METHOD_NAMES = {"softmax": "Softmax", "ssmax": "SSMax", "entmax": "Entmax", "asentmax": "ASEntmax",
-                "topk": "Top-K"}
+METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 
 
 def load_evaluation(run_dir: Path | str) -> dict:

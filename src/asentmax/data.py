@@ -1,4 +1,4 @@
-"""Batching for the synthetic tasks (PAPER.md section 3): encode, pad, and draw length-bucketed batches.
+"""Batching for the synthetic tasks (docs/method.md section 6): encode, pad, and draw length-bucketed batches.
 
 A sequence is `<bos> source <sep> target <eos>`; the model reads tokens[:-1] and is scored on the
 next token only where the task's target_mask is True (target tokens and EOS), so the loss is taken on
@@ -28,8 +28,14 @@ class Batch:
     input_ids: torch.Tensor
     labels: torch.Tensor
 
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.input_ids.to(device), self.labels.to(device))
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        """On `device`; with non_blocking (from pinned memory) the host does not wait for the copy."""
+        return Batch(self.input_ids.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """In page-locked host memory, so that `to(cuda, non_blocking=True)` is asynchronous."""
+        return Batch(self.input_ids.pin_memory(), self.labels.pin_memory())
 
     @property
     def n_target_tokens(self) -> int:
@@ -78,9 +84,14 @@ def step_generator(seed: int, rank: int, step: int) -> np.random.Generator:
 def sample_lengths(rng: np.random.Generator, batch_size: int, buckets: list[tuple[int, int]]) -> np.ndarray:
     """Lengths for one batch: a bucket is picked with probability proportional to its size (so lengths are
     uniform over the whole range across batches) and every length of the batch is uniform inside it."""
-    sizes = np.array([hi - lo + 1 for lo, hi in buckets], dtype=float)
-    lo, hi = buckets[int(rng.choice(len(buckets), p=sizes / sizes.sum()))]
+    lo, hi = buckets[pick_bucket(rng, buckets)]
     return rng.integers(lo, hi + 1, size=batch_size)
+
+
+def pick_bucket(rng: np.random.Generator, buckets: list[tuple[int, int]]) -> int:
+    """Index of the bucket of one batch, drawn with probability proportional to the bucket's size."""
+    sizes = np.array([hi - lo + 1 for lo, hi in buckets], dtype=float)
+    return int(rng.choice(len(buckets), p=sizes / sizes.sum()))
 
 
 def training_batch(task, *, seed: int, rank: int, step: int, batch_size: int,

@@ -1,11 +1,12 @@
 """Attention dispersion as the context grows: softmax vs SSMax vs entmax vs ASEntmax-style scaling.
 
-A numerical illustration of PAPER.md section 1: with a fixed set of relevant tokens among n - k
+A numerical illustration of arXiv:2506.16640, section 1: with a fixed set of relevant tokens among n - k
 irrelevant ones, softmax's normalised entropy H(p) / log n drifts towards 1 and the mass on the
 relevant tokens leaks away as n grows, while alpha-entmax keeps exact zeros, so its support and
 entropy stay bounded. Scaling the logits by theta = delta + beta * log(n + 1) ** gamma (the ASEntmax
-inverse temperature of PAPER.md section 2, here with fixed beta and gamma) counteracts the growth of
-the irrelevant tail; SSMax applies the same idea to softmax.
+inverse temperature of arXiv:2506.16640, section 2, here with fixed beta and gamma) counteracts the growth
+of the irrelevant tail; SSMax applies the same idea to softmax. The methods are the softmax- and
+entmax-family normalisers of asentmax.nn.normalisers, those with a temperature module scaled by theta(n).
 
 Run: ``python -m asentmax.dispersion`` (writes results/dispersion.{md,json,png}).
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from asentmax.ops.entmax import entmax
+from asentmax.nn.normalisers import NORMALISERS, get_normaliser
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,12 @@ class DispersionSetup:
     seed: int = 0
 
 
-METHODS = ("softmax", "ssmax", "entmax", "asentmax")
+METHODS = tuple(n.name for n in NORMALISERS if n.family in ("softmax", "entmax"))
+SPARSE_METHODS = tuple(n.name for n in NORMALISERS if n.family == "entmax")  # their support is reported
 
 
 def inverse_temperature(n: int, setup: DispersionSetup) -> float:
-    """theta(n) = delta + beta * log(n + 1) ** gamma (PAPER.md section 2, fixed beta and gamma)."""
+    """theta(n) = delta + beta * log(n + 1) ** gamma (arXiv:2506.16640, section 2, fixed beta and gamma)."""
     return setup.delta + setup.beta * math.log(n + 1) ** setup.gamma
 
 
@@ -54,16 +56,14 @@ def sample_logits(n: int, setup: DispersionSetup, generator: torch.Generator) ->
 
 
 def attention_weights(method: str, logits: torch.Tensor, setup: DispersionSetup) -> torch.Tensor:
-    theta = inverse_temperature(logits.shape[-1], setup)
-    if method == "softmax":
-        return torch.softmax(logits, dim=-1)
-    if method == "ssmax":
-        return torch.softmax(theta * logits, dim=-1)
-    if method == "entmax":
-        return entmax(logits, alpha=setup.alpha)
-    if method == "asentmax":
-        return entmax(theta * logits, alpha=setup.alpha)
-    raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    """The weights of normaliser `method` (one of METHODS) on logits (..., n), scaled by theta(n) when
+    the normaliser has an inverse temperature."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
+    normaliser = get_normaliser(method)
+    if normaliser.temperature is not None:
+        logits = inverse_temperature(logits.shape[-1], setup) * logits
+    return normaliser.probabilities(logits, normaliser.alpha(setup.alpha), topk_k=logits.shape[-1])
 
 
 def dispersion_stats(p: torch.Tensor, n_relevant: int) -> dict[str, float]:
@@ -95,12 +95,13 @@ def markdown_table(rows: list[dict], setup: DispersionSetup) -> str:
     lengths = sorted({r["n"] for r in rows})
     by_key = {(r["n"], r["method"]): r for r in rows}
     header = "| n | " + " | ".join(f"{m} H/log n" for m in METHODS) + " | "
-    header += " | ".join(f"{m} relevant mass" for m in METHODS) + " | entmax support | asentmax support |"
-    lines = [header, "|" + "---|" * (1 + 2 * len(METHODS) + 2)]
+    header += " | ".join(f"{m} relevant mass" for m in METHODS) + " | "
+    header += " | ".join(f"{m} support" for m in SPARSE_METHODS) + " |"
+    lines = [header, "|" + "---|" * (1 + 2 * len(METHODS) + len(SPARSE_METHODS))]
     for n in lengths:
         cells = [f"{by_key[n, m]['normalised_entropy']:.3f}" for m in METHODS]
         cells += [f"{by_key[n, m]['relevant_mass']:.3f}" for m in METHODS]
-        cells += [f"{by_key[n, m]['support']:.1f}" for m in ("entmax", "asentmax")]
+        cells += [f"{by_key[n, m]['support']:.1f}" for m in SPARSE_METHODS]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     caption = (
         f"{setup.n_relevant} relevant tokens at logit {setup.relevant_logit}, "

@@ -23,6 +23,7 @@ from statistics import NormalDist
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
+from asentmax.ops.types import BACKENDS
 from asentmax.tasks.scoring import autocast, shape_batches
 
 
@@ -44,10 +45,10 @@ class EvalConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
-        default="", metadata={"help": "replace the model's attention backend: auto|reference|chunked|triton"})
+        default="", metadata={"help": "replace the model's attention backend: " + "|".join(BACKENDS)})
 
     def validate(self) -> None:
-        if self.attention_backend not in ("", "auto", "reference", "chunked", "triton"):
+        if self.attention_backend not in ("", *BACKENDS):
             raise ValueError(f"unknown attention-backend {self.attention_backend!r}")
         if not self.multipliers or any(not m > 0 for m in self.multipliers):
             raise ValueError(f"multipliers must be positive, got {self.multipliers}")

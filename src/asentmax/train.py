@@ -1,5 +1,5 @@
 """The training driver: builds or rebuilds a run's workload and configs and hands them to the one engine,
-asentmax.trainer (arXiv:2506.16640, section 3, reference training).
+asentmax.trainer (docs/method.md section 6, reference training).
 
 WORKLOADS maps a workload's name (the "name" in its `to_dict()`, saved in every checkpoint) to the
 function that rebuilds it from that dict; a new workload adds one entry here. `resume_run` continues a

@@ -1,5 +1,5 @@
 """The one training engine: it runs any workload (the synthetic tasks, the language model) and knows
-nothing about either (arXiv:2506.16640, section 3, reference training; docs/method.md).
+nothing about either (docs/method.md section 6, reference training).
 
 AdamW, linear warm-up then cosine decay to min_lr_ratio * lr (optionally over fewer steps than the run:
 `decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA,
@@ -14,6 +14,11 @@ batch. The loss of the log window is summed on the device as well: the host read
 checkpoints and at the end only, so the loop does not wait for the device at every step. A non-finite
 loss stops the run at the next of those reads with the exact step it first appeared at and which
 checkpoint exists.
+
+Speed (issue 14): on CUDA the model is torch.compile'd by default with the sequence length marked
+dynamic (`compiled_for_training`: one graph for every length bucket) and AdamW is fused; with a workload
+whose batches are drawn on the device (asentmax.tasks.device_sampling) no step between log steps waits
+for the device. `--lr-scaling sqrt` is the large-batch rule: peak lr = lr * sqrt(batch-size / 128).
 
 Data-parallel training runs under `torchrun` (gloo on CPU, NCCL on CUDA). A checkpoint also resumes
 under another number of processes (say 2 GPUs -> 1): model, optimizer and schedule continue, rank 0's
@@ -68,7 +73,12 @@ class TrainConfig:
 
     steps: int = field(default=5000, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=128, metadata={"help": "global batch size (split over DDP ranks)"})
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    lr: float = field(default=1e-3, metadata={"help": (
+        "peak learning rate (times sqrt(batch-size / 128) with --lr-scaling sqrt)")})
+    lr_scaling: str = field(default="none", metadata={"help": (
+        "large-batch rule: none (lr as given) | sqrt (peak lr = lr * sqrt(batch-size / 128): the presets' "
+        "lr is the paper's at batch 128, and square-root scaling keeps Adam's update noise about constant "
+        "as the batch grows, e.g. MQMTAR 2e-4 at 128 -> 4e-4 at 512; warm-up and decay stay in steps)")})
     min_lr_ratio: float = field(default=0.1, metadata={"help": "final learning rate as a fraction of lr"})
     warmup_steps: int = field(default=200, metadata={"help": "linear warm-up steps"})
     decay_steps: int = field(
@@ -84,8 +94,16 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seed of model init and data"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the training forward and backward"})
-    fused: bool = field(default=False, metadata={"help": "fused AdamW (CUDA only)"})
+    compile: str = field(default="auto", metadata={"help": (
+        "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
+        "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
+    fused: str = field(default="auto", metadata={"help": "fused AdamW: auto (on CUDA) | on | off"})
+    temperature_lr_scale: float = field(default=1.0, metadata={"help": (
+        "learning-rate multiplier of the length-aware temperature parameters (ASEntmax's beta/gamma "
+        "projections, SSMax's s): results/paper/plateau")})
+    temperature_delay_steps: int = field(default=0, metadata={"help": (
+        "the temperature parameters keep their initial values for this many steps, then follow the "
+        "schedule after a warm-up of their own (0: from the start)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -97,7 +115,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -108,10 +126,47 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
+        for name in ("compile", "fused"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise ValueError(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
+        if self.lr_scaling not in LR_SCALINGS:
+            raise ValueError(f"lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
+
+    def peak_lr(self) -> float:
+        """The peak learning rate after the large-batch rule (`lr_scaling`)."""
+        if self.lr_scaling == "sqrt":
+            return self.lr * math.sqrt(self.batch_size / LR_REFERENCE_BATCH)
+        return self.lr
+
+    def uses(self, name: str, device: torch.device) -> bool:
+        """Whether the "compile" / "fused" setting is on for `device` ("auto": on CUDA only)."""
+        value = getattr(self, name)
+        return value == "on" or (value == "auto" and device.type == "cuda")
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
+        values = dict(values)
+        for name in ("compile", "fused"):  # saved as booleans before "auto" existed
+            if isinstance(values.get(name), bool):
+                values[name] = "on" if values[name] else "off"
         return cls(**values)
+
+
+LR_SCALINGS = ("none", "sqrt")
+LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3), where the presets' lr holds
+
+
+def compiled_for_training(model, backend: str = "inductor"):
+    """torch.compile'd `model` as a function of input_ids whose sequence dimension is marked dynamic: the
+    batches of every length bucket share one graph (a dimension that cannot stay symbolic falls back to
+    one graph per bucket width, a handful, never one per batch)."""
+    compiled = torch.compile(model, backend=backend)
+
+    def forward(input_ids: torch.Tensor) -> torch.Tensor:
+        torch._dynamo.maybe_mark_dynamic(input_ids, 1)
+        return compiled(input_ids)
+
+    return forward
 
 
 class Workload(Protocol):
@@ -158,6 +213,37 @@ class WarmupCosine:
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+class DelayedWarmupCosine(WarmupCosine):
+    """The temperature parameters' LR multiplier: 0 for `delay` steps, then `scale` times the run's
+    WarmupCosine, ramped in linearly over `warmup` steps from the end of the delay."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float, delay: int, scale: float):
+        super().__init__(warmup, total, min_ratio)
+        self.delay, self.scale = delay, scale
+
+    def __call__(self, step: int) -> float:
+        if step < self.delay:
+            return 0.0
+        ramp = min(1.0, (step - self.delay + 1) / self.warmup) if self.delay and self.warmup else 1.0
+        return self.scale * ramp * super().__call__(step)
+
+
+def lr_multipliers(config: TrainConfig, n_groups: int) -> list[WarmupCosine]:
+    """One LR multiplier per optimizer parameter group: the model's, then the temperatures' (if any)."""
+    run = WarmupCosine.of(config)
+    temperatures = DelayedWarmupCosine(run.warmup, run.total, run.min_ratio, config.temperature_delay_steps,
+                                       config.temperature_lr_scale)
+    return [run, temperatures][:n_groups]
+
+
+def parameter_groups(model) -> list[dict]:
+    """AdamW parameter groups: the model's parameters, then (when there are any) its temperatures'."""
+    temperatures = list(model.temperature_parameters())
+    chosen = {id(p) for p in temperatures}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in chosen]}]
+    return groups + ([{"params": temperatures}] if temperatures else [])
+
+
 @dataclass
 class Distributed:
     rank: int = 0
@@ -200,7 +286,8 @@ def target_loss(model, batch: Batch, world: Distributed, autocast_dtype, stop: b
 
     Returns (loss to backpropagate, summed loss over this rank's tokens, global labelled-token count,
     whether any rank asked to stop), all but the last as device tensors (nothing waits for the device).
-    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count."""
+    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count, and
+    reading the agreed answer waits for the device once per step (single-process runs never wait)."""
     n_global = (batch.labels != IGNORE_INDEX).sum().double()
     any_stop = stop
     if world.active:
@@ -308,9 +395,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
     early after that many total steps with a checkpoint (as if killed there).
 
-    Summary: step, loss (of the last log line of this process, None when no step ran), val (the last
-    validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the signal
-    name, or None)."""
+    Summary: step, total_steps, loss (of the last log line of this process, None when no step ran), val
+    (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
+    signal name, or None)."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
@@ -326,16 +413,18 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=train_config.lr, betas=(train_config.beta1,
-                                  train_config.beta2), weight_decay=train_config.weight_decay,
-                                  **({"fused": True} if train_config.fused else {}))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine.of(train_config))
+    optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
+                                  betas=(train_config.beta1, train_config.beta2),
+                                  weight_decay=train_config.weight_decay,
+                                  **({"fused": True} if train_config.uses("fused", world.device) else {}))
+    multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
     step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
-        scheduler.lr_lambdas = [WarmupCosine.of(train_config)]  # load_state_dict restored the saved one
+        scheduler.lr_lambdas = multipliers  # load_state_dict restored the saved ones
         step = checkpoint["step"]
         rank_states = checkpoint["rank_states"]
         saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
@@ -346,7 +435,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     if world.active:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
-    step_model = torch.compile(ddp_model) if train_config.compile else ddp_model
+    step_model = compiled_for_training(ddp_model) if train_config.uses("compile", world.device) else ddp_model
 
     commit = git_commit()
     if world.is_main:
@@ -474,7 +563,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
-            if stop:
+            if stop and step < end:  # a signal in the last step changes nothing
                 interrupted = stop_request.signal_name or "a signal on another rank"
                 end = step
             if (train_config.checkpoint_every and step % train_config.checkpoint_every == 0) or step == end:
@@ -484,6 +573,6 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         writer.close()
     if world.owns_group:
         dist.destroy_process_group()
-    return {"step": step, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
+    return {"step": step, "total_steps": total, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
             "elapsed_s": time.perf_counter() - start_time, "checkpoint_step": saved_step,
             "interrupted": interrupted}

@@ -1,5 +1,6 @@
-"""Models: decoder-only Transformers with softmax / SSMax / Top-K / entmax / ASEntmax attention and
-NoPE / ALiBi / RoPE / NAPE positions (PAPER.md section 2), KV-cache decoding and attention statistics."""
+"""Models: decoder-only Transformers with the attention normalisers of nn/normalisers.py (softmax, SSMax,
+Top-K, entmax, ASEntmax) and NoPE / ALiBi / RoPE / NAPE positions (arXiv:2506.16640, section 2), KV-cache
+decoding and attention statistics."""
 
 from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig

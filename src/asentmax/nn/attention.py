@@ -1,12 +1,16 @@
-"""Causal self-attention with one normaliser chosen by the config (PAPER.md section 2).
+"""Causal self-attention with one normaliser chosen by the config (arXiv:2506.16640, section 2).
 
-Logits z_hij = theta_hi * scale * (q_hi . k_hj) + m_h (j - i), j <= i, over real keys only.
-  softmax, ssmax  -> torch scaled_dot_product_attention, theta * scale folded into q, ALiBi as an
-                     additive float mask (the fastest path a user of plain torch would get); when that
-                     mask would exceed SDPA_MASK_LIMIT elements (long-context evaluation), the same
-                     softmax runs through entmax_attention(alpha=1), which never materialises it;
-  topk            -> dense logits, softmax over each query's k largest;
-  entmax, asentmax -> asentmax.ops.attention.entmax_attention(alpha, q_scale=theta, alibi_slopes, ...).
+Logits z_hij = q_scale_hi * scale * (q_hi . k_hj) + m_h (j - i), j <= i, over real keys only, with q_scale
+the paper's inverse temperature theta (nn/temperature.py; none = 1). The normaliser (nn/normalisers.py)
+decides the kernel:
+  sdpa (softmax, ssmax) -> torch scaled_dot_product_attention, q_scale * scale folded into q, ALiBi as an
+                     additive float mask (the fastest path a user of plain torch would get); except where
+                     SDPA would need an explicit mask and either it would exceed SDPA_MASK_LIMIT elements
+                     (long-context evaluation) or keys are cached (KV-cache decoding, where a mask would be
+                     rebuilt at every step): there the same softmax runs through entmax_attention(alpha=1)
+                     (on CUDA the fused decoding kernels of the entmax models), which never builds it;
+  topk family       -> dense logits, softmax over each query's k largest;
+  entmax family     -> asentmax.ops.attention.entmax_attention(alpha, q_scale, alibi_slopes, ...).
 Layout inside: (batch, heads, seq, head_dim). Slots: with a cache of S slots and T new tokens, new query r
 sits at slot S + r and sees slots j <= S + r whose key is real (AttentionContext holds that bookkeeping).
 """
@@ -22,11 +26,12 @@ from torch import nn
 
 from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
+from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import apply_rotary
 from asentmax.nn.stats import AttentionStats, attention_stats
 from asentmax.nn.temperature import make_temperature
 from asentmax.ops.attention import entmax_attention
-from asentmax.ops.entmax import compute_dtype, entmax
+from asentmax.ops.entmax import compute_dtype
 
 # Largest explicit SDPA mask (elements) before softmax/SSMax switch to entmax_attention(alpha=1):
 # 2^27 fp32 elements = 512 MiB.
@@ -76,8 +81,7 @@ class AttentionContext:
                 cols = torch.arange(self.n_total, device=device)[None, :]
                 distance = (cols - rows).to(torch.float64)  # j - i <= 0 on visible entries
                 bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, T, Nk)
-            self._additive[dtype] = torch.where(visible, bias, torch.tensor(float("-inf"), dtype=dtype,
-                                                                            device=device))
+            self._additive[dtype] = torch.where(visible, bias, float("-inf"))  # a scalar: no host copy
         return self._additive[dtype]
 
     def sdpa_mask_elements(self, n_heads: int) -> int:
@@ -88,6 +92,12 @@ class AttentionContext:
         if self.key_padding_mask is None and (self.offset == 0 or self.n_new == 1):
             return 0
         return batch * self.n_new * self.n_total
+
+    def sdpa_suits(self, n_heads: int) -> bool:
+        """True when softmax goes through SDPA: it needs no explicit mask, or a mask of at most
+        SDPA_MASK_LIMIT elements for a call without cached keys (a decoding step would rebuild it)."""
+        elements = self.sdpa_mask_elements(n_heads)
+        return elements == 0 or (self.offset == 0 and elements <= SDPA_MASK_LIMIT)
 
     def sdpa_mask(self, dtype: torch.dtype, device) -> tuple[torch.Tensor | None, bool]:
         """(attn_mask, is_causal) for torch SDPA, using its fast causal path where nothing else is needed."""
@@ -101,24 +111,16 @@ class AttentionContext:
         return self.visible(device), False
 
 
-def dense_logits(q: torch.Tensor, k: torch.Tensor, theta: torch.Tensor | None, ctx: AttentionContext,
+def dense_logits(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor | None, ctx: AttentionContext,
                  dtype: torch.dtype) -> torch.Tensor:
-    """z (B, H, T, Nk) in `dtype`: theta * scale * q.k + ALiBi, -inf where not visible (k: H or Hkv heads)."""
+    """z (B, H, T, Nk) in `dtype`: q_scale * scale * q.k + ALiBi, -inf where not visible (k: H or Hkv)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1) if group > 1 else k
     factor = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * factor
-    if theta is not None:
-        scores = scores * theta.to(dtype)[..., None]
+    if q_scale is not None:
+        scores = scores * q_scale.to(dtype)[..., None]
     return scores + ctx.additive(dtype, q.device)
-
-
-def topk_probabilities(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Softmax over each row's k largest logits (all of them when the row is shorter than k)."""
-    if k < z.shape[-1]:
-        keep = torch.zeros_like(z, dtype=torch.bool).scatter_(-1, z.topk(k, dim=-1).indices, True)
-        z = z.masked_fill(~keep, float("-inf"))
-    return torch.softmax(z, dim=-1)
 
 
 class Attention(nn.Module):
@@ -131,6 +133,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(config.d_model, hkv * d, bias=False)
         self.wv = nn.Linear(config.d_model, hkv * d, bias=False)
         self.wo = nn.Linear(h * d, config.d_model, bias=False)
+        self.normaliser = get_normaliser(config.attention)
         self.temperature = make_temperature(config)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext, cache: KVCache | None = None,
@@ -146,46 +149,43 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, Hkv, Nk, D)
-        theta = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
+        q_scale = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
 
-        if cfg.attention == "topk":
-            p = topk_probabilities(dense_logits(q, k, theta, ctx, compute_dtype(q.dtype)), cfg.topk_k)
+        norm = self.normaliser
+        if norm.family == "topk":
+            z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype))
+            p = norm.probabilities(z, 1.0, cfg.topk_k)
             out = torch.matmul(p.to(v.dtype), _expand_kv(v, cfg.n_heads))
-        elif cfg.attention in ("entmax", "asentmax") or ctx.sdpa_mask_elements(cfg.n_heads) > SDPA_MASK_LIMIT:
-            alpha = cfg.alpha if cfg.attention in ("entmax", "asentmax") else 1.0
+        elif norm.sdpa and ctx.sdpa_suits(cfg.n_heads):
+            out = self._sdpa(q, k, v, q_scale, ctx)
+        else:
             slopes = ctx.slopes
             if slopes is not None:
                 slopes = slopes.to(device=q.device, dtype=compute_dtype(q.dtype))
-            out = entmax_attention(q, k, v, alpha=alpha, causal=True, alibi_slopes=slopes, q_scale=theta,
-                                   key_padding_mask=ctx.key_padding_mask, backend=cfg.attention_backend)
-        else:
-            out = self._sdpa(q, k, v, theta, ctx)
+            out = entmax_attention(q, k, v, alpha=norm.alpha(cfg.alpha), causal=True, alibi_slopes=slopes,
+                                   q_scale=q_scale, key_padding_mask=ctx.key_padding_mask,
+                                   backend=cfg.attention_backend)
 
         y = self.wo(out.transpose(1, 2).reshape(b, t, cfg.n_heads * cfg.head_dim))
-        stats = self._stats(q, k, theta, ctx) if want_stats else None
+        stats = self._stats(q, k, q_scale, ctx) if want_stats else None
         return y, stats
 
-    def _sdpa(self, q, k, v, theta, ctx: AttentionContext) -> torch.Tensor:
+    def _sdpa(self, q, k, v, q_scale, ctx: AttentionContext) -> torch.Tensor:
         mask, is_causal = ctx.sdpa_mask(q.dtype, q.device)
         scale = None
-        if theta is not None:  # fold theta * 1/sqrt(D) into q; SDPA then uses scale 1
-            q = q * (theta * (1.0 / math.sqrt(q.shape[-1]))).to(q.dtype)[..., None]
+        if q_scale is not None:  # fold q_scale * 1/sqrt(D) into q; SDPA then uses scale 1
+            q = q * (q_scale * (1.0 / math.sqrt(q.shape[-1]))).to(q.dtype)[..., None]
             scale = 1.0
         gqa = q.shape[1] != k.shape[1]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=gqa)
 
     @torch.no_grad()
-    def _stats(self, q, k, theta, ctx: AttentionContext) -> AttentionStats:
+    def _stats(self, q, k, q_scale, ctx: AttentionContext) -> AttentionStats:
         cfg = self.config
-        z = dense_logits(q, k, theta, ctx, compute_dtype(q.dtype))
-        if cfg.attention == "topk":
-            p = topk_probabilities(z, cfg.topk_k)
-        elif cfg.attention in ("entmax", "asentmax"):
-            p = entmax(z, alpha=cfg.alpha, dim=-1)
-        else:
-            p = torch.softmax(z, dim=-1)
-        return attention_stats(p, theta, ctx.n_keys, ctx.query_mask)
+        z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype))
+        p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k)
+        return attention_stats(p, q_scale, ctx.n_keys, ctx.query_mask)
 
 
 def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:

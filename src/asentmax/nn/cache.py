@@ -2,7 +2,7 @@
 
 Slots are appended in order. `key_mask` (B, S) marks real tokens (None while every slot is real) and
 `n_real` (B,) counts the real tokens of each row, so a new token sits at position n_real and sees
-n_i = n_real + 1 keys (PAPER.md section 2: cache length + 1 when nothing is padded).
+n_i = n_real + 1 keys (arXiv:2506.16640, section 2: cache length + 1 when nothing is padded).
 Keys are stored after RoPE, so cached keys never need re-rotation.
 """
 

@@ -1,8 +1,7 @@
 """ModelConfig: every architectural choice of the decoder-only Transformer, validated on construction.
 
-The attention normalisers and position schemes are those of PAPER.md section 2:
-  attention: softmax | ssmax (Nakanishi's scalable softmax) | topk | entmax (alpha) | asentmax (alpha,
-             theta = delta + beta * log(n+1)^gamma)
+The attention normalisers and position schemes are those of arXiv:2506.16640, section 2:
+  attention: a name of nn/normalisers.py NORMALISERS (each normaliser is defined there, once)
   position:  nope | alibi | rope | nape (first H/2 heads ALiBi, the rest NoPE; scaling on NoPE heads only)
 Every default lives here, once. Presets (presets.py) are plain functions that override fields.
 """
@@ -12,13 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-ATTENTIONS = ("softmax", "ssmax", "topk", "entmax", "asentmax")
+from asentmax.nn.normalisers import NAMES as ATTENTIONS
+from asentmax.nn.normalisers import get_normaliser
+from asentmax.ops.types import BACKENDS
+
 POSITIONS = ("nope", "alibi", "rope", "nape")
 MLPS = ("swiglu", "gelu")
 ALIBI_SLOPES = ("harmonic", "geometric")
 ASENTMAX_INITS = ("zero", "reference")
 SSMAX_FORMS = ("delta", "plain")
-BACKENDS = ("auto", "reference", "chunked", "triton")
 
 
 def _field(default, help: str):
@@ -35,7 +36,7 @@ class ModelConfig:
     n_kv_heads: int | None = _field(None, "key/value heads for grouped-query attention; None = n_heads")
     d_ff: int = _field(1024, "MLP hidden size")
     mlp: str = _field("swiglu", "MLP: swiglu | gelu")
-    attention: str = _field("asentmax", "attention normaliser: softmax | ssmax | topk | entmax | asentmax")
+    attention: str = _field("asentmax", f"attention normaliser: {' | '.join(ATTENTIONS)}")
     alpha: float = _field(1.5, "alpha of alpha-entmax (entmax, asentmax), > 1; 1.5 in the paper")
     topk_k: int = _field(32, "topk: softmax over each query's k largest logits (32 in the paper's Sort runs)")
     position: str = _field("nape", "positions: nope | alibi | rope | nape (first H/2 heads ALiBi, rest NoPE)")
@@ -45,7 +46,7 @@ class ModelConfig:
     rope_base: float = _field(10000.0, "RoPE base")
     theta_delta: float = _field(1.0, "delta in theta = delta + ... (ASEntmax, SSMax delta form); paper: 1")
     gamma_range: float = _field(2.0, "s in gamma = s tanh(w_gamma . x + b) (ASEntmax); 2 in the paper")
-    # Default "zero" is provisional: PAPER.md reports that an independent reproduction escaped the MQMTAR
+    # Default "zero" is provisional: an independent reproduction of the paper reportedly escaped the MQMTAR
     # plateau only with zero-initialised projections; to be confirmed by measurement.
     asentmax_init: str = _field(
         "zero", "ASEntmax beta/gamma projections at init: zero (weights and biases 0: beta = log 2, "
@@ -61,7 +62,7 @@ class ModelConfig:
     init_std: float = _field(0.02, "std of the normal weight init (residual outputs / sqrt(2 n_layers))")
     attention_backend: str = _field(
         "auto", "entmax_attention backend for entmax/asentmax (and long-context softmax/ssmax): "
-        "auto | reference | chunked | triton")
+        + " | ".join(BACKENDS))
 
     def __post_init__(self):
         def need(cond: bool, message: str):
@@ -85,7 +86,8 @@ class ModelConfig:
             need(self.n_heads % self.n_kv_heads == 0,
                  f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads} "
                  "(grouped-query attention)")
-        if self.attention in ("entmax", "asentmax"):
+        normaliser = get_normaliser(self.attention)
+        if normaliser.takes_config_alpha:
             need(math.isfinite(self.alpha) and self.alpha > 1,
                  f"alpha must be > 1 for attention={self.attention!r}, got {self.alpha!r} "
                  "(alpha = 1 is softmax: use attention='softmax')")
@@ -100,7 +102,7 @@ class ModelConfig:
         need(self.gamma_range > 0, f"gamma_range must be > 0, got {self.gamma_range!r}")
         need(math.isfinite(self.theta_delta) and self.theta_delta >= 0,
              f"theta_delta must be finite and >= 0, got {self.theta_delta!r}")
-        if self.attention == "ssmax" and self.ssmax_form == "plain":
+        if normaliser.temperature == "ssmax" and self.ssmax_form == "plain":
             need(self.ssmax_s_init is None or self.ssmax_s_init > 0,
                  f"plain-form SSMax needs ssmax_s_init > 0 (theta = s log(n+1)), got {self.ssmax_s_init!r}")
         need(self.norm_eps > 0, f"norm_eps must be > 0, got {self.norm_eps!r}")

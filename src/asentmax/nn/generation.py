@@ -1,7 +1,8 @@
 """Batched autoregressive decoding with the KV cache: greedy (temperature 0) or sampling (temperature,
 top-k). Padded prompts (left or right) are first realigned so that every row's real tokens end at the
-last slot; each new token then sits at position n_real and sees n_i = n_real + 1 keys (PAPER.md
-section 2). The returned tensor is always cat(input_ids, new_tokens) in the caller's layout.
+last slot; each new token then sits at position n_real and sees n_i = n_real + 1 keys
+(arXiv:2506.16640, section 2). The returned tensor is always cat(input_ids, new_tokens) in the caller's
+layout.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Decoder-only Transformer (Llama-style: pre-norm RMSNorm blocks, SwiGLU or GeLU MLP, optional GQA)
-whose attention normaliser and position scheme come from ModelConfig (PAPER.md section 2).
+whose attention normaliser and position scheme come from ModelConfig (arXiv:2506.16640, section 2).
 
 forward(input_ids (B, T), attention_mask=None (B, T) bool True = real token, cache=None) -> logits (B, T, V).
 Positions and n_i count the real tokens of each row only, so left padding changes nothing for the real
@@ -20,7 +20,6 @@ from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.positions import Rotary, head_slopes
 from asentmax.nn.stats import AttentionStats
-from asentmax.nn.temperature import ASEntmaxTemperature, SSMaxTemperature
 from asentmax.ops.entmax import compute_dtype
 
 
@@ -82,6 +81,7 @@ class Transformer(nn.Module):
         self.rotary = Rotary(config.head_dim, config.rope_base) if config.position == "rope" else None
         # (H,) float64 or None; a plain attribute, not a buffer, so that model.to(dtype) never rounds it
         self.alibi_slopes = head_slopes(config)
+        self._slopes_on: dict[torch.device, torch.Tensor] = {}  # alibi_slopes copied once per device
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -96,9 +96,15 @@ class Transformer(nn.Module):
         for block in self.blocks:  # residual-branch outputs scaled as in GPT-2
             nn.init.normal_(block.attn.wo.weight, std=std / math.sqrt(2 * self.config.n_layers))
             nn.init.normal_(block.mlp.w_down.weight, std=std / math.sqrt(2 * self.config.n_layers))
-        for module in self.modules():
-            if isinstance(module, (ASEntmaxTemperature, SSMaxTemperature)):
-                module.reset_parameters()
+        for block in self.blocks:
+            if block.attn.temperature is not None:
+                block.attn.temperature.reset_parameters()
+
+    def temperature_parameters(self):
+        """The parameters of the length-aware temperatures (ASEntmax, SSMax); none for other normalisers."""
+        for block in self.blocks:
+            if block.attn.temperature is not None:
+                yield from block.attn.temperature.parameters()
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -160,9 +166,13 @@ class Transformer(nn.Module):
             new = attention_mask if attention_mask is not None else torch.ones(b, t, dtype=torch.bool,
                                                                                device=device)
             key_mask = torch.cat([past, new], dim=1)
-        slopes = None if self.alibi_slopes is None else self.alibi_slopes.to(device)
-        if slopes is not None and key_mask is not None:
-            _check_contiguous(key_mask)
+        slopes = None
+        if self.alibi_slopes is not None:  # a host-to-device copy synchronises: made once per device
+            if device not in self._slopes_on:
+                self._slopes_on[device] = self.alibi_slopes.to(device)
+            slopes = self._slopes_on[device]
+        if slopes is not None and key_mask is not None and not torch.compiler.is_compiling():
+            _check_contiguous(key_mask)  # a host sync: checked in eager mode only
         if cache is not None:
             cache.commit(key_mask, previous + counts[:, -1])
         rotary = None

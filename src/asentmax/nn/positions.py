@@ -1,4 +1,5 @@
-"""Position schemes of PAPER.md section 2: ALiBi slopes (all heads, or the first H/2 under NAPE) and RoPE.
+"""Position schemes of arXiv:2506.16640, section 2: ALiBi slopes (all heads, or the first H/2 under NAPE)
+and RoPE.
 
 ALiBi adds m_h (j - i) to the logit of query i and key j (j <= i), never scaled by theta.
 NAPE: heads 0 .. H/2-1 are ALiBi heads, heads H/2 .. H-1 are NoPE heads (slope 0); the ASEntmax/SSMax

@@ -1,7 +1,7 @@
 """Model presets as plain functions returning ModelConfig (each takes vocab_size and field overrides).
 
-Synthetic-task models are the paper's (PAPER.md section 3); LM sizes are Llama-3-style (SwiGLU, RMSNorm,
-grouped-query attention, untied head) scaled to a single GPU. Attention and position default to
+Synthetic-task models are the paper's (arXiv:2506.16640, section 3); LM sizes are Llama-3-style (SwiGLU,
+RMSNorm, grouped-query attention, untied head) scaled to a single GPU. Attention and position default to
 ModelConfig's (asentmax, nape); pass e.g. attention="softmax", position="rope" to override.
 """
 

@@ -1,4 +1,4 @@
-"""Attention instrumentation for the evaluation plots (PAPER.md section 1: dispersion).
+"""Attention instrumentation for the evaluation plots (arXiv:2506.16640, section 1: dispersion).
 
 Per layer, per head, per query: Shannon entropy H(p), entropy normalised by log n_i (-> 1 means fully
 dispersed attention; undefined when n_i = 1), support size |{j : p_j > 0}|, and theta (the inverse

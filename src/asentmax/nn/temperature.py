@@ -1,11 +1,13 @@
-"""Per-query inverse temperatures theta_hi of ASEntmax and SSMax (PAPER.md section 2).
+"""Per-query inverse temperatures theta_hi of ASEntmax and SSMax (arXiv:2506.16640, section 2).
 
 ASEntmax: theta_hi = delta + beta_hi * log(n_i + 1) ^ gamma_hi,
           beta_hi = softplus(w_beta_h . x_i + b_beta_h),  gamma_hi = s * tanh(w_gamma_h . x_i + b_gamma_h),
           x_i the block's normed input, n_i the number of keys query i sees, s the gamma range.
 SSMax:    theta_hi = s_h * log(n_i + 1)  ("plain") or delta + s_h * log(n_i + 1)  ("delta"), s_h learned.
 Only the scaled heads get a temperature (the last H/2 under NAPE); the other heads get theta = 1.
-Theta is computed in fp32 (fp64 when the input is fp64) and returned as (B, H, T).
+Theta is computed in fp32 (fp64 when the input is fp64) and returned as (B, H, T): the `q_scale` of
+asentmax.ops.attention.entmax_attention (that name from here down to the kernels). Which normaliser gets
+which module: the `temperature` field of nn/normalisers.py, keys of TEMPERATURES.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from asentmax.nn.config import ModelConfig
+from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import scaled_head_count
 from asentmax.ops.entmax import compute_dtype
 
@@ -50,9 +53,11 @@ class ASEntmaxTemperature(nn.Module):
     def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
         dtype = compute_dtype(x.dtype)
-        beta = F.softplus(self.beta_proj(x).to(dtype))
-        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype))
-        return beta.transpose(1, 2), gamma.transpose(1, 2)
+        # (B, m, T) contiguous before the nonlinearities: their backward then sees one layout (a compiled
+        # softplus backward fed a transposed gradient returned other strides than its meta kernel said)
+        beta = F.softplus(self.beta_proj(x).to(dtype).transpose(1, 2).contiguous())
+        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype).transpose(1, 2).contiguous())
+        return beta, gamma
 
     def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T)."""
@@ -81,9 +86,10 @@ class SSMaxTemperature(nn.Module):
         return _with_unscaled_heads(theta, self.n_heads)
 
 
+TEMPERATURES = {"asentmax": ASEntmaxTemperature, "ssmax": SSMaxTemperature}
+
+
 def make_temperature(config: ModelConfig) -> nn.Module | None:
-    if config.attention == "asentmax":
-        return ASEntmaxTemperature(config)
-    if config.attention == "ssmax":
-        return SSMaxTemperature(config)
-    return None
+    """The inverse-temperature module of config.attention's normaliser, or None when it has none."""
+    kind = get_normaliser(config.attention).temperature
+    return None if kind is None else TEMPERATURES[kind](config)

@@ -1,4 +1,4 @@
-"""Root finding for the alpha-entmax threshold (PAPER.md section 2): rows of s with max exactly 0.
+"""Root finding for the alpha-entmax threshold (arXiv:2506.16640, section 2): rows of s with max exactly 0.
 
 For each row of s (entries <= 0, max 0, -inf allowed) find t in [-1, 0) with
     F(t) = sum_i [s_i - t]_+^q = 1,     q = 1 / (alpha - 1).
@@ -8,11 +8,14 @@ Method (vectorised over rows, no sorting):
   * Newton steps on phi(t) = F(t)^(1/q) - 1. For q >= 1 (alpha <= 2) phi is an L_q norm of
     [s - t]_+ minus 1: convex and decreasing, so Newton from the lower end -1 increases monotonically
     towards the root without overshooting, while the support {s > t} shrinks to the true one; once it
-    has, convergence is quadratic. Each step is safeguarded by the bracket [lo, hi] (bisection when a
-    step leaves it), which matters for alpha > 2 (q < 1) where phi is not convex.
-  * Stop on a convergence criterion: a row is done when its Newton step is below a few units of the
-    working precision (scaled by q and the row length, the rounding floor of the sums) or its bracket
-    is that narrow. The iteration cap only guards against a pathological rounding cycle.
+    has, convergence is quadratic. Every step, the last one included, is safeguarded by the bracket
+    [lo, hi] (bisection when a step leaves it), which matters for alpha > 2 (q < 1) where phi is not
+    convex and a Newton step can jump far past the root.
+  * Stop on a convergence criterion, per row: a row is done when its Newton step is below a few units
+    of the working precision (scaled by the row's own q and the row length, the rounding floor of the
+    sums) or its bracket is that narrow. Rows leave the working set as they finish, so each row takes
+    its own number of steps. The iteration cap (enough for bisection alone to reach fp64 resolution)
+    only guards against a pathological rounding cycle.
   * Exact finish on the support for the closed forms: alpha = 2 (q = 1) the Michelot step
     t + (sum_S d - 1)/|S| and alpha = 1.5 (q = 2) the smaller root of sum_S (d - delta)^2 = 1, both
     from the support statistics (count, sum, sum of squares) at the converged t.
@@ -57,23 +60,17 @@ def _closed_form(d, t, q):
     return t + (s1 - disc.sqrt()) / count
 
 
-def solve_threshold(s, alpha, start=None):
-    """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor. Returns t (R, 1).
+def _bracketed_newton(s, q, t, lo, hi, tol):
+    """Newton on phi(t) = F(t)^(1/q) - 1 inside the bracket [lo, hi] (F(lo) >= 1 > F(hi)), per row.
 
-    start: optional (R, 1) first iterate, normally a lower bound of t (the bracket stays [-1, 0))."""
-    n_rows, k = s.shape
-    q = 1.0 / (alpha - 1.0)
+    s (R, k), q float or (R, 1), t/lo/hi (R, 1) and tol (float or (R, 1), absolute). Returns t (R, 1):
+    for q in (1, 2) (closed forms) the last evaluation point, otherwise the last guarded step."""
     closed_form = isinstance(q, float) and q in (1.0, 2.0)
-    eps = torch.finfo(s.dtype).eps
-    qmax = float(q.max()) if isinstance(q, torch.Tensor) else q
-    tol = 8 * eps * (max(qmax, 1.0) + math.log2(k + 1))
-    t_out = torch.empty((n_rows, 1), dtype=s.dtype, device=s.device)
+    t_out = torch.empty_like(t)
     # the working set: rows still iterating (shrunk by gathering when half of them are done)
-    rows = torch.arange(n_rows, device=s.device)
+    rows = torch.arange(s.shape[0], device=s.device)
     sw, qw = s, q
-    lo, hi = torch.full((n_rows, 1), -1.0, dtype=s.dtype, device=s.device), torch.zeros_like(t_out)
-    t = lo.clone() if start is None else start.to(s.dtype).clamp(-1.0, 0.0)
-    done = torch.zeros((n_rows, 1), dtype=torch.bool, device=s.device)
+    done = torch.zeros_like(t, dtype=torch.bool)
     d, scratch = torch.empty_like(s), torch.empty_like(s)
     for _ in range(_MAX_ITER):
         torch.sub(sw, t, out=d).clamp_(min=0)
@@ -84,12 +81,13 @@ def solve_threshold(s, alpha, start=None):
         step = (f - f.pow(1.0 - 1.0 / qw)) / df
         converged = ~(step.abs() > tol) & ~torch.isnan(step) | (hi - lo <= tol)
         t_new = t + step
-        outside = ~((t_new >= lo) & (t_new < hi)) & ~converged
-        t_new = torch.where(outside, (lo + hi) / 2, t_new)
-        # converged rows keep their evaluation point (closed forms finish from its support) or iterate
-        finished = done | converged
+        # the bracket guards every step, the last one too (q < 1: a small-looking step can leave it);
+        # a step that is not converged must land strictly inside (an end point is already evaluated)
+        inside = torch.where(converged, (t_new >= lo) & (t_new <= hi), (t_new > lo) & (t_new < hi))
+        t_new = torch.where(inside, t_new, (lo + hi) / 2)
+        # converged rows keep their evaluation point (closed forms finish from its support) or step once
         t = torch.where(done, t, torch.where(converged, t if closed_form else t_new, t_new))
-        done = finished
+        done = done | converged
         n_left = int((~done).sum())
         if n_left == 0:
             break
@@ -98,10 +96,57 @@ def solve_threshold(s, alpha, start=None):
             keep = (~done).squeeze(1)
             rows, sw, t, lo, hi = rows[keep], sw[keep], t[keep], lo[keep], hi[keep]
             qw = qw[keep] if isinstance(qw, torch.Tensor) else qw
+            tol = tol[keep] if isinstance(tol, torch.Tensor) else tol
             done = done[keep]
             d, scratch = torch.empty_like(sw), torch.empty_like(sw)
     t_out[rows] = t
-    if closed_form:
-        d = torch.sub(s, t_out).clamp_(min=0)
-        t_out = _closed_form(d, t_out, q)
     return t_out
+
+
+def _mass(s, t, q):
+    """F(t) = sum [s - t]_+^q per row (keepdim)."""
+    return power_sums(torch.sub(s, t).clamp_(min=0), q)[0]
+
+
+def _refine(s, t, q, tol):
+    """The correction delta (R, 1) of the threshold tau = t + delta for rows with q < 1 (alpha > 2).
+
+    There p = d^q is so steep at d -> 0 that an entry a few units of the last place inside the support
+    gets a sizeable p which depends on d's digits below t's resolution. Solve again in the shifted
+    variable: s1 = s - t is exact for the entries near t (Sterbenz), so d = s1 - delta keeps its
+    relative precision however small it is. Rows whose shifted bracket [-w, w] does not hold the root
+    keep delta = 0 (not seen in testing)."""
+    delta = torch.zeros_like(t)
+    if isinstance(q, torch.Tensor):
+        steep = (q < 1.0).squeeze(1)
+    else:
+        steep = torch.full_like(t, q < 1.0, dtype=torch.bool).squeeze(1)
+    if not bool(steep.any()):
+        return delta
+    qs = q[steep] if isinstance(q, torch.Tensor) else q
+    tols = tol[steep] if isinstance(tol, torch.Tensor) else tol
+    s1 = s[steep] - t[steep]
+    w = torch.full_like(t[steep], 1.0) * (64 * tols)
+    holds = (_mass(s1, -w, qs) >= 1) & (_mass(s1, w, qs) < 1)
+    found = _bracketed_newton(s1, qs, torch.zeros_like(w), -w, w, torch.finfo(s.dtype).eps * w)
+    delta[steep] = torch.where(holds, found, 0.0)
+    return delta
+
+
+def solve_threshold(s, alpha, start=None):
+    """s (R, k) float, every row max 0; alpha a python float or an (R, 1) tensor.
+
+    Returns (t, delta), both (R, 1): the threshold is t + delta, with delta a correction below t's
+    resolution (nonzero only for alpha > 2; p = [(s - t) - delta]_+^q). start: optional (R, 1) first
+    iterate, normally a lower bound of t (the bracket stays [-1, 0))."""
+    n_rows, k = s.shape
+    q = 1.0 / (alpha - 1.0)
+    eps = torch.finfo(s.dtype).eps
+    q_floor = q.clamp(min=1.0) if isinstance(q, torch.Tensor) else max(q, 1.0)
+    tol = 8 * eps * (q_floor + math.log2(k + 1))  # per row for a tensor alpha
+    lo = torch.full((n_rows, 1), -1.0, dtype=s.dtype, device=s.device)
+    t = lo.clone() if start is None else start.to(s.dtype).clamp(-1.0, 0.0)
+    t = _bracketed_newton(s, q, t, lo, torch.zeros_like(lo), tol)
+    if isinstance(q, float) and q in (1.0, 2.0):
+        return _closed_form(torch.sub(s, t).clamp_(min=0), t, q), torch.zeros_like(t)
+    return t, _refine(s, t, q, tol)

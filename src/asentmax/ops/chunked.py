@@ -1,6 +1,7 @@
 """Memory-efficient entmax attention in pure torch: never materialises an Nq x Nk tensor.
 
-Layout (batch, heads, seq, head_dim). Same semantics as attention.py / reference.py (PAPER.md section 2:
+Layout (batch, heads, seq, head_dim). Same semantics as attention.py / reference.py (arXiv:2506.16640,
+section 2:
 z = q_scale * scale * (q . k) - slope * |pos(r) - j|, p = alpha-entmax(z), out = p v).
 
 Queries are processed in blocks of `block_q` rows. For one block the logits against the visible keys
@@ -8,15 +9,23 @@ Queries are processed in blocks of `block_q` rows. For one block the logits agai
 accumulated; causal blocks stop at their last visible key, so peak memory is O(B * H * block_q * Nk).
 Grouped-query heads are folded into the row dimension (B * Hkv, G * block_q, D), so k and v are never
 repeated. Only tau (B, H, Nq) and the output are kept for the backward pass, which recomputes p per block
-from tau and applies the entmax Jacobian (PAPER.md section 2; u = p^(2 - alpha) on the support):
+from tau and applies the entmax Jacobian (arXiv:2506.16640, section 2; u = p^(2 - alpha) on the support):
     dz = u * (dp - sum(u dp) / sum(u)),  dp = dO v^T        (softmax: dz = p * (dp - sum(dO * O)))
 then dq, dk, dv and d q_scale through z = (scale * q_scale * q) . k + bias.
+
+Forward and backward are the torch custom ops asentmax::chunked_attention and
+asentmax::chunked_attention_bwd: torch.compile keeps their block loops (python control flow on the
+shapes, and on whether any row is empty) out of the graph as one opaque call each, so that a compiled
+model neither breaks its graph nor recompiles per sequence length here.
 """
 
 import torch
+from torch import Tensor
 
-from asentmax.ops.attention import AttentionAux
 from asentmax.ops.entmax import compute_dtype, entmax
+from asentmax.ops.types import AttentionAux, BackendSupport
+
+SUPPORT = BackendSupport()  # every alpha >= 1, head_dim and float dtype
 
 BLOCK_ELEMENTS = 1 << 24  # logits per block buffer (64 MiB in fp32); a block holds a few such buffers
 
@@ -97,7 +106,7 @@ class _Problem:
             p.div_(total)
             tau = z_max + total.log()
         else:
-            p = entmax(z, alpha=self.alpha, dim=-1)
+            p = entmax(z, alpha=self.alpha, dim=-1, backend="reference")
             # p increases with z: at the largest logit p_max^(alpha-1) = (alpha-1) z_max - tau.
             tau = (self.alpha - 1) * z_max - p.amax(-1, keepdim=True) ** (self.alpha - 1)
         if self.any_empty:
@@ -113,69 +122,109 @@ class _Problem:
         return z.mul_(self.alpha - 1).sub_(tau).clamp_(min=0).pow_(1 / (self.alpha - 1))
 
 
-class _ChunkedEntmaxAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q,
-                with_support):
-        prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
-        row_scale = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
-        qhat = q.to(prob.dtype) * row_scale  # (B, H, Nq, D)
-        kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))  # (B * Hkv, Nk, D)
-        shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
-        out = torch.empty(*shape5, prob.dim, dtype=prob.dtype, device=q.device)
-        tau = torch.empty(*shape5, 1, dtype=prob.dtype, device=q.device)
-        support = torch.empty(*shape5, dtype=torch.int32, device=q.device) if with_support else None
-        for r0, r1, kend in prob.blocks():
-            z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
-            if with_support and alpha == 1.0:  # softmax: every visible key (probs overwrites z)
-                support[:, :, :, r0:r1] = ((z > float("-inf")) & ~prob.empty[:, :, :, r0:r1]).sum(-1)
-            p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
-            if with_support and alpha != 1.0:
-                support[:, :, :, r0:r1] = (p > 0).sum(-1)
-            p_rows = p.view(prob.batch * prob.kv_heads, -1, kend)
-            out[:, :, :, r0:r1] = torch.bmm(p_rows, vc[:, :kend]).view(*shape5[:3], r1 - r0, prob.dim)
-        ctx.save_for_backward(q, k, v, q_scale, out, tau)
-        ctx.prob, ctx.scale = prob, scale
-        flat = (prob.batch, prob.heads, prob.n_q)
-        tau = tau.reshape(flat).float()
-        ctx.mark_non_differentiable(tau)
-        support = None if support is None else support.reshape(flat)
-        return out.reshape(*flat, prob.dim).to(q.dtype), tau, support
+@torch.library.custom_op("asentmax::chunked_attention", mutates_args=())
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, alibi_slopes: Tensor | None,
+                      key_padding_mask: Tensor | None, alpha: float, causal: bool, scale: float, block_q: int,
+                      with_support: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, tau, support), out (B, H, Nq, D) and tau (B, H, Nq) in the compute dtype (fp32, fp64 for
+    fp64 inputs), support (B, H, Nq) int32 or empty. q, k, v contiguous; block_q 0 = default_block_q."""
+    batch, heads, n_q, dim = q.shape
+    if block_q == 0:
+        block_q = default_block_q(batch, heads, n_q, k.shape[2])
+    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
+    z_mult = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
+    qhat = q.to(prob.dtype) * z_mult  # (B, H, Nq, D)
+    kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))  # (B * Hkv, Nk, D)
+    shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
+    out = torch.empty(*shape5, prob.dim, dtype=prob.dtype, device=q.device)
+    tau = torch.empty(*shape5, 1, dtype=prob.dtype, device=q.device)
+    support = torch.empty(*shape5 if with_support else (0,), dtype=torch.int32, device=q.device)
+    for r0, r1, kend in prob.blocks():
+        z = prob.logits(prob.rows(qhat, r0, r1), kc, r0, r1, kend)
+        if with_support and alpha == 1.0:  # softmax: every visible key (probs overwrites z)
+            support[:, :, :, r0:r1] = ((z > float("-inf")) & ~prob.empty[:, :, :, r0:r1]).sum(-1)
+        p, tau[:, :, :, r0:r1] = prob.probs(z, r0, r1)
+        if with_support and alpha != 1.0:
+            support[:, :, :, r0:r1] = (p > 0).sum(-1)
+        p_rows = p.view(prob.batch * prob.kv_heads, -1, kend)
+        out[:, :, :, r0:r1] = torch.bmm(p_rows, vc[:, :kend]).view(*shape5[:3], r1 - r0, prob.dim)
+    rows = (batch, heads, n_q)
+    return out.view(*rows, dim), tau.view(rows), support.view(rows) if with_support else support
 
-    @staticmethod
-    def backward(ctx, d_out, _d_tau, _d_support):
-        q, k, v, q_scale, out, tau = ctx.saved_tensors
-        prob, alpha = ctx.prob, ctx.prob.alpha
-        row_scale = ctx.scale if q_scale is None else ctx.scale * q_scale.to(prob.dtype)[..., None]
-        qc = q.to(prob.dtype)
-        qhat = qc * row_scale
-        kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))
-        d_out = d_out.to(prob.dtype)
-        delta = (d_out.reshape(out.shape) * out).sum(-1, keepdim=True)  # softmax: sum_j p dp = dO . O
-        d_qhat = torch.empty_like(out)  # (B, Hkv, G, Nq, D)
-        dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)  # (B * Hkv, Nk, D)
-        for r0, r1, kend in prob.blocks():
-            qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)  # (B * Hkv, G * n, D)
-            p = prob.probs_from_tau(prob.logits(qhat_rows, kc, r0, r1, kend), tau[:, :, :, r0:r1])
-            dv[:, :kend].baddbmm_(p.view(-1, qhat_rows.shape[1], kend).transpose(-1, -2), d_out_rows)
-            dp = torch.bmm(d_out_rows, vc[:, :kend].transpose(-1, -2)).view(p.shape)
-            if alpha == 1.0:
-                dz = dp.sub_(delta[:, :, :, r0:r1]).mul_(p)
-            else:
-                u = p.pow_(2 - alpha) if alpha < 2 else torch.where(p > 0, p.pow(2 - alpha), 0.0)
-                u_total = u.sum(-1, keepdim=True).clamp_(min=torch.finfo(prob.dtype).tiny)
-                dz = dp.mul_(u)
-                dz.sub_(u.mul_(dz.sum(-1, keepdim=True) / u_total))
-            dz_rows = dz.view(-1, qhat_rows.shape[1], kend)
-            d_qhat[:, :, :, r0:r1] = torch.bmm(dz_rows, kc[:, :kend]).view(*out.shape[:3], r1 - r0, prob.dim)
-            dk[:, :kend].baddbmm_(dz_rows.transpose(-1, -2), qhat_rows)
-        d_qhat = d_qhat.reshape(q.shape)
-        dq = (d_qhat * row_scale).to(q.dtype)
-        d_q_scale = None
-        if q_scale is not None and ctx.needs_input_grad[3]:
-            d_q_scale = (ctx.scale * (d_qhat * qc).sum(-1)).to(q_scale.dtype)
-        dk, dv = dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype)
-        return dq, dk, dv, d_q_scale, None, None, None, None, None, None, None
+
+@chunked_attention.register_fake
+def _(q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q, with_support):
+    dtype = compute_dtype(q.dtype)
+    rows = q.shape[:3]
+    return (q.new_empty(q.shape, dtype=dtype), q.new_empty(rows, dtype=dtype),
+            q.new_empty(rows if with_support else (0,), dtype=torch.int32))
+
+
+@torch.library.custom_op("asentmax::chunked_attention_bwd", mutates_args=())
+def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None,
+                          alibi_slopes: Tensor | None, key_padding_mask: Tensor | None, out: Tensor,
+                          tau: Tensor, alpha: float, causal: bool, scale: float, block_q: int
+                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d q_scale) of chunked_attention (d q_scale empty without q_scale); d_out is the
+    gradient of its out (compute dtype)."""
+    batch, heads, n_q, _ = q.shape
+    if block_q == 0:
+        block_q = default_block_q(batch, heads, n_q, k.shape[2])
+    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
+    shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
+    out, tau = out.reshape(*shape5, prob.dim), tau.reshape(*shape5, 1)
+    z_mult = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
+    qc = q.to(prob.dtype)
+    qhat = qc * z_mult
+    kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))
+    d_out = d_out.to(prob.dtype).contiguous()
+    delta = (d_out.view(out.shape) * out).sum(-1, keepdim=True)  # softmax: sum_j p dp = dO . O
+    d_qhat = torch.empty_like(out)  # (B, Hkv, G, Nq, D)
+    dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)  # (B * Hkv, Nk, D)
+    for r0, r1, kend in prob.blocks():
+        qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)  # (B * Hkv, G * n, D)
+        p = prob.probs_from_tau(prob.logits(qhat_rows, kc, r0, r1, kend), tau[:, :, :, r0:r1])
+        dv[:, :kend].baddbmm_(p.view(-1, qhat_rows.shape[1], kend).transpose(-1, -2), d_out_rows)
+        dp = torch.bmm(d_out_rows, vc[:, :kend].transpose(-1, -2)).view(p.shape)
+        if alpha == 1.0:
+            dz = dp.sub_(delta[:, :, :, r0:r1]).mul_(p)
+        else:
+            u = p.pow_(2 - alpha) if alpha < 2 else torch.where(p > 0, p.pow(2 - alpha), 0.0)
+            u_total = u.sum(-1, keepdim=True).clamp_(min=torch.finfo(prob.dtype).tiny)
+            dz = dp.mul_(u)
+            dz.sub_(u.mul_(dz.sum(-1, keepdim=True) / u_total))
+        dz_rows = dz.view(-1, qhat_rows.shape[1], kend)
+        d_qhat[:, :, :, r0:r1] = torch.bmm(dz_rows, kc[:, :kend]).view(*out.shape[:3], r1 - r0, prob.dim)
+        dk[:, :kend].baddbmm_(dz_rows.transpose(-1, -2), qhat_rows)
+    d_qhat = d_qhat.reshape(q.shape)
+    dq = (d_qhat * z_mult).to(q.dtype)
+    d_q_scale = q.new_empty(0)
+    if q_scale is not None:
+        d_q_scale = (scale * (d_qhat * qc).sum(-1)).to(q_scale.dtype)
+    return dq, dk.view(k.shape).to(k.dtype), dv.view(v.shape).to(v.dtype), d_q_scale
+
+
+@chunked_attention_bwd.register_fake
+def _(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau, alpha, causal, scale, block_q):
+    d_q_scale = q.new_empty(q.shape[:3], dtype=q_scale.dtype) if q_scale is not None else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_q_scale
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q, _ = inputs
+    out, tau, _ = output
+    ctx.save_for_backward(q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau)
+    ctx.options = (alpha, causal, scale, block_q)
+
+
+def _backward(ctx, d_out, _d_tau, _d_support):
+    q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau = ctx.saved_tensors
+    dq, dk, dv, d_q_scale = chunked_attention_bwd(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask,
+                                                  out, tau, *ctx.options)
+    return dq, dk, dv, (d_q_scale if q_scale is not None else None), None, None, None, None, None, None, None
+
+
+chunked_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
@@ -184,10 +233,8 @@ def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_s
 
     block_q: query rows per block (default: `default_block_q`, a fixed logits budget per block).
     """
-    batch, heads, n_q, _ = q.shape
-    if block_q is None:
-        block_q = default_block_q(batch, heads, n_q, k.shape[2])
-    out, tau, support = _ChunkedEntmaxAttention.apply(
+    out, tau, support = chunked_attention(
         q.contiguous(), k.contiguous(), v.contiguous(), q_scale, alibi_slopes, key_padding_mask,
-        alpha, causal, scale, block_q, return_aux)
-    return (out, AttentionAux(tau, support)) if return_aux else out
+        alpha, causal, scale, 0 if block_q is None else block_q, return_aux)
+    out = out.to(q.dtype)
+    return (out, AttentionAux(tau.detach().float(), support)) if return_aux else out

@@ -1,34 +1,62 @@
-"""Exact alpha-entmax with autograd for x and alpha (PAPER.md section 2, the alpha-entmax definition).
+"""Exact alpha-entmax with autograd for x and alpha (arXiv:2506.16640, section 2: the alpha-entmax map).
 
     p_i = [(alpha - 1) z_i - tau]_+ ^ (1 / (alpha - 1)),   tau such that sum_i p_i = 1.
 
 alpha -> 1+ is softmax, alpha = 1.5 the paper's default, alpha = 2 sparsemax. Public functions:
-`entmax(x, alpha, dim)`, `entmax15`, `sparsemax` (differentiable in x and, for tensor alpha, in alpha)
-and `entmax_threshold(x, alpha, dim) -> tau`. Any alpha > 1; alpha is a float or a tensor that
-broadcasts to x and has size 1 along `dim` (one alpha per row).
+`entmax(x, alpha, dim, backend)`, `entmax15`, `sparsemax` (differentiable in x and, for tensor alpha, in
+alpha) and `entmax_threshold(x, alpha, dim) -> tau`. alpha is a float or a tensor that broadcasts to x
+and has size 1 along `dim` (one alpha per row).
 
-How tau is found on the CPU (asentmax.ops._entmax_solver does the root finding):
+Supported range: any finite alpha > 1 up to ALPHA_MAX = 10 (the whole range is checked against an fp64
+oracle in tests/test_entmax.py); larger alphas raise ValueError. Near alpha = 10 the map is extremely
+steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of the support
+are as sensitive to rounding of the input as they are in exact arithmetic.
+
+backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row kernel's
+range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = (1, 2]; fp32/fp16/bf16) to that kernel, everything else
+to the torch path; "reference" is the torch path on every device (what the "reference" and "chunked"
+attention backends use: pure torch); "triton" insists on the kernel and raises ValueError where it cannot.
+
+How tau is found on the torch path (asentmax.ops._entmax_solver does the root finding):
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
     [-1, 0) and only entries with z > m - 1/(alpha - 1) can be in the support. No row is sorted.
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
     they are few; otherwise Newton passes over the full rows raise the lower bound until they are.
-  * The solver finds tau to working precision (closed forms on the support for alpha = 1.5 and 2).
+  * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
+    2); for other alphas p is divided by its row sum, so every row sums to 1 to the output's precision.
   * p is written only at the candidate positions of a zero-filled output.
-CUDA tensors with a python-float alpha go to the Triton row kernel (asentmax.ops.triton.entmax_rows).
 
-Backward (u = p^(2 - alpha) on the support, U = sum u):
-    dx_i = u_i (g_i - sum_j u_j g_j / U)
-    d p_i / d alpha = (p_i - u_i/U) / (alpha-1)^2 - (p_i log p_i - (u_i/U) sum_j p_j log p_j) / (alpha-1)
-(differentiate sum_i p_i = 1 to get d tau / d alpha, then substitute; see tests/test_entmax_grad.py).
+Backward (u = p^(2 - alpha) on the support, U = sum u, w = u / U, k = the entry of largest u):
+    dx_i = u_i ((g_i - g_k) - sum_j w_j (g_j - g_k))
+which is u_i (g_i - sum_j w_j g_j) written without the cancellation that loses the largest-u entry when
+u spans many orders of magnitude (alpha > 2: u is largest where p is smallest). d p / d alpha is
+    (p_i - w_i) / (alpha-1)^2 - (p_i log p_i - w_i sum_j p_j log p_j) / (alpha-1),
+computed in fp64 in the form p_i [B (1 - a L_i) - b_i (1 - a H)] / U with a = alpha - 1, L = log p,
+H = sum p L, b_i = L_i^2 phi(-a L_i), phi(x) = (e^x - 1 - x) / x^2 (a series for small x), B = sum p b:
+the two 1/a^2 terms cancel analytically instead of in floating point (the gradient stays exact as
+alpha -> 1). The backward is made of differentiable torch operations, so double backward works (on the
+Triton path too: with create_graph=True the torch formula is used).
+
+NaN (or +inf) anywhere in a row gives a NaN row, a NaN gradient for that row's x, and a NaN alpha
+gradient for that row; other rows are unaffected. This holds on every path (closed forms, general and
+tensor alpha, torch and Triton). A row that is entirely -inf gives zeros (tau = +inf) and zero gradients.
+
+torch.compile: the forward is one custom op, `torch.ops.asentmax.entmax` (torch.library; its data-
+dependent candidate search stays behind that boundary); the Triton backward is `asentmax::entmax_rows_bwd`;
+the torch backward is traced. fullgraph=True compiles through `entmax` on both devices.
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
 import math
+import os
+from typing import Optional
 
 import torch
 
 from asentmax.ops._entmax_solver import power_sums, solve_threshold
 
+ALPHA_MAX = 10.0
+BACKENDS = ("auto", "reference", "triton")
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
 
@@ -55,15 +83,21 @@ def _check_inputs(x, alpha, dim):
                 raise ValueError(
                     f"alpha of shape {tuple(alpha.shape)} must broadcast to x of shape {tuple(x.shape)} "
                     f"with size 1 along dim {dim}")
-        if not bool(((alpha.detach() > 1) & torch.isfinite(alpha.detach())).all()):
-            raise ValueError("alpha must be finite and > 1 everywhere (alpha = 1 is softmax)")
-        if alpha.dim() == 0 and not alpha.requires_grad:
+        # the values are checked inside the custom op (_check_alpha_values): no host sync while tracing
+        if alpha.dim() == 0 and not alpha.requires_grad and not torch.compiler.is_compiling():
+            _check_alpha_values(alpha)
             alpha = float(alpha)
     else:
         alpha = float(alpha)
-        if not 1 < alpha < math.inf:
-            raise ValueError(f"alpha must be finite and > 1 (alpha = 1 is softmax), got {alpha}")
+        if not 1 < alpha <= ALPHA_MAX:
+            raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] (alpha = 1 is softmax), got {alpha}")
     return alpha, dim
+
+
+def _check_alpha_values(alpha):
+    """ValueError unless every entry of the tensor alpha is in (1, ALPHA_MAX]."""
+    if not bool(((alpha.detach() > 1) & (alpha.detach() <= ALPHA_MAX)).all()):
+        raise ValueError(f"alpha must be in (1, {ALPHA_MAX:g}] everywhere (alpha = 1 is softmax)")
 
 
 def compute_dtype(dtype):
@@ -77,6 +111,14 @@ def _alpha_rows(alpha, x, dim):
     shape[dim] = 1
     a = alpha.to(compute_dtype(x.dtype)).reshape((1,) * (x.dim() - alpha.dim()) + tuple(alpha.shape))
     return a.expand(shape).movedim(dim, -1).reshape(-1, 1)
+
+
+def _normalise(p, alpha):
+    """Divide each row by its sum for general alpha (a closed-form tau is exact: those rows stay)."""
+    if isinstance(alpha, float) and alpha in (1.5, 2.0):
+        return p
+    total = p.sum(1, keepdim=True)
+    return p.div_(torch.where(total > 0, total, 1.0))
 
 
 def _compact_solve(x, m, marks, alpha, t_lower):
@@ -96,14 +138,14 @@ def _compact_solve(x, m, marks, alpha, t_lower):
     s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
     s[:, 0].masked_fill_(counts == 0, 0.0)
     s.sub_(m.double()).mul_(alpha - 1.0)
-    t = solve_threshold(s, alpha, t_lower.double())
-    p = _probs_from(s, t, alpha).view(-1).index_select(0, slots).to(x.dtype)
-    return t, flat_index, p
+    t, delta = solve_threshold(s, alpha, t_lower.double())
+    p = _normalise(_probs_from(s, t, delta, alpha), alpha).view(-1).index_select(0, slots).to(x.dtype)
+    return t + delta, flat_index, p
 
 
-def _probs_from(s, tau, alpha):
-    """p = [s - tau]_+ ^ (1/(alpha-1)), computed in place in s (integer powers <= 8 by multiplication)."""
-    d = s.sub_(tau).clamp_(min=0)
+def _probs_from(s, t, delta, alpha):
+    """p = [(s - t) - delta]_+ ^ (1/(alpha-1)), in place in s (integer powers <= 8 by multiplication)."""
+    d = s.sub_(t).sub_(delta).clamp_(min=0)
     q = 1.0 / (alpha - 1.0)
     if isinstance(q, torch.Tensor) or not q.is_integer() or q > 8:
         return d.pow_(q)
@@ -122,13 +164,23 @@ def _below(threshold):
     return torch.nextafter(threshold, torch.full_like(threshold, -math.inf))
 
 
+def _surrogate_power(q):
+    """The power k of the lower-bound surrogate sum d^k = 1: k = ceil(q) (k >= q and 0 <= d <= 1 give
+    sum d^k <= sum d^q, and Newton on the convex (sum d^k)^(1/k) - 1 from below stays below its root),
+    except k = q itself (pow) when ceil(q) > 4. Per row for a tensor alpha."""
+    if isinstance(q, torch.Tensor):
+        return torch.where(q > 4, q, torch.ceil(q))
+    k = math.ceil(q)
+    return k if k <= 4 else q
+
+
 def _raise_lower_bound(x, m, alpha, marks):
     """Newton passes over the full rows that raise a lower bound t of tau - (alpha-1) m (fp32 is fine).
 
-    Starts at t = -1. Since 0 <= d = [s - t]_+ <= 1, F_q(t) = sum d^q >= sum d^k for the integer
-    k = ceil(q), so the root of the surrogate sum d^k = 1 is a lower bound of tau; Newton on its
-    phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only (k = q itself,
-    with pow, when ceil(q) > 4). The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
+    Starts at t = -1. Since 0 <= d = [s - t]_+ <= 1, F_q(t) = sum d^q >= sum d^k for k >= q, so the
+    root of the surrogate sum d^k = 1 (k from _surrogate_power) is a lower bound of tau; Newton on its
+    phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only for integer k.
+    The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
     Stops when the candidates {s > t} are few enough to compact, or a pass fails to halve them.
     Returns t (R, 1), the largest candidate count, and marks (R, n) = 1.0 at the candidates."""
     n = x.shape[1]
@@ -136,9 +188,7 @@ def _raise_lower_bound(x, m, alpha, marks):
     t = torch.full_like(m, -1.0)
     torch.gt(x, _below(m - 1.0 / a), out=marks)
     kmax = float(marks.sum(1).max())
-    q = 1.0 / a
-    k = math.ceil(float(q.max()) if isinstance(q, torch.Tensor) else q)
-    k = k if k <= 4 else q  # beyond k = 4, pow is cheaper than the multiplications
+    k = _surrogate_power(1.0 / a)
     scratch = None  # a second (R, n) buffer, allocated (page faults) only where power_sums needs one
     previous = math.inf  # the candidate count before the last pass
     while kmax > _COMPACT_FRACTION * n and kmax < 0.5 * previous:
@@ -165,11 +215,10 @@ def _raise_lower_bound(x, m, alpha, marks):
 def _forward_2d(x, alpha, out):
     """x (R, n) fp32/fp64 contiguous; alpha float or (R, 1); out an (R, n) buffer of x's dtype.
 
-    Returns p (in out), tau (R, 1) in absolute units (p = [(alpha - 1) x - tau]_+^(1/(alpha-1))), and
-    the flat indices of the candidates (a superset of the support) when the compact solve ran, else None."""
+    Returns p (in out) and tau (R, 1) in absolute units (p = [(alpha - 1) x - tau]_+^(1/(alpha-1)))."""
     n = x.shape[1]
     if x.numel() == 0:  # no rows, or rows of length 0 (empty: tau = +inf)
-        return out, torch.full((x.shape[0], 1), float("inf"), dtype=x.dtype, device=x.device), None
+        return out, torch.full((x.shape[0], 1), float("inf"), dtype=x.dtype, device=x.device)
     a = alpha - 1.0
     m = x.amax(dim=1, keepdim=True)
     nan_rows = torch.isnan(m) | (m == float("inf"))  # NaN in gives NaN out (as softmax does for +inf)
@@ -181,24 +230,24 @@ def _forward_2d(x, alpha, out):
         m = m.masked_fill(bad, 0.0)
     t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
-    flat_index = None
     if kmax <= 0.5 * n:  # out holds the candidate marks
         t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
         out.zero_().view(-1).index_copy_(0, flat_index, p)
     else:
         s = x.to(torch.float64, copy=True).sub_(m.double()).mul_(alpha64 - 1.0)
-        t = solve_threshold(s, alpha64, t_lower.double())
-        out.copy_(_probs_from(s, t, alpha64))
+        t, delta = solve_threshold(s, alpha64, t_lower.double())
+        out.copy_(_normalise(_probs_from(s, t, delta, alpha64), alpha64))
+        t = t + delta
     tau = t.to(x.dtype) + a * m
     if any_bad:
         out.masked_fill_(empty_rows, 0.0).masked_fill_(nan_rows, float("nan"))
         tau = tau.masked_fill(empty_rows, float("inf")).masked_fill(nan_rows, float("nan"))
-    return out, tau, flat_index
+    return out, tau
 
 
-def _move_to_rows(x, dim):
-    """x with dim moved last, as a contiguous (R, n) tensor in the compute dtype."""
-    return x.movedim(dim, -1).to(compute_dtype(x.dtype)).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
+def _move_to_rows(x, dim, dtype):
+    """x with dim moved last, as a contiguous (R, n) tensor of dtype."""
+    return x.movedim(dim, -1).to(dtype).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
 
 
 def _n_rows(x, dim):
@@ -211,124 +260,213 @@ def _from_rows(p2d, x, dim):
 
 
 def _gate(p, alpha):
-    """u = p^(2 - alpha) on the support, 0 elsewhere (the entmax Jacobian weight)."""
+    """u = p^(2 - alpha) on the support, 0 elsewhere (the entmax Jacobian weight). Out of place."""
     if isinstance(alpha, float) and alpha == 2.0:
-        return torch.sign(p)
-    if isinstance(alpha, float) and alpha == 1.5:
-        return p.sqrt()
-    return torch.where(p > 0, p, 1.0).pow_(2.0 - alpha).masked_fill_(p <= 0, 0.0)
+        return (p > 0).to(p.dtype)
+    on = p > 0
+    p_on = torch.where(on, p, 1.0)  # no infinite derivative at p = 0 (double backward)
+    u = p_on.sqrt() if isinstance(alpha, float) and alpha == 1.5 else p_on.pow(2.0 - alpha)
+    return torch.where(on, u, 0.0)
 
 
-def _vjp(p, grad, alpha, row_sum, per_entry, need_alpha):
-    """Vector-Jacobian products for x and alpha on entries p (all of them, or the support only).
+def _phi(x):
+    """(e^x - 1 - x) / x^2 for x >= 0 without cancellation (Taylor series below 0.25, 9 terms)."""
+    small = x < 0.25
+    xs = torch.where(small, x, 0.0)
+    series = torch.zeros_like(x)
+    for n in range(10, 1, -1):  # 1/2! + x/3! + ... + x^8/10!, by Horner
+        series = series * xs + 1.0 / math.factorial(n)
+    xl = torch.where(small, 1.0, x)
+    return torch.where(small, series, (torch.expm1(xl) - xl) / (xl * xl))
 
-    row_sum(v) sums entries per row into (R, 1); per_entry(r) spreads an (R, 1) row value over the
-    entries; alpha is a float or (R, 1). Returns dx at the entries and dalpha (R, 1) or None."""
-    alpha_e = alpha if isinstance(alpha, float) else per_entry(alpha)
-    u = _gate(p, alpha_e)
-    total = row_sum(u)
-    total = torch.where(total > 0, total, 1.0)  # all -inf rows: u = 0 and the gradient is 0
-    ug = u * grad
-    dx = ug.sub_(u * per_entry(row_sum(ug) / total))
+
+def _dp_dalpha(p, alpha):
+    """d p / d alpha (R, n) in fp64, in the cancellation-free form of the module docstring."""
+    p = p.double()
+    a = (alpha if isinstance(alpha, float) else alpha.double()) - 1.0
+    log_p = torch.where(p > 0, p, 1.0).log()  # 0 off the support (where p = 0 anyway)
+    x = -a * log_p
+    b = log_p * log_p * _phi(x)
+    total_u = 1.0 + (p * torch.expm1(x)).sum(1, keepdim=True)  # U = sum p^(1 - a) = 1 + sum p (p^-a - 1)
+    entropy_term = (p * log_p).sum(1, keepdim=True)
+    big_b = (p * b).sum(1, keepdim=True)
+    return p * (big_b * (1.0 - a * log_p) - b * (1.0 - a * entropy_term)) / total_u
+
+
+def _vjp(p, grad, alpha, need_alpha):
+    """Vector-Jacobian products on (R, n) rows: dx (R, n) and dalpha (R, 1) (None unless need_alpha).
+
+    alpha is a float or (R, 1). Differentiable (out-of-place operations only): double backward works."""
+    if p.numel() == 0:
+        return torch.zeros_like(p), (torch.zeros_like(p[:, :1]) if need_alpha else None)
+    u = _gate(p, alpha)
+    top = u.argmax(1, keepdim=True)
+    dev = grad - grad.gather(1, top)  # g - g_k: the largest-u entry's own term is exactly 0
+    total = u.sum(1, keepdim=True)
+    w = u / torch.where(total > 0, total, 1.0)  # all -inf rows: u = 0 and the gradient is 0
+    dx = u * (dev - (w * dev).sum(1, keepdim=True))
+    nan_rows = torch.isnan(p).any(1, keepdim=True)
+    dx = torch.where(nan_rows, float("nan"), dx)
     if not need_alpha:
         return dx, None
-    a = alpha_e - 1.0
-    plogp = torch.xlogy(p, p)
-    skew = u / per_entry(total)
-    dp_da = (p - skew) / (a * a) - (plogp - skew * per_entry(row_sum(plogp))) / a
-    return dx, row_sum(grad * dp_da)
+    # the shifted gradient is allowed: sum_i dp_i/dalpha = 0
+    dalpha = (dev.double() * _dp_dalpha(p, alpha)).sum(1, keepdim=True)
+    return dx, torch.where(nan_rows, float("nan"), dalpha).to(grad.dtype)
 
 
-class _EntmaxFunction(torch.autograd.Function):
-    """Autograd on (R, n) rows; alpha is a float or an (R, 1) tensor."""
-
-    @staticmethod
-    def forward(ctx, x2d, alpha_rows, alpha_float):
-        alpha = alpha_float if alpha_rows is None else alpha_rows
-        p, _, flat_index = _forward_2d(x2d, alpha, torch.empty_like(x2d))
-        ctx.alpha = alpha
-        ctx.save_for_backward(p, flat_index)
-        return p
-
-    @staticmethod
-    def backward(ctx, grad):
-        p, flat_index = ctx.saved_tensors
-        need_alpha = ctx.needs_input_grad[1]
-        if flat_index is None:  # dense rows
-            dx, dalpha = _vjp(p, grad, ctx.alpha, lambda v: v.sum(1, keepdim=True), lambda r: r,
-                              need_alpha)
-            return dx, dalpha, None
-        # only the candidates (a superset of the support) can have a nonzero gradient
-        n_rows, n = p.shape
-        rows = torch.div(flat_index, n, rounding_mode="floor")
-        p_e = p.view(-1).index_select(0, flat_index)
-        grad_e = grad.reshape(-1).index_select(0, flat_index)
-
-        def row_sum(v):
-            return torch.zeros(n_rows, dtype=v.dtype, device=v.device).index_add_(0, rows, v).unsqueeze(1)
-
-        def per_entry(r):
-            return r.reshape(-1).index_select(0, rows)
-
-        dx_e, dalpha = _vjp(p_e, grad_e, ctx.alpha, row_sum, per_entry, need_alpha)
-        dx = torch.zeros_like(p)
-        dx.view(-1).index_copy_(0, flat_index, dx_e)
-        return dx, dalpha, None
+# ----------------------------------------------------------------------------- custom ops
 
 
-def _triton_rows(x, alpha, dim):
-    """CUDA fast path: the Triton row kernel (owner: ops/triton/entmax_rows.py), or None if unusable."""
-    if not (x.is_cuda and isinstance(alpha, float) and x.dtype != torch.float64):  # the kernel is fp32 inside
-        return None
-    try:
-        from asentmax.ops.triton.entmax_rows import entmax_rows
-    except ImportError:
-        return None
-    x2d = x.movedim(dim, -1).reshape(_n_rows(x, dim), x.shape[dim]).contiguous()
-    return _from_rows(entmax_rows(x2d, alpha), x, dim)
+@torch.library.custom_op("asentmax::entmax", mutates_args=())
+def _entmax_op(x2d: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
+               triton: bool) -> torch.Tensor:
+    """p (R, n) of x2d's dtype: the Triton row kernel (triton=True) or the torch solve; alpha_rows (R, 1)
+    replaces the float alpha when given (torch path only)."""
+    if triton:
+        from asentmax.ops.triton.entmax_rows import entmax_rows_forward
+
+        return entmax_rows_forward(x2d, alpha)
+    if alpha_rows is not None:
+        _check_alpha_values(alpha_rows)
+    return _forward_2d(x2d, alpha if alpha_rows is None else alpha_rows, torch.empty_like(x2d))[0]
 
 
-def entmax(x, alpha=1.5, dim=-1):
+@_entmax_op.register_fake
+def _(x2d, alpha_rows, alpha, triton):
+    return torch.empty_like(x2d)
+
+
+@torch.library.custom_op("asentmax::entmax_rows_bwd", mutates_args=())
+def _triton_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha: float) -> torch.Tensor:
+    """dx of the Triton row kernel's backward (not differentiable itself; see _backward)."""
+    from asentmax.ops.triton.entmax_rows import entmax_rows_backward
+
+    return entmax_rows_backward(p, grad, alpha)
+
+
+@_triton_backward_op.register_fake
+def _(p, grad, alpha):
+    return torch.empty_like(p)
+
+
+@torch.library.custom_op("asentmax::entmax_bwd", mutates_args=())
+def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
+                       need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the k largest entries of
+    each row (k = the largest support), gathered into an (R, k) matrix when that is at most half a row."""
+    alpha = alpha if alpha_rows is None else alpha_rows
+    n = p.shape[1]
+    k = int((p != 0).sum(1).max()) if p.numel() else n  # NaN counts as support
+    if k > n // 2 or k == 0:
+        dx, dalpha = _vjp(p, grad, alpha, need_alpha)
+    else:
+        top = torch.topk(p, max(k, 1), dim=1).indices  # the support, then zeros (NaN sorts first)
+        dx_top, dalpha = _vjp(p.gather(1, top), grad.gather(1, top), alpha, need_alpha)
+        dx = torch.zeros_like(p).scatter_(1, top, dx_top)
+        dx.masked_fill_(torch.isnan(dx_top).any(1, keepdim=True), float("nan"))  # the whole NaN row
+    return dx, (dalpha if need_alpha else torch.zeros_like(p[:, :1]))
+
+
+@_torch_backward_op.register_fake
+def _(p, grad, alpha_rows, alpha, need_alpha):
+    return torch.empty_like(p), p.new_empty((p.shape[0], 1))
+
+
+def _setup_context(ctx, inputs, output):
+    _, alpha_rows, alpha, triton = inputs
+    ctx.save_for_backward(output, alpha_rows)
+    ctx.alpha, ctx.triton = alpha, triton
+
+
+def _backward(ctx, grad):
+    """The custom backward ops; create_graph=True (grad mode on) takes _vjp itself (differentiable)."""
+    p, alpha_rows = ctx.saved_tensors
+    grad = grad.to(p.dtype)
+    need_alpha = ctx.needs_input_grad[1]
+    if torch.is_grad_enabled():
+        dx, dalpha = _vjp(p, grad, ctx.alpha if alpha_rows is None else alpha_rows, need_alpha)
+    elif ctx.triton:
+        dx, dalpha = _triton_backward_op(p, grad, ctx.alpha), None
+    else:
+        dx, dalpha = _torch_backward_op(p, grad, alpha_rows, ctx.alpha, need_alpha)
+    return dx, (dalpha if need_alpha else None), None, None
+
+
+_entmax_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _use_triton(x, alpha, backend):
+    """Whether this call runs the Triton row kernel; ValueError for backend="triton" where it cannot."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return False
+    reason = None
+    if not isinstance(alpha, float):
+        reason = "a tensor alpha"
+    elif x.dtype == torch.float64:
+        reason = "float64 input"
+    elif not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
+        reason = "a CPU tensor (without TRITON_INTERPRET=1)"
+    if reason is None:
+        try:
+            from asentmax.ops.triton.entmax_rows import ALPHA_RANGE
+        except ImportError:
+            reason = "no triton installation"
+        else:
+            if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
+                low, high = ALPHA_RANGE
+                reason = f"alpha {alpha} outside the kernel's range ({low:g}, {high:g}]"
+    if backend == "triton" and reason is not None:
+        raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
+    return reason is None and (backend == "triton" or x.is_cuda)
+
+
+def entmax(x, alpha=1.5, dim=-1, backend="auto"):
     """alpha-entmax of x along dim, differentiable in x and (tensor alpha) in alpha.
 
     Args:
-        x: floating tensor, any shape; -inf entries get exactly 0, an all -inf row gives zeros.
-        alpha: float > 1, or tensor > 1 broadcastable to x with size 1 along dim (e.g. per row).
+        x: floating tensor, any shape; -inf entries get exactly 0, an all -inf row gives zeros; a row
+            holding NaN or +inf gives a NaN row (and NaN gradients for that row only).
+        alpha: float in (1, 10], or a tensor in (1, 10] broadcastable to x with size 1 along dim.
         dim: the dimension that sums to 1.
+        backend: "auto" (Triton row kernel for CUDA tensors it supports, else torch), "reference" (pure
+            torch on every device) or "triton" (the kernel or a ValueError).
     Returns p with x's shape and dtype (fp16/bf16 computed in fp32).
     """
     alpha, dim = _check_inputs(x, alpha, dim)
-    out = _triton_rows(x, alpha, dim)
-    if out is not None:
-        return out
-    x2d = _move_to_rows(x, dim)
+    triton = _use_triton(x, alpha, backend)
+    x2d = _move_to_rows(x, dim, x.dtype if triton else compute_dtype(x.dtype))
     if isinstance(alpha, torch.Tensor):
-        p2d = _EntmaxFunction.apply(x2d, _alpha_rows(alpha, x, dim), None)
+        p2d = _entmax_op(x2d, _alpha_rows(alpha, x, dim), 1.5, False)  # the float is unused
     else:
-        p2d = _EntmaxFunction.apply(x2d, None, alpha)
+        p2d = _entmax_op(x2d, None, alpha, triton)
     return _from_rows(p2d, x, dim).to(x.dtype)
 
 
-def entmax15(x, dim=-1):
+def entmax15(x, dim=-1, backend="auto"):
     """1.5-entmax (the paper's default) along dim."""
-    return entmax(x, 1.5, dim)
+    return entmax(x, 1.5, dim, backend)
 
 
-def sparsemax(x, dim=-1):
+def sparsemax(x, dim=-1, backend="auto"):
     """sparsemax (2-entmax) along dim."""
-    return entmax(x, 2.0, dim)
+    return entmax(x, 2.0, dim, backend)
 
 
 def entmax_threshold(x, alpha=1.5, dim=-1):
-    """tau with p = clamp((alpha-1) x - tau, min=0) ** (1/(alpha-1)) summing to 1 along dim.
+    """tau with p = clamp((alpha-1) x - tau, min=0) ** (1/(alpha-1)) summing to 1 along dim (torch path).
 
     keepdim shape; fp64 for fp64 x, fp32 otherwise; +inf for all -inf rows, NaN for rows with NaN.
     Not differentiable."""
     alpha, dim = _check_inputs(x, alpha, dim)
     with torch.no_grad():
-        x2d = _move_to_rows(x, dim)
-        rows_alpha = _alpha_rows(alpha, x, dim) if isinstance(alpha, torch.Tensor) else alpha
-        _, tau, _ = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
+        x2d = _move_to_rows(x, dim, compute_dtype(x.dtype))
+        rows_alpha = alpha
+        if isinstance(alpha, torch.Tensor):
+            rows_alpha = _alpha_rows(alpha, x, dim)
+            _check_alpha_values(rows_alpha)
+        _, tau = _forward_2d(x2d, rows_alpha, torch.empty_like(x2d))
     shape = list(x.movedim(dim, -1).shape)
     shape[-1] = 1
     return tau.reshape(shape).movedim(-1, dim)

@@ -1,6 +1,6 @@
 """Dense reference entmax attention: materialises the (B, H, Nq, Nk) logits. The oracle of every backend.
 
-Layout (batch, heads, seq, head_dim). Implements PAPER.md section 2 exactly as stated in attention.py:
+Layout (batch, heads, seq, head_dim). Implements arXiv:2506.16640, section 2, as stated in attention.py:
 z = q_scale * scale * (q . k) - slope * |pos(r) - j| on the visible keys (causal, key padding), then
 alpha-entmax (asentmax.ops.entmax.entmax; softmax when alpha == 1) and p @ v. Memory O(Nq * Nk): use it
 for tests and short sequences only; `chunked` is the long-sequence path.
@@ -8,8 +8,10 @@ for tests and short sequences only; `chunked` is the long-sequence path.
 
 import torch
 
-from asentmax.ops.attention import AttentionAux
 from asentmax.ops.entmax import compute_dtype, entmax
+from asentmax.ops.types import AttentionAux, BackendSupport
+
+SUPPORT = BackendSupport()  # every alpha >= 1, head_dim and float dtype
 
 
 def visible_keys(n_q, n_k, causal, key_padding_mask, device):
@@ -39,8 +41,8 @@ def reference_logits(q, k, *, causal, scale, alibi_slopes, q_scale, key_padding_
     with no visible key, where z is 0. k (B, Hkv, Nk, D) is repeated over its GQA group. Differentiable."""
     n_q, n_k = q.shape[2], k.shape[2]
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (B, H, Nk, D)
-    row_scale = scale if q_scale is None else scale * q_scale.to(q.dtype)[..., None]
-    z = row_scale * (q @ k.transpose(-1, -2))
+    z_mult = scale if q_scale is None else scale * q_scale.to(q.dtype)[..., None]
+    z = z_mult * (q @ k.transpose(-1, -2))
     if alibi_slopes is not None:
         z = z + alibi_bias(alibi_slopes, n_q, n_k, q.dtype)
     visible = visible_keys(n_q, n_k, causal, key_padding_mask, q.device)
@@ -59,7 +61,7 @@ def reference_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q
     if alpha == 1.0:
         p = torch.softmax(z, dim=-1)
     else:
-        p = entmax(z, alpha=alpha, dim=-1)
+        p = entmax(z, alpha=alpha, dim=-1, backend="reference")
     p = p.masked_fill(empty, 0.0)
     out = (p @ vc).to(q.dtype)
     if not return_aux:

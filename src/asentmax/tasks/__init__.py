@@ -1,4 +1,4 @@
-"""Synthetic length-generalisation tasks (PAPER.md section 3), all on one protocol (tasks/base.py).
+"""Synthetic length-generalisation tasks (docs/method.md section 6), all on one protocol (tasks/base.py).
 
 Every sequence is `<bos> source <sep> target <eos>` with PAD=0, BOS=1, SEP=2, EOS=3 and the task's
 symbols from 4 up. Default vocabularies (fixed, independent of the length) and source lengths:

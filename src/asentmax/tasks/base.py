@@ -1,4 +1,4 @@
-"""The one protocol every synthetic task follows (PAPER.md section 3).
+"""The one protocol every synthetic task follows (docs/method.md section 6).
 
 A task draws an `Example` (source ids, target ids) of a given length from a seeded
 `numpy.random.Generator`; `encode` lays it out for a decoder-only model as
@@ -60,7 +60,7 @@ class Task:
 
     name: str = ""
     min_length: int = 1
-    # Presets (arXiv:2506.16640, section 3, reference training): the TrainConfig fields this task sets
+    # Presets (docs/method.md section 6, reference training): the TrainConfig fields this task sets
     # (asentmax.trainer.TrainConfig; the rest keep their defaults), and its reference model, a function
     # (vocab_size, **overrides) -> ModelConfig, or None when the paper gives none (then the user must).
     train_preset: dict = {}

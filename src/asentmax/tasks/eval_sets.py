@@ -1,4 +1,4 @@
-"""Fixed evaluation sets (PAPER.md section 3: 1,000 test samples per length) and their JSONL form.
+"""Fixed evaluation sets (docs/method.md section 7: 1,000 test samples per length) and their JSONL form.
 
 `make_eval_set(task, length, n, seed)` is deterministic: the examples depend only on the task
 (and its constructor arguments), `length`, `n` and `seed`; the set for n is a prefix of the set

@@ -1,4 +1,4 @@
-"""Flip-flop language (PAPER.md section 3; Liu et al. 2023, "Exposing Attention Glitches with
+"""Flip-flop language (docs/method.md section 6; Liu et al. 2023, "Exposing Attention Glitches with
 Flip-Flop Language Modeling"): remember the last written bit across ignored and read instructions.
 
 Vocabulary (fixed, 9 ids): 4 specials, then `w`=4 (write), `i`=5 (ignore), `r`=6 (read),

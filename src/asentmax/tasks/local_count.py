@@ -1,4 +1,4 @@
-"""Local count (PAPER.md section 3): for every position, the 0-based count of that position within
+"""Local count (docs/method.md section 6): for every position, the 0-based count of that position within
 the current run of equal symbols.
 
 Vocabulary (fixed): 4 specials, `n_symbols` (32) input symbols named s0.., then `max_run` (12)

@@ -1,4 +1,4 @@
-"""MQMTAR, multi-query multi-token associative recall (PAPER.md section 3).
+"""MQMTAR, multi-query multi-token associative recall (docs/method.md section 6).
 
 Vocabulary (fixed, 263 ids): 4 specials, BLANK=4 (`_`), COLON=5 (`:`, key-value separator),
 QUERY=6 (`?`, query marker), then the 256 alphabet symbols (ids 7..262, named x0..x255).

@@ -1,4 +1,4 @@
-"""Task names -> task classes (PAPER.md section 3): `get_task(name, **kwargs)` and `TASK_NAMES`."""
+"""Task names -> task classes (docs/method.md section 6): `get_task(name, **kwargs)` and `TASK_NAMES`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Scoring a model on task examples: batches of equal shapes, and teacher-forced accuracy
-(arXiv:2506.16640, section 3: exact match on the target tokens and EOS).
+(docs/method.md section 7: exact match on the target tokens and EOS).
 
 `teacher_forced_accuracy` takes one forward pass per batch and scores the argmax next token at every
 position the training loss covers (target tokens and EOS). Its exact match equals that of greedy

@@ -1,4 +1,4 @@
-"""Copy, Reverse and Sort (PAPER.md section 3): a random sequence over 32 symbols; the target is the
+"""Copy, Reverse and Sort (docs/method.md section 6): a random sequence over 32 symbols; the target is the
 same sequence, the sequence reversed, or the sequence sorted (ascending symbol id).
 
 Source: `length` symbols drawn uniformly with replacement. Target: `length` symbols.

@@ -1,4 +1,4 @@
-"""2-back (PAPER.md section 3): for every position, the token two steps earlier.
+"""2-back (docs/method.md section 6): for every position, the token two steps earlier.
 
 Vocabulary (fixed): 4 specials, NONE=4 (named `-`), then `n_symbols` (32) symbols named s0..
 Source: `length` symbols drawn uniformly with replacement. Target: `length` tokens,

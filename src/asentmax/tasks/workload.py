@@ -1,10 +1,12 @@
-"""The synthetic tasks as a training workload (arXiv:2506.16640, section 3, reference training).
+"""The synthetic tasks as a training workload (docs/method.md section 6, reference training).
 
 `TaskWorkload` is what `asentmax.trainer.train` runs for a task: it draws the length-bucketed training
-batches of asentmax.data (a pure function of seed, rank and step, so a run resumes exactly and every
-data-parallel rank reads its own shard), validates with teacher-forced exact match at a few multiples of
-the longest training length (rank 0 only), and builds the task's preset model. Its fields are the
-task-specific settings of a run; `to_dict()` / `from_dict()` store and rebuild it from a checkpoint.
+batches (asentmax.tasks.device_sampling.training_batches: on CUDA drawn on the GPU for the paper's tasks,
+else asentmax.data's numpy path; a pure function of seed, rank and step either way, so a run resumes
+exactly and every data-parallel rank reads its own shard), validates with teacher-forced exact match at
+a few multiples of the longest training length (rank 0 only), and builds the task's preset model. Its
+fields are the task-specific settings of a run; `to_dict()` / `from_dict()` store and rebuild it from a
+checkpoint.
 
 Presets belong to the tasks (`Task.train_preset`, `Task.model_preset` in each task's file): this file
 reads them and knows no task by name, so a new task needs no edit here or in the trainer.
@@ -18,7 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from asentmax.data import Batch, length_buckets, training_batch
+from asentmax.data import Batch, length_buckets
+from asentmax.tasks.device_sampling import training_batches, uses_device_sampler
 from asentmax.tasks.eval_sets import make_eval_set
 from asentmax.tasks.registry import get_task
 from asentmax.tasks.scoring import teacher_forced_accuracy
@@ -40,6 +43,10 @@ class TaskWorkload:
     val_multipliers: tuple[int, ...] = field(
         default=(1, 2, 4), metadata={"help": "validation lengths as multiples of max-length"})
     val_samples: int = field(default=64, metadata={"help": "validation samples per length"})
+    sampling: str = field(default="auto", metadata={"help": (
+        "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
+        "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
+        "different batches of the same distribution (asentmax.tasks.device_sampling)")})
 
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
@@ -53,6 +60,7 @@ class TaskWorkload:
             raise ValueError(f"val-multipliers must be >= 1, got {self.val_multipliers}")
         for length in (self.min_length, self.max_length):
             self.task_object.check_length(length)
+        uses_device_sampler(self.task_object, "cpu", self.sampling)  # ValueError for a bad mode or task
         self._val_sets: dict[int, list] | None = None
 
     # ---- presets ----
@@ -87,11 +95,8 @@ class TaskWorkload:
                 device: torch.device) -> Iterator[Batch]:
         """The training batches of steps start_step, start_step + 1, ... on `rank` (its shard)."""
         buckets = length_buckets(self.min_length, self.max_length, self.length_buckets)
-        step = start_step
-        while True:
-            yield training_batch(self.task_object, seed=seed, rank=rank, step=step,
-                                 batch_size=local_batch_size, buckets=buckets).to(device)
-            step += 1
+        return training_batches(self.task_object, buckets, seed=seed, start_step=start_step, rank=rank,
+                                local_batch_size=local_batch_size, device=device, sampling=self.sampling)
 
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:
         """One row per validation length: length, exact_match, token_accuracy (teacher-forced)."""
@@ -110,6 +115,7 @@ class TaskWorkload:
     def from_dict(cls, values: dict) -> TaskWorkload:
         """The workload `to_dict` saved; ValueError for keys that are not fields."""
         values = {key: value for key, value in values.items() if key != "name"}
+        values.setdefault("sampling", "host")  # runs saved before device sampling drew numpy batches
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown task workload settings: {', '.join(sorted(unknown))}")

@@ -1,49 +1,111 @@
-"""Triton backend of `entmax_attention`: autograd.Function over the fused kernels (PAPER.md section 2).
+"""Triton backend of `entmax_attention` as torch custom ops (arXiv:2506.16640, section 2).
 
 Layout (batch, heads, seq, head_dim). Semantics exactly as asentmax.ops.attention.entmax_attention, whose
-validation has already run. Inputs are computed with fp32 thresholds and accumulators; fp64 inputs are
-computed in fp32 (use the reference or chunked backend for fp64 accuracy) and returned as fp64.
+validation and backend choice have already run (the dispatcher sends only calls inside SUPPORT of
+asentmax.ops.triton: 1 <= alpha <= 2, head_dim <= 256). Computed with fp32 thresholds and accumulators;
+fp64 inputs are computed in fp32 (use the reference or chunked backend for fp64 accuracy), returned as fp64.
+
+The kernels are wrapped as three custom ops of the `asentmax` namespace, so that torch.compile treats each
+as one opaque call (shapes from its fake implementation) instead of tracing the launchers:
+  asentmax::attention_fwd     fused forward (attention_fwd.py), with the tensors the backward needs;
+  asentmax::attention_bwd     fused backward (attention_bwd.py), the autograd formula of attention_fwd;
+  asentmax::attention_decode  forward only, split over the keys (attention_decode.py), for Nq <= 16.
 """
 
 import math
 
 import torch
+import triton
+from torch import Tensor
 
-from asentmax.ops.attention import AttentionAux
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import block_config, mode_of
 from asentmax.ops.triton.attention_decode import MAX_QUERIES, entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
+from asentmax.ops.types import AttentionAux
 
 # Threshold passes stop once sum_j p_j at the best lower bound of tau is within tol of 1; one more Newton
 # step is then taken for free, so the weights' error is about tol^2 (relative 1e-4 at tol 3e-2).
 _TOL = {torch.float32: 1e-3, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 _MAX_NEWTON_PASSES = 40
-MAX_HEAD_DIM = 256
 
 
-class _EntmaxAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, q_scale, alpha, causal, scale, slopes, kpm, return_aux):
-        mode = mode_of(alpha)
-        blocks = block_config(q.shape[-1], q.shape[2])
-        needs_grad = any(ctx.needs_input_grad[:4])
-        out, o2, tau, inv_z, support, tile_max, _ = entmax_attention_fwd(
-            q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes, q_scale=q_scale,
-            kpm=kpm, write_o2=needs_grad, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
-            blocks=blocks, write_support=return_aux)
-        ctx.save_for_backward(q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm)
-        ctx.options = dict(mode=mode, alpha=alpha, scale=scale, causal=causal, blocks=blocks)
-        ctx.mark_non_differentiable(tau, *([support] if return_aux else []))
-        return out, tau, support
+@torch.library.custom_op("asentmax::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
+                  kpm: Tensor | None, alpha: float, scale: float, causal: bool, write_o2: bool,
+                  write_support: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(out, o2, tau, inv_z, support, tile_max) of the fused forward; o2 / support are empty when not
+    written. q_scale, slopes fp32, kpm uint8, all contiguous; q, k, v with unit last stride."""
+    out, o2, tau, inv_z, support, tile_max, _ = entmax_attention_fwd(
+        q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal, slopes=slopes,
+        q_scale=q_scale, kpm=kpm, write_o2=write_o2, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
+        blocks=block_config(q.shape[-1], q.shape[2]), write_support=write_support)
+    empty = q.new_empty(0, dtype=torch.float32)
+    return (out, empty if o2 is None else o2, tau, inv_z,
+            empty.to(torch.int32) if support is None else support, tile_max)
 
-    @staticmethod
-    def backward(ctx, d_out, _d_tau, _d_support):
-        q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm = ctx.saved_tensors
-        dq, dk, dv, dq_scale = entmax_attention_bwd(
-            d_out, q, k, v, o2, tau, inv_z, tile_max, slopes=slopes, q_scale=q_scale, kpm=kpm,
-            **ctx.options)
-        return dq, dk, dv, dq_scale, None, None, None, None, None, None
+
+@attention_fwd.register_fake
+def _(q, k, v, q_scale, slopes, kpm, alpha, scale, causal, write_o2, write_support):
+    batch, heads, n_q, dim = q.shape
+    block_m, block_n, _, _ = block_config(dim, n_q)
+    rows = (batch, heads, n_q)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    return (torch.empty_like(q), q.new_empty((*rows, dim) if write_o2 else (0,), **f32),
+            q.new_empty(rows, **f32), q.new_empty(rows, **f32),
+            q.new_empty(rows if write_support else (0,), dtype=torch.int32),
+            q.new_empty((*rows[:2], triton.cdiv(n_q, block_m), triton.cdiv(k.shape[2], block_n)), **f32))
+
+
+@torch.library.custom_op("asentmax::attention_bwd", mutates_args=())
+def attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o2: Tensor, tau: Tensor, inv_z: Tensor,
+                  tile_max: Tensor, q_scale: Tensor | None, slopes: Tensor | None, kpm: Tensor | None,
+                  alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, dq_scale) of attention_fwd; dq_scale is empty without q_scale."""
+    dq, dk, dv, dq_scale = entmax_attention_bwd(
+        d_out, q, k, v, o2, tau, inv_z, tile_max, mode=mode_of(alpha), alpha=alpha, scale=scale,
+        causal=causal, slopes=slopes, q_scale=q_scale, kpm=kpm, blocks=block_config(q.shape[-1], q.shape[2]))
+    return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dq_scale is None else dq_scale
+
+
+@attention_bwd.register_fake
+def _(d_out, q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm, alpha, scale, causal):
+    dq_scale = torch.empty_like(tau) if q_scale is not None else tau.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dq_scale
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, q_scale, slopes, kpm, alpha, scale, causal, _, _ = inputs
+    _, o2, tau, inv_z, _, tile_max = output
+    ctx.save_for_backward(q, k, v, q_scale, slopes, kpm, o2, tau, inv_z, tile_max)
+    ctx.options = (alpha, scale, causal)
+
+
+def _backward(ctx, d_out, *_):
+    q, k, v, q_scale, slopes, kpm, o2, tau, inv_z, tile_max = ctx.saved_tensors
+    dq, dk, dv, dq_scale = attention_bwd(d_out, q, k, v, o2, tau, inv_z, tile_max, q_scale, slopes, kpm,
+                                         *ctx.options)
+    return dq, dk, dv, (dq_scale if q_scale is not None else None), None, None, None, None, None, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("asentmax::attention_decode", mutates_args=())
+def attention_decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
+                     kpm: Tensor | None, alpha: float, scale: float, causal: bool
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, tau, support) for Nq <= MAX_QUERIES, forward only; arguments as attention_fwd."""
+    return entmax_attention_decode(q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal,
+                                   slopes=slopes, q_scale=q_scale, kpm=kpm, tol=_TOL[q.dtype],
+                                   max_iter=_MAX_NEWTON_PASSES)
+
+
+@attention_decode.register_fake
+def _(q, k, v, q_scale, slopes, kpm, alpha, scale, causal):
+    rows = q.shape[:3]
+    return (q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32),
+            q.new_empty(rows, dtype=torch.int32))
 
 
 def _unit_last_stride(x):
@@ -52,18 +114,7 @@ def _unit_last_stride(x):
 
 def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
                             return_aux):
-    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`.
-
-    The kernels cover alpha == 1 and 1 < alpha <= 2 (PAPER.md's range) and head dims up to MAX_HEAD_DIM;
-    alpha > 2 (its threshold function is not convex there, which the kernels' passes rely on) and larger head
-    dims (tiles that outgrow shared memory) are computed by the chunked torch backend.
-    """
-    if alpha > 2.0 or q.shape[-1] > MAX_HEAD_DIM:
-        from asentmax.ops.chunked import chunked_entmax_attention
-
-        return chunked_entmax_attention(q, k, v, alpha=alpha, causal=causal, scale=scale,
-                                        alibi_slopes=alibi_slopes, q_scale=q_scale,
-                                        key_padding_mask=key_padding_mask, return_aux=return_aux)
+    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`."""
     in_dtype = q.dtype
     if in_dtype == torch.float64:
         q, k, v = q.float(), k.float(), v.float()
@@ -72,22 +123,21 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     slopes = None
     if alibi_slopes is not None:
         slopes = alibi_slopes.detach().float().expand(batch, heads).contiguous()
-    qs = None
+    q_scale_in = q_scale
     if q_scale is not None:
-        qs = q_scale.float().contiguous()
+        q_scale = q_scale.float().contiguous()
     kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, q_scale))
+        x is not None and x.requires_grad for x in (q, k, v, q_scale_in))
     if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding: split over the keys, forward only
-        out, tau, support = entmax_attention_decode(
-            q, k, v, mode=mode_of(alpha), alpha=float(alpha), scale=float(scale), causal=causal,
-            slopes=slopes, q_scale=qs, kpm=kpm, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES)
+        out, tau, support = attention_decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
     else:
-        out, tau, support = _EntmaxAttention.apply(q, k, v, qs, float(alpha), causal, float(scale), slopes,
-                                                   kpm, return_aux)
+        out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
+                                                   needs_grad, return_aux)
     out = out.to(in_dtype)
     if not return_aux:
         return out
+    tau = tau.detach()
     if alpha == 1.0:
         tau = tau * math.log(2.0)  # the kernel works in log2 units
     return out, AttentionAux(tau, support)

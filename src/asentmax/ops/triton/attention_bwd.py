@@ -1,4 +1,4 @@
-"""Fused entmax attention backward kernels (PAPER.md section 2) and their launcher.
+"""Fused entmax attention backward kernels (arXiv:2506.16640, section 2) and their launcher.
 
 Layout (batch, heads, seq, head_dim). The forward saved per row tau (s units), 1/Z and delta's ingredient
 o2, so p is recomputed tile by tile as p = [s - tau]_+^(1/(alpha-1)) / Z (softmax: exp2(s - tau)).
@@ -60,8 +60,8 @@ def _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0,
         pos_m = offs_m + (n_k - n_q)
         q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
         do = load_tile(DO + b * sdob + h * sdoh, offs_m, sdom, offs_d, n_q, d_in, False, True, EVEN_D)
-        zmult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
-        s = tile_logits(q, kt, zmult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
+        z_mult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
+        s = tile_logits(q, kt, z_mult * bias_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI,
                         HAS_KPM, DOT_PRECISION, MASKED)
         inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
         g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
@@ -69,7 +69,7 @@ def _dkdv_tiles(Q, DO, Tau, InvZ, GScale, Delta, QScale, kt, v, dk, dv, offs_m0,
         p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        dz = g * (dp - delta[:, None]) * zmult[:, None]
+        dz = g * (dp - delta[:, None]) * z_mult[:, None]
         dk += tl.dot(tl.trans(dz.to(q.dtype)), q, input_precision=DOT_PRECISION)
     return dk, dv
 
@@ -143,18 +143,19 @@ def _entmax_attention_bwd_dkdv(
 
 
 @triton.jit
-def _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m, slope,
+def _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, s_mult, pos_m, slope,
               kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, kb_lo, kb_hi,
               BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
               HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
               MASKED: tl.constexpr, EVEN_D: tl.constexpr):
-    """acc += dz @ k and dqs += rowsum(dz * q.k) over the key tiles [kb_lo, kb_hi) of one query block."""
+    """acc += dz @ k and dqs += rowsum(dz * q.k) (dqs * scale: the gradient of q_scale) over the key tiles
+    [kb_lo, kb_hi) of one query block."""
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         k = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
         v = load_tile(v_base, offs_n, svn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+        s = logits_from_dot(qk, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                             MASKED)
         p, g = _probs(s, tau, inv_z, g_scale, inv_am1, MODE)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
@@ -188,8 +189,8 @@ def _entmax_attention_bwd_dq(
     row_ptr = pid_bh * n_q + offs_m
     q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
     do = load_tile(DO + b * sdob + h * sdoh, offs_m, sdom, offs_d, n_q, d_in, False, True, EVEN_D)
-    zmult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
-    rowmult = zmult * bias_mult
+    z_mult = row_multiplier(QScale, row_ptr, row_in, scale, BLOCK_M, HAS_QSCALE)
+    s_mult = z_mult * bias_mult
     tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
     inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
     g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
@@ -209,16 +210,16 @@ def _entmax_attention_bwd_dq(
     n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full) need no mask
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     dqs = tl.zeros([BLOCK_M], tl.float32)
-    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m,
+    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, s_mult, pos_m,
                          slope, kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, kb_lo,
                          tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_QSCALE, HAS_KPM,
                          DOT_PRECISION, False, EVEN_D)
-    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, rowmult, pos_m,
+    acc, dqs = _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, s_mult, pos_m,
                          slope, kpm_ptr, n_k, tau, inv_z, g_scale, delta, inv_am1, tl.maximum(kb_lo, n_full),
                          kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_QSCALE, HAS_KPM, DOT_PRECISION, True,
                          EVEN_D)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :],
-             (acc * zmult[:, None]).to(DQ.dtype.element_ty), mask=row_in[:, None] & d_in[None, :])
+             (acc * z_mult[:, None]).to(DQ.dtype.element_ty), mask=row_in[:, None] & d_in[None, :])
     if HAS_QSCALE:
         tl.store(DQScale + row_ptr, scale * dqs, mask=row_in)
 

@@ -1,9 +1,12 @@
 """Shared Triton helpers of the fused entmax attention kernels (forward and backward).
 
 Layout (batch, heads, seq, head_dim). The kernels work in "s units": s = c * z with z the attention logit of
-PAPER.md section 2 (z = q_scale * scale * q.k - slope * |pos(r) - j|) and c = alpha - 1 for entmax
+arXiv:2506.16640, section 2 (z = q_scale * scale * q.k - slope * |pos(r) - j|) and c = alpha - 1 for entmax
 (p = [s - tau]_+^(1/(alpha-1))) or c = log2(e) for softmax (p = exp2(s - tau)). `MODE` picks the
 normaliser at compile time: 0 softmax, 1 entmax-1.5 (p = u^2), 2 sparsemax (p = u), 3 any other alpha.
+
+Names: the per-query inverse temperature (the paper's theta) is `q_scale` in Python and the pointer `QScale`
+in the kernels; z_mult = scale * q_scale is the factor of q.k in z, s_mult = c * z_mult its factor in s.
 """
 
 import triton
@@ -36,26 +39,26 @@ def block_config(head_dim, n_q):
 
 
 @triton.jit
-def tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
+def tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k,
                 CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
-    """s = rowmult * (q @ kt) - slope * |pos - j| on visible keys, -inf elsewhere. (BLOCK_M, BLOCK_N) fp32.
+    """s = s_mult * (q @ kt) - slope * |pos - j| on visible keys, -inf elsewhere. (BLOCK_M, BLOCK_N) fp32.
 
-    q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); rowmult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
+    q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); s_mult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
     MASKED=False: the caller guarantees every key of the tile is < n_k and causally visible to every row
     (a tile left of the diagonal, see full_tiles), so only the key padding mask is applied.
     """
     qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
-    return logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+    return logits_from_dot(qk, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                            MASKED)
 
 
 @triton.jit
-def logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
+def logits_from_dot(qk, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k,
                     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
                     MASKED: tl.constexpr = True):
     """tile_logits given the fp32 tile qk = q @ kt."""
-    s = qk * rowmult[:, None]
+    s = qk * s_mult[:, None]
     if HAS_ALIBI:
         s = s - slope * tl.abs(pos_m[:, None] - offs_n[None, :]).to(tl.float32)
     if MASKED:
@@ -74,10 +77,10 @@ def logits_from_dot(qk, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k,
 @triton.jit
 def row_multiplier(QScale, rows, row_in, scale, BLOCK_M: tl.constexpr, HAS_QSCALE: tl.constexpr):
     """scale * q_scale of the query rows `rows` (the factor of q.k in the logit z), fp32 (BLOCK_M,)."""
-    zmult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
+    z_mult = tl.full([BLOCK_M], 1.0, tl.float32) * scale
     if HAS_QSCALE:
-        zmult = zmult * tl.load(QScale + rows, mask=row_in, other=1.0).to(tl.float32)
-    return zmult
+        z_mult = z_mult * tl.load(QScale + rows, mask=row_in, other=1.0).to(tl.float32)
+    return z_mult
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Entmax attention for a few queries against a long key cache (decoding), split over the keys.
 
-Layout (batch, heads, seq, head_dim); PAPER.md section 2 with the semantics of attention_fwd.py. With
+Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py. With
 Nq <= 16 the fused forward would give each (batch, head) a single program that streams the whole cache
 several times. Here the work is split along the keys instead, so that K and V are each read once:
 
@@ -60,7 +60,7 @@ def _decode_scores(
     d_in = offs_d < head_dim
     pos_m = offs_m + (n_k - n_q)
     q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, False)
-    rowmult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
+    s_mult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult
@@ -71,7 +71,7 @@ def _decode_scores(
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
         kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
                      mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION)
         m = tl.maximum(m, tl.max(s, 1))
         tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])

@@ -1,4 +1,4 @@
-"""Fused entmax attention forward kernel (PAPER.md section 2) and its launcher.
+"""Fused entmax attention forward kernel (arXiv:2506.16640, section 2) and its launcher.
 
 Layout (batch, heads, seq, head_dim). One program owns BLOCK_M query rows of one head and makes several
 passes over that head's keys, never materialising the (Nq, Nk) logits:
@@ -38,7 +38,7 @@ from asentmax.ops.triton.attention_common import (
 
 
 @triton.jit
-def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k, tiles, m,
+def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k, tiles, m,
                top, kb_lo, kb_hi, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
                EVEN_D: tl.constexpr, TOPK: tl.constexpr):
@@ -47,7 +47,7 @@ def _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, sl
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
         row_max = tl.max(s, 1)
         tl.store(tiles + kb, tl.max(tl.where(row_in, row_max, float("-inf")), 0))
@@ -73,7 +73,7 @@ def _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE: tl.constexp
 
 
 @triton.jit
-def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1, f, g,
+def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t, inv_am1, f, g,
                  kb_lo, kb_hi,
                  BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                  HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
@@ -83,7 +83,7 @@ def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, k
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
         u = tl.maximum(s - t[:, None], 0.0)
         f += tl.sum(entmax_power(u, inv_am1, MODE), 1)
@@ -92,7 +92,7 @@ def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, k
 
 
 @triton.jit
-def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
+def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
                     n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -102,10 +102,10 @@ def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope
     t_min = tl.min(tl.where(row_ok, t, float("inf")), 0)
     kb_lo, kb_hi = live_range(tiles, 1, n_vis, t_min, tiles, False, SCAN)
     zero = tl.zeros([BLOCK_M], tl.float32)
-    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t,
                         inv_am1, zero, zero, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL,
                         HAS_ALIBI, HAS_KPM, DOT_PRECISION, False, EVEN_D)
-    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+    f, g = _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t,
                         inv_am1, f, g, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
                         HAS_KPM, DOT_PRECISION, True, EVEN_D)
     hi_t = tl.where(f < 1.0, t, hi_t)
@@ -115,7 +115,7 @@ def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope
 
 
 @triton.jit
-def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t,
+def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t,
                   inv_am1, acc, z_sum, support, acc2, g_sum, kb_lo, kb_hi,
                   BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                   HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
@@ -127,7 +127,7 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, p
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
         v = load_tile(v_base, offs_n, svn, offs_d, n_k, d_in, False, MASKED, EVEN_D)
-        s = tile_logits(q, kt, rowmult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
         if MODE == 0:
             p = tl.exp2(s - t[:, None])
@@ -168,8 +168,8 @@ def _entmax_attention_fwd(
 
     d_in = offs_d < head_dim
     q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, EVEN_D)
-    # as zmult * bias_mult in the backward: the same rounding
-    rowmult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
+    # as z_mult * bias_mult in the backward: the same rounding
+    s_mult = row_multiplier(QScale, pid_bh * n_q + offs_m, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(Slopes + pid_bh) * bias_mult
@@ -185,10 +185,10 @@ def _entmax_attention_fwd(
     # 1. max pass (+ the tile table)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     top = tl.full([BLOCK_M, max(TOPK, 1)], float("-inf"), tl.float32)
-    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k,
+    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k,
                         tiles, m, top, 0, n_full, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, False,
                         EVEN_D, TOPK)
-    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, row_in, slope, kpm_ptr, n_k,
+    m, top = _max_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k,
                         tiles, m, top, n_full, n_vis, BLOCK_N, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION,
                         True, EVEN_D, TOPK)
     row_ok = row_in & (m > float("-inf"))  # rows outside the sequence or with no visible key are not ok
@@ -206,7 +206,7 @@ def _entmax_attention_fwd(
         err = tl.full([], float("inf"), tl.float32)
         while (passes < max_iter) & (err > tol):
             t, hi_t, err = _threshold_pass(
-                q, k_base, skn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
+                q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, tiles, n_vis,
                 n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
                 HAS_KPM, DOT_PRECISION, EVEN_D, SCAN)
             passes += 1
@@ -224,11 +224,11 @@ def _entmax_attention_fwd(
     g_sum = tl.zeros([BLOCK_M], tl.float32)
     support = tl.zeros([BLOCK_M], tl.int32)
     acc, z_sum, support, acc2, g_sum = _output_tiles(
-        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
+        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
         HAS_KPM, DOT_PRECISION, False, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
     acc, z_sum, support, acc2, g_sum = _output_tiles(
-        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, rowmult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
+        q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
         HAS_KPM, DOT_PRECISION, True, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
 

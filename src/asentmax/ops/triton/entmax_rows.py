@@ -1,8 +1,13 @@
-"""Row-wise alpha-entmax in Triton, forward and backward (PAPER.md section 2, the alpha-entmax definition).
+"""Row-wise alpha-entmax in Triton, forward and backward (arXiv:2506.16640, section 2: the alpha-entmax map).
 
 For each row z of a contiguous 2D tensor (R, N) and s = (alpha - 1) z, the forward finds tau with
     p_i = [s_i - tau]_+ ^ q,   q = 1 / (alpha - 1),   sum_i p_i = 1,
-and the backward returns dx = g*dp - g * sum(g*dp) / sum(g) with g = p^(2 - alpha) on the support.
+and the backward returns dx = u*grad - u * sum(u*grad) / sum(u) with u = p^(2 - alpha) on the support.
+
+Supported: alpha in ALPHA_RANGE = (1, 2] (python float), fp32/fp16/bf16, computed in fp32; checked against
+an fp64 oracle to fp32 resolution (tests/test_triton_entmax_rows.py). Beyond alpha = 2, p = d^(1/(alpha-1))
+is steep at the edge of the support and fp32 thresholds lose digits (3 -> 6e-5, 10 -> 3e-4 off under the
+interpreter), so asentmax.ops.entmax.entmax sends alpha > 2 to its torch path and `entmax_rows` refuses it.
 
 How tau is found (all math in fp32, one read of x and one write of p when the row fits on chip):
   1. one reduction gives max(s), and the sum and count of the finite entries. Two lower bounds for tau
@@ -13,13 +18,15 @@ How tau is found (all math in fp32, one read of x and one write of p when the ro
      alpha = 2 (q = 1): the support S = {s > t} gives the closed form tau = (sum_S s - 1) / |S|;
      alpha = 1.5 (q = 2): tau is the smaller root of sum_S (s - tau)^2 = 1.
      The closed form is exact as soon as it does not cut into S (tau <= min_S s): then we stop.
-     General alpha: Newton on phi until the step is below fp32 resolution; for alpha > 2 (q < 1)
-     each step is safeguarded by a bisection bracket.
+     General alpha: Newton on phi until the step is below fp32 resolution, each step safeguarded by a
+     bisection bracket (against fp32 rounding).
 Rows of up to MAX_BLOCK_N entries are held in registers (several short rows per program); longer rows
 are processed chunk by chunk (each Newton step re-reads the row, mostly from L2).
-Rows that are entirely -inf give p = 0 and tau = +inf; a row containing NaN gives a NaN row.
+Rows that are entirely -inf give p = 0 and tau = +inf; a row containing NaN or +inf gives a NaN row and a
+NaN gradient row. Kernel modes are attention_common's (MODE_ENTMAX15, MODE_SPARSEMAX, MODE_GENERAL, mode_of).
 
-Public: `entmax_rows(x2d, alpha)` (autograd) and `entmax_rows_threshold(x2d, alpha)`.
+Public: `entmax_rows(x2d, alpha)` (autograd), `entmax_rows_forward` / `entmax_rows_backward` (the
+launchers, which asentmax.ops.entmax wraps as torch custom ops) and `entmax_rows_threshold(x2d, alpha)`.
 Importing this module needs no GPU; the kernels also run under TRITON_INTERPRET=1.
 """
 
@@ -27,12 +34,17 @@ import torch
 import triton
 import triton.language as tl
 
+from asentmax.ops.triton.attention_common import MODE_ENTMAX15, MODE_GENERAL, MODE_SPARSEMAX, mode_of
+
+# jit functions may read a global only as a tl.constexpr: the same numbers, rebound under the same names
+MODE_ENTMAX15, MODE_SPARSEMAX = tl.constexpr(MODE_ENTMAX15), tl.constexpr(MODE_SPARSEMAX)
+
 MAX_BLOCK_N = 32768  # longest row (power of two) kept in registers; longer rows loop over chunks
 LONG_CHUNK = 4096  # chunk length of the looping kernels
 MAX_ITERS_FAST = 32  # alpha in {1.5, 2}: typically 2-7 steps
 MAX_ITERS_GENERAL = 60
 
-MODE_15, MODE_2, MODE_GENERAL = 0, 1, 2
+ALPHA_RANGE = (1.0, 2.0)  # alpha in (1, 2]
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -56,14 +68,15 @@ def _combine_sums(a1, b1, a2, b2):
 
 @triton.jit
 def _first_stats(s, FUSED: tl.constexpr):
-    """(BLOCK_R, BLOCK_N) tile -> per row: max, sum and count of the finite entries.
+    """(BLOCK_R, BLOCK_N) tile -> per row: max, the sum of the entries other than -inf (NaN or +inf when the
+    row holds one: _start reads that as a NaN row) and the count of entries other than -inf.
 
     FUSED: one multi-operand reduction (one exchange through shared memory instead of one per value).
     Off by default: the GPU-measured configuration (results/entmax_gpu.md) uses separate reductions; the
     fused variant is tested (interpreter) and in the benchmark's launch sweep, but not yet timed on a GPU.
     (The interpreter also runs a multi-operand reduction element by element in Python: slow.)"""
     finite = s > float("-inf")
-    total = tl.where(finite, s, 0.0)
+    total = tl.where(s == float("-inf"), 0.0, s)
     count = finite.to(tl.float32)
     if FUSED:
         return tl.reduce((s, total, count), 1, _combine_first)
@@ -73,19 +86,19 @@ def _first_stats(s, FUSED: tl.constexpr):
 @triton.jit
 def _start(m, total, count, alpha, MODE: tl.constexpr):
     """The iteration's starting state from the first statistics: (t, lo, hi, norm, done, valid, nan_row), with
-    t = lo a lower bound for tau, hi = the row max; invalid = all -inf row (done at once); nan = has a NaN."""
-    nan_row = total != total
+    t = lo a lower bound for tau, hi = the row max; invalid = all -inf row (done at once); nan_row = the row
+    holds a NaN or a +inf (its p and tau are NaN)."""
+    nan_row = (total != total) | (total == float("inf"))
     valid = (m > float("-inf")) & (~nan_row)
     t = m - 1.0
-    if MODE == 0:
+    if MODE == MODE_ENTMAX15:
         jensen = total / count - tl.math.rsqrt(count)
         t = tl.maximum(t, jensen)
-    elif MODE == 1:
+    elif MODE == MODE_SPARSEMAX:
         t = tl.maximum(t, (total - 1.0) / count)
     else:
-        if alpha <= 2.0:
-            jensen = total / count - tl.exp2((1.0 - alpha) * tl.log2(count))
-            t = tl.maximum(t, jensen)
+        jensen = total / count - tl.exp2((1.0 - alpha) * tl.log2(count))
+        t = tl.maximum(t, jensen)
     t = tl.where(valid, t, 0.0)
     return t, t, tl.where(valid, m, 0.0), tl.zeros_like(t) + 1.0, ~valid, valid, nan_row
 
@@ -96,13 +109,13 @@ def _iter_stats(s, t, q, MODE: tl.constexpr, FUSED: tl.constexpr):
     MODE 1.5: (sum d, sum d^2); MODE 2: (sum d, sum d); general: (sum d^(q-1), sum d^q); plus min_S d."""
     d = s - t[:, None]
     pos = d > 0.0
-    dp = tl.maximum(d, 0.0)
-    if MODE == 0:
-        f1 = dp
-        f2 = dp * dp
-    elif MODE == 1:
-        f1 = dp
-        f2 = dp
+    d_pos = tl.maximum(d, 0.0)
+    if MODE == MODE_ENTMAX15:
+        f1 = d_pos
+        f2 = d_pos * d_pos
+    elif MODE == MODE_SPARSEMAX:
+        f1 = d_pos
+        f2 = d_pos
     else:
         f2 = tl.where(pos, tl.exp2(q * tl.log2(tl.where(pos, d, 1.0))), 0.0)
         f1 = tl.where(pos, f2 / tl.where(pos, d, 1.0), 0.0)
@@ -118,8 +131,8 @@ def _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE: tl.constexpr):
     """One update of tau per row from the statistics at t; rows already done keep their t.
 
     General alpha also keeps a bisection bracket [lo, hi] and norm = F(t) at the final t (p is divided
-    by it, which matters only for alpha > 2 where F is badly conditioned in fp32)."""
-    if MODE == 0:
+    by it, so that the row sums to 1 to fp32 resolution)."""
+    if MODE == MODE_ENTMAX15:
         # F(t) = f2, F'(t) = -2 f1; closed form on S: smaller root u of k u^2 - 2 f1 u + f2 - 1 = 0
         disc = f1 * f1 - k * (f2 - 1.0)
         u_exact = (f2 - 1.0) / (f1 + tl.sqrt(tl.maximum(disc, 0.0)))
@@ -127,7 +140,7 @@ def _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE: tl.constexpr):
         u_newton = (f2 - tl.sqrt(f2)) / f1
         u = tl.where(exact, u_exact, u_newton)
         move = ~done
-    elif MODE == 1:
+    elif MODE == MODE_SPARSEMAX:
         u = (f1 - 1.0) / k
         exact = u <= mn
         move = ~done
@@ -149,13 +162,13 @@ def _step(t, lo, hi, norm, done, k, f1, f2, mn, q, MODE: tl.constexpr):
 
 @triton.jit
 def _probs(s, t, norm, q, MODE: tl.constexpr):
-    dp = tl.maximum(s - t[:, None], 0.0)
-    if MODE == 0:
-        p = dp * dp
-    elif MODE == 1:
-        p = dp
+    d = tl.maximum(s - t[:, None], 0.0)
+    if MODE == MODE_ENTMAX15:
+        p = d * d
+    elif MODE == MODE_SPARSEMAX:
+        p = d
     else:
-        p = tl.where(dp > 0.0, tl.exp2(q * tl.log2(tl.where(dp > 0.0, dp, 1.0))), 0.0) / norm[:, None]
+        p = tl.where(d > 0.0, tl.exp2(q * tl.log2(tl.where(d > 0.0, d, 1.0))), 0.0) / norm[:, None]
     return p
 
 
@@ -238,74 +251,66 @@ def _fwd_long_kernel(x_ptr, p_ptr, tau_ptr, N, alpha, q, MAX_ITERS,
 
 @triton.jit
 def _gate(p, alpha, MODE: tl.constexpr):
-    """g = p^(2 - alpha) on the support (NaN kept so that a NaN row stays NaN)."""
+    """u = p^(2 - alpha) on the support (NaN kept so that a NaN row stays NaN)."""
     keep = (p > 0.0) | (p != p)
-    if MODE == 0:
-        g = tl.sqrt(p)
-    elif MODE == 1:
-        g = tl.where(p != p, p, 1.0)
+    if MODE == MODE_ENTMAX15:
+        u = tl.sqrt(p)
+    elif MODE == MODE_SPARSEMAX:
+        u = tl.where(p != p, p, 1.0)
     else:
-        g = tl.exp2((2.0 - alpha) * tl.log2(tl.where(keep, p, 1.0)))
-    return tl.where(keep, g, 0.0)
+        u = tl.exp2((2.0 - alpha) * tl.log2(tl.where(keep, p, 1.0)))
+    return tl.where(keep, u, 0.0)
 
 
 @triton.jit
-def _bwd_rows_kernel(p_ptr, dp_ptr, dx_ptr, R, N, alpha,
+def _bwd_rows_kernel(p_ptr, grad_ptr, dx_ptr, R, N, alpha,
                      MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, FUSED: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows[:, None] < R) & (cols[None, :] < N)
     offs = rows[:, None].to(tl.int64) * N + cols[None, :]
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    dp = tl.load(dp_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    g = _gate(p, alpha, MODE)
-    gdp = g * dp
+    grad = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    u = _gate(p, alpha, MODE)
+    ug = u * grad
     if FUSED:
-        sum_g, sum_gdp = tl.reduce((g, gdp), 1, _combine_sums)
+        sum_u, sum_ug = tl.reduce((u, ug), 1, _combine_sums)
     else:
-        sum_g, sum_gdp = tl.sum(g, 1), tl.sum(gdp, 1)
-    coef = tl.where(sum_g > 0.0, sum_gdp / sum_g, 0.0)
-    dx = gdp - g * coef[:, None]
+        sum_u, sum_ug = tl.sum(u, 1), tl.sum(ug, 1)
+    coef = tl.where(sum_u > 0.0, sum_ug / sum_u, 0.0)
+    dx = ug - u * coef[:, None]
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _bwd_long_kernel(p_ptr, dp_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK: tl.constexpr,
+def _bwd_long_kernel(p_ptr, grad_ptr, dx_ptr, N, alpha, MODE: tl.constexpr, CHUNK: tl.constexpr,
                      FUSED: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, CHUNK)
-    sum_g = tl.zeros([CHUNK], tl.float32)
-    sum_gdp = tl.zeros([CHUNK], tl.float32)
+    sum_u = tl.zeros([CHUNK], tl.float32)
+    sum_ug = tl.zeros([CHUNK], tl.float32)
     for start in range(0, N, CHUNK):
         mask = start + cols < N
         p = tl.load(p_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
-        dp = tl.load(dp_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = _gate(p, alpha, MODE)
-        sum_g += g
-        sum_gdp += g * dp
+        grad = tl.load(grad_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        u = _gate(p, alpha, MODE)
+        sum_u += u
+        sum_ug += u * grad
     if FUSED:
-        total_g, total_gdp = tl.reduce((sum_g, sum_gdp), 0, _combine_sums)
+        total_u, total_ug = tl.reduce((sum_u, sum_ug), 0, _combine_sums)
     else:
-        total_g, total_gdp = tl.sum(sum_g, 0), tl.sum(sum_gdp, 0)
-    coef = tl.where(total_g > 0.0, total_gdp / total_g, 0.0)
+        total_u, total_ug = tl.sum(sum_u, 0), tl.sum(sum_ug, 0)
+    coef = tl.where(total_u > 0.0, total_ug / total_u, 0.0)
     for start in range(0, N, CHUNK):
         mask = start + cols < N
         p = tl.load(p_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
-        dp = tl.load(dp_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
-        g = _gate(p, alpha, MODE)
-        dx = g * dp - g * coef
+        grad = tl.load(grad_ptr + row * N + start + cols, mask=mask, other=0.0).to(tl.float32)
+        u = _gate(p, alpha, MODE)
+        dx = u * grad - u * coef
         tl.store(dx_ptr + row * N + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------- launchers
-
-
-def _mode(alpha: float) -> int:
-    if alpha == 1.5:
-        return MODE_15
-    if alpha == 2.0:
-        return MODE_2
-    return MODE_GENERAL
 
 
 def _check(x2d: torch.Tensor, alpha) -> float:
@@ -316,8 +321,10 @@ def _check(x2d: torch.Tensor, alpha) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"entmax_rows expects alpha as a python float, got {type(alpha).__name__}")
     alpha = float(alpha)
-    if not alpha > 1.0 or alpha == float("inf"):
-        raise ValueError(f"entmax_rows needs a finite alpha > 1, got {alpha}")
+    if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
+        low, high = ALPHA_RANGE
+        raise ValueError(f"entmax_rows supports alpha in ({low:g}, {high:g}], got {alpha} "
+                         "(asentmax.ops.entmax.entmax computes larger alphas on its torch path)")
     return alpha
 
 
@@ -337,7 +344,7 @@ def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=Non
     """Launch the forward; returns (p or None, tau fp32 (R,)). Keyword arguments tune/test the launch."""
     x2d = x2d.contiguous()
     R, N = x2d.shape
-    mode = _mode(alpha)
+    mode = mode_of(alpha)
     q = 1.0 / (alpha - 1.0)
     max_iters = MAX_ITERS_GENERAL if mode == MODE_GENERAL else MAX_ITERS_FAST
     tau = torch.empty(R, device=x2d.device, dtype=torch.float32)
@@ -357,50 +364,61 @@ def _forward(x2d, alpha, *, write_p=True, max_block_n=MAX_BLOCK_N, num_warps=Non
     return p, tau
 
 
-def _backward(p, dp, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None, fused=False):
-    """Launch the backward: dx = g*dp - g*sum(g*dp)/sum(g), g = p^(2-alpha) on the support."""
-    dp = dp.contiguous()
+def _backward(p, grad, alpha, *, max_block_n=MAX_BLOCK_N, num_warps=None, elems_per_program=None,
+              fused=False):
+    """Launch the backward: dx = u*grad - u*sum(u*grad)/sum(u), u = p^(2-alpha) on the support."""
+    grad = grad.contiguous()
     R, N = p.shape
     dx = torch.empty_like(p)
     if R == 0 or N == 0:
         return dx
-    mode = _mode(alpha)
+    mode = mode_of(alpha)
     if triton.next_power_of_2(N) <= max_block_n:
         block_r, block_n, warps = _row_config(N, num_warps, elems_per_program)
-        _bwd_rows_kernel[(triton.cdiv(R, block_r),)](p, dp, dx, R, N, alpha, MODE=mode, BLOCK_R=block_r,
+        _bwd_rows_kernel[(triton.cdiv(R, block_r),)](p, grad, dx, R, N, alpha, MODE=mode, BLOCK_R=block_r,
                                                      BLOCK_N=block_n, FUSED=fused, num_warps=warps)
     else:
         chunk = min(LONG_CHUNK, max_block_n)
-        _bwd_long_kernel[(R,)](p, dp, dx, N, alpha, MODE=mode, CHUNK=chunk, FUSED=fused,
+        _bwd_long_kernel[(R,)](p, grad, dx, N, alpha, MODE=mode, CHUNK=chunk, FUSED=fused,
                                num_warps=num_warps or 8)
     return dx
+
+
+def entmax_rows_forward(x2d: torch.Tensor, alpha: float) -> torch.Tensor:
+    """p (R, N) of x2d's dtype, no autograd (the launch asentmax.ops.entmax's custom op makes)."""
+    return _forward(x2d, _check(x2d, alpha))[0]
+
+
+def entmax_rows_backward(p: torch.Tensor, grad: torch.Tensor, alpha: float) -> torch.Tensor:
+    """dx (R, N) of p's dtype for the incoming gradient `grad` of p = entmax_rows_forward(x2d, alpha)."""
+    return _backward(p, grad.to(p.dtype), _check(p, alpha))
 
 
 class _EntmaxRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2d, alpha):
-        p, _ = _forward(x2d, alpha)
+        p = entmax_rows_forward(x2d, alpha)
         ctx.save_for_backward(p)
         ctx.alpha = alpha
         return p
 
     @staticmethod
-    def backward(ctx, dp):
+    def backward(ctx, grad):
         (p,) = ctx.saved_tensors
-        return _backward(p, dp.to(p.dtype), ctx.alpha), None
+        return entmax_rows_backward(p, grad, ctx.alpha), None
 
 
 def entmax_rows(x2d: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
-    """alpha-entmax over the last dim of a 2D tensor, with autograd for x2d.
+    """alpha-entmax over the last dim of a 2D tensor, with autograd for x2d (first order only:
+    asentmax.ops.entmax.entmax(..., backend="triton") also differentiates twice).
 
     Args:
         x2d: (R, N) float32 / float16 / bfloat16 tensor on a CUDA device (or CPU under TRITON_INTERPRET=1).
-        alpha: python float > 1 (1.5 and 2.0 take exact closed-form fast paths).
+        alpha: python float in ALPHA_RANGE = (1, 2] (1.5 and 2.0 take exact closed-form fast paths).
     Returns:
-        p: (R, N), x2d's dtype, rows summing to 1 (all -inf rows: zeros; rows with a NaN: NaN).
+        p: (R, N), x2d's dtype, rows summing to 1 (all -inf rows: zeros; rows with a NaN or +inf: NaN).
     """
-    alpha = _check(x2d, alpha)
-    return _EntmaxRows.apply(x2d, alpha)
+    return _EntmaxRows.apply(x2d, _check(x2d, alpha))
 
 
 def entmax_rows_threshold(x2d: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:

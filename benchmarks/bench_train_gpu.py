@@ -1,0 +1,411 @@
+"""Training throughput of the MQMTAR preset for every attention normaliser (issue 14, item 5).
+
+For softmax, SSMax, entmax and ASEntmax (all with NAPE positions) at the MQMTAR reference model
+(arXiv:2506.16640, section 3: 4 layers, d_model 512, 16 heads, FFN 1024; training lengths 32-64 in 4
+buckets, bf16 autocast, AdamW) and each batch size, one row holds:
+
+- bare step, eager and torch.compile'd: forward, target-token loss, backward, clipping, AdamW, on batches
+  drawn in advance (the length-bucket mix of training, so the compiled model sees every bucket's shape);
+  ms/step and samples/s; the compiled row's ratio to softmax compiled of the same batch size, measured
+  earlier in the same process;
+- first compiled step: seconds until the first compiled step returned (tracing and compiling), and until
+  every bucket's shape had run once, with the number of graphs compiled;
+- whole loop: the real trainer (asentmax.trainer.train with the task workload, compile and fused AdamW
+  as on the command line's defaults) for --loop-steps steps; its steady-state ms/step from log.csv's
+  elapsed_s between the first log line after the warm-up and the last one (compilation, the final
+  validation and the checkpoint are outside that window); its ratio to the bare compiled step;
+- validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
+  trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
+  model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
+- data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
+  loop's ms/step: an upper bound of the time the step waits for data (the trainer draws each batch one
+  step ahead on a side CUDA stream, so these kernels mostly run beside the previous step);
+- TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
+  token, causal attention 2 d T (T + 1) per layer and row, backward = 2 x forward) over its time, and their
+  fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats).
+
+Rows go to OUT.md and OUT.json after every row. The host's numpy producer (asentmax.data.training_batch)
+is timed once for comparison. A time budget (--budget-s) skips the rows that would not fit, saying so.
+
+    PYTHONPATH=src python benchmarks/bench_train_gpu.py --out results/train_gpu          # one GPU
+    PYTHONPATH=src python benchmarks/bench_train_gpu.py --smoke --out /tmp/train_smoke    # CPU, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from asentmax.data import IGNORE_INDEX, length_buckets, training_batch
+from asentmax.nn import Transformer
+from asentmax.nn.presets import mqmtar_model
+from asentmax.runs import save_checkpoint
+from asentmax.tasks import get_task
+from asentmax.tasks.device_sampling import DeviceBatchSampler
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.trainer import TrainConfig, compiled_for_training, train
+
+NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
+REPO = Path(__file__).resolve().parents[1]
+EVERY = 500  # the presets' validation and checkpoint interval (TrainConfig.val_every, checkpoint_every)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_ceiling(device: torch.device, size: int, dtype: torch.dtype, repeats: int) -> float:
+    """TFLOP/s of one size^3 matmul (median of `repeats`)."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times) / 1e12
+
+
+def attention_flops(config, batch_size: int, width: int) -> float:
+    """Training FLOPs of causal attention: q.k and p.v over the T (T + 1) / 2 visible pairs, 2 FLOPs per
+    multiply-add and head dimension, in every layer, times 3 (backward = 2 x forward)."""
+    return 3 * batch_size * config.n_layers * 2 * width * (width + 1) * config.n_heads * config.head_dim
+
+
+def step_flops(model: Transformer, batch_size: int, width: int) -> float:
+    """Training FLOPs of one step on a (batch_size, width) batch: 3 x (2 x every Linear's weights per
+    token) plus attention_flops."""
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return 3 * batch_size * 2 * width * linear + attention_flops(model.config, batch_size, width)
+
+
+def make_step(model, optimizer, autocast_dtype, grad_clip: float):
+    """The bare training step the trainer runs (asentmax.trainer): loss over the target tokens divided by
+    their count (on the device), backward, clipping, AdamW, zero_grad."""
+    device_type = next(model.parameters()).device.type
+
+    def step(forward, batch):
+        n_targets = (batch.labels != IGNORE_INDEX).sum()
+        with torch.autocast(device_type=device_type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            logits = forward(batch.input_ids)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
+                               ignore_index=IGNORE_INDEX) / n_targets
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def time_steps(step, forward, batches, n_steps: int, device) -> float:
+    """ms per step over n_steps steps cycling through `batches` (after one untimed pass over them)."""
+    for batch in batches:
+        step(forward, batch)
+    sync(device)
+    start = time.perf_counter()
+    for i in range(n_steps):
+        step(forward, batches[i % len(batches)])
+    sync(device)
+    return (time.perf_counter() - start) / n_steps * 1e3
+
+
+def graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def first_error_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: {lines[0][:160]}"
+
+
+def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, task) -> dict:
+    """Eager and compiled bare-step timings (a compile failure is recorded, the eager numbers kept),
+    first-step compile time, graphs compiled and model FLOPs of one configuration."""
+    batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size) for s in range(args.batches)]
+    widths = sorted({b.input_ids.shape[1] for b in batches})
+    row = {"normaliser": normaliser, "batch": batch_size, "widths": widths}
+    torch.manual_seed(0)
+    model = Transformer(model_config(args, normaliser, task)).to(device)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), **fused)
+    step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
+    flops = statistics.fmean(step_flops(model, batch_size, b.input_ids.shape[1]) for b in batches)
+    row["mean_width"] = statistics.fmean(b.input_ids.shape[1] for b in batches)
+    row["eager_ms"] = time_steps(step, model, batches, args.steps, device)
+    row["val_ms"] = validation_ms(args, model, device, autocast_dtype)
+    row["checkpoint_ms"] = checkpoint_ms(model, optimizer)
+    try:
+        row.update(compiled_timings(args, model, step, batches, device))
+    except Exception as error:  # a normaliser that does not compile is a result, not the end of the run
+        row["compile_error"] = first_error_line(error)
+    for kind in ("eager", "compiled"):
+        if f"{kind}_ms" in row:
+            row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
+            row[f"{kind}_tflops"] = flops / (row[f"{kind}_ms"] * 1e-3) / 1e12
+    return row
+
+
+def compiled_timings(args, model, step, batches, device) -> dict:
+    torch._dynamo.reset()
+    graphs_before = graph_count()
+    if args.shapes == "trainer":  # what asentmax.trainer runs: the sequence length marked dynamic
+        compiled = compiled_for_training(model, backend=args.compile_backend)
+    else:  # one static graph per bucket width
+        compiled = torch.compile(model, backend=args.compile_backend, dynamic=False)
+    start = time.perf_counter()
+    step(compiled, batches[0])
+    sync(device)
+    timings = {"first_step_s": time.perf_counter() - start}
+    seen = {batches[0].input_ids.shape[1]}
+    for batch in batches:
+        if batch.input_ids.shape[1] not in seen:
+            seen.add(batch.input_ids.shape[1])
+            step(compiled, batch)
+    sync(device)
+    timings["all_shapes_s"] = time.perf_counter() - start
+    timings["graphs"] = graph_count() - graphs_before
+    timings["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
+    return timings
+
+
+def validation_ms(args, model, device, autocast_dtype) -> float:
+    """ms of one validation by the task workload with the preset's lengths (1, 2, 4 x 64) and
+    --val-samples samples per length, on the eager model as the trainer runs it (after one warm-up call,
+    which also draws the validation sets)."""
+    workload = TaskWorkload(task="mqmtar", val_samples=args.val_samples)
+    model.eval()
+    workload.validate(model, seed=0, step=0, device=device, autocast_dtype=autocast_dtype)
+    sync(device)
+    start = time.perf_counter()
+    workload.validate(model, seed=0, step=0, device=device, autocast_dtype=autocast_dtype)
+    sync(device)
+    model.train()
+    return (time.perf_counter() - start) * 1e3
+
+
+def checkpoint_ms(model, optimizer) -> float:
+    """ms of writing model + optimizer state with asentmax.runs.save_checkpoint (the bulk of the trainer's
+    checkpoint), to a temporary directory, median of 3."""
+    times = []
+    with tempfile.TemporaryDirectory() as directory:
+        for _ in range(3):
+            start = time.perf_counter()
+            save_checkpoint(Path(directory) / "checkpoint.pt",
+                            {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def data_ms(sampler, batch_size: int, n: int, device) -> float:
+    """ms per training batch of the device sampler alone (synchronised)."""
+    sampler.batch(seed=0, rank=0, step=0, batch_size=batch_size)
+    sync(device)
+    start = time.perf_counter()
+    for s in range(n):
+        sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size)
+    sync(device)
+    return (time.perf_counter() - start) / n * 1e3
+
+
+def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
+    """Samples/s of the host's numpy producer (asentmax.data.training_batch), one process."""
+    start = time.perf_counter()
+    for s in range(n):
+        training_batch(task, seed=0, rank=0, step=s, batch_size=batch_size, buckets=buckets)
+    return n * batch_size / (time.perf_counter() - start)
+
+
+def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
+    """The real trainer for --loop-steps steps; steady-state ms/step from its log.csv."""
+    workload = TaskWorkload(task="mqmtar", val_multipliers=(1,), val_samples=args.val_samples,
+                            sampling="device")  # what "auto" gives on CUDA; the smoke run on CPU too
+    train_config = TrainConfig(steps=args.loop_steps, batch_size=batch_size, lr=1e-4, warmup_steps=10,
+                               log_every=args.log_every, val_every=0, checkpoint_every=0,
+                               device=device.type)
+    with tempfile.TemporaryDirectory() as run_dir:
+        start = time.perf_counter()
+        train(workload, train_config, model_config(args, normaliser, task), run_dir, progress=False)
+        total_s = time.perf_counter() - start
+        with open(Path(run_dir) / "log.csv", newline="") as f:
+            log = [(int(r["step"]), float(r["elapsed_s"])) for r in csv.DictReader(f)]
+    if len(log) < 2:
+        raise ValueError(f"--loop-steps {args.loop_steps} gives {len(log)} log line(s) at --log-every "
+                         f"{args.log_every}; the steady state needs two")
+    (first_step, first_s), (last_step, last_s) = log[len(log) // 3], log[-1]
+    loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
+    return {"loop_ms": loop_ms, "loop_samples_s": batch_size / (loop_ms * 1e-3), "loop_total_s": total_s,
+            "loop_compiled": train_config.uses("compile", device),
+            "loop_first_log_s": log[0][1], "loop_window": [first_step, last_step]}
+
+
+def model_config(args, normaliser: str, task):
+    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
+    return mqmtar_model(task.vocab_size, attention=normaliser, position="nape", **sizes)
+
+
+def fmt(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def write(out: Path, meta: dict, rows: list[dict]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = [
+        "# Training throughput, MQMTAR preset (issue 14 item 5)", "",
+        f"Command: `{meta['command']}`  ",
+        f"Device: {meta['device']}; torch {meta['torch']}; git {meta['git']}  ",
+        f"bf16 matmul ceiling ({meta['matmul_size']}^3): {fmt(meta['matmul_tflops'])} TFLOP/s; "
+        f"host numpy producer (asentmax.data.training_batch): {fmt(meta['host_samples_s'], 0)} samples/s "
+        f"at batch {meta['host_batch']}  ",
+        f"compile: backend {meta['compile_backend']}, shapes: {meta['shapes']}; "
+        f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
+        "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
+        "loop ms | loop samples/s | loop / bare compiled | data % of loop step | "
+        "validation ms (% of training) | checkpoint ms (%) | TFLOP/s | % of ceiling | first step s | "
+        "all shapes s | graphs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 14)
+            continue
+        best = "compiled" if "compiled_ms" in r else "eager"
+        lines.append(
+            f"| {r['normaliser']} | {r['batch']} | {fmt(r['eager_ms'], 2)} | "
+            f"{fmt(r.get('compiled_ms'), 2)} | "
+            f"{fmt(r.get('compiled_samples_s'), 0)} | {fmt(r.get('vs_softmax'), 2)} | "
+            f"{fmt(r.get('loop_ms'), 2)} | "
+            f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
+            f"{fmt(r.get('data_percent'), 1)} | {fmt(r['val_ms'], 0)} ({fmt(r.get('val_percent'), 1)}) | "
+            f"{fmt(r['checkpoint_ms'], 0)} ({fmt(r.get('checkpoint_percent'), 1)}) | "
+            f"{fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
+            f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} |")
+        for key in ("compile_error", "loop_error"):
+            if key in r:
+                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 15)
+    lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+              "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
+              "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step, "
+              "an upper bound (the trainer draws batches one step ahead on a side stream); "
+              f"validation: one call of the workload's (3 lengths, eager) and its share of training time at "
+              f"val-every {EVERY}; checkpoint: model + AdamW state written once (save_checkpoint), share of "
+              f"training time at checkpoint-every {EVERY}; "
+              "TFLOP/s: model FLOPs of the padded batch over the compiled bare step (eager where "
+              "compiling failed).", ""]
+    out.with_suffix(".md").write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "train_gpu")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU (tests the script)")
+    parser.add_argument("--normalisers", default=",".join(NORMALISERS))
+    parser.add_argument("--batch-sizes", default="512,128")
+    parser.add_argument("--steps", type=int, default=30, help="timed bare steps per variant")
+    parser.add_argument("--batches", type=int, default=16, help="pre-drawn batches the bare steps cycle")
+    parser.add_argument("--loop-steps", type=int, default=240, help="trainer steps per row (0: no loop)")
+    parser.add_argument("--log-every", type=int, default=40)
+    parser.add_argument("--val-samples", type=int, default=64)
+    parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--shapes", default="trainer", choices=("trainer", "static"),
+                        help="compiled bare step: the trainer's (sequence length dynamic, one graph) or one "
+                             "static graph per bucket width")
+    parser.add_argument("--budget-s", type=float, default=340.0, help="skip rows that start after this")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        device, autocast_dtype, matmul_size = torch.device("cpu"), None, 256
+        args.compile_backend = "eager" if args.compile_backend == "inductor" else args.compile_backend
+        args.steps, args.batches, args.loop_steps, args.log_every = 2, 4, min(args.loop_steps, 6), 2
+        args.val_samples = 2
+        batch_sizes = [4]
+    else:
+        if not torch.cuda.is_available():
+            parser.error("needs a CUDA GPU (use --smoke on CPU)")
+        device, autocast_dtype, matmul_size = torch.device("cuda"), torch.bfloat16, 8192
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    normalisers = args.normalisers.split(",")
+    for name in normalisers:
+        if name not in NORMALISERS:
+            parser.error(f"unknown normaliser {name!r}; choose from {', '.join(NORMALISERS)}")
+    if "softmax" in normalisers:  # softmax first: the others are compared with it
+        normalisers = ["softmax"] + [n for n in normalisers if n != "softmax"]
+
+    clock = time.perf_counter()
+    task = get_task("mqmtar")
+    buckets = length_buckets(32, 64, 4)
+    sampler = DeviceBatchSampler(task, buckets, device)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
+    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
+            "device": name,
+            "git": commit, "matmul_size": matmul_size, "compile_backend": args.compile_backend,
+            "shapes": args.shapes, "steps": args.steps, "batches": args.batches,
+            "matmul_tflops": matmul_ceiling(device, matmul_size, torch.bfloat16 if device.type == "cuda"
+                                            else torch.float32, repeats=10),
+            "host_batch": batch_sizes[0],
+            "host_samples_s": host_producer_samples_s(task, buckets, batch_sizes[0], 2 if args.smoke else 4)}
+    rows: list[dict] = []
+    write(args.out, meta, rows)
+    softmax_compiled: dict[int, float] = {}
+    for batch_size in batch_sizes:
+        for normaliser in normalisers:
+            if time.perf_counter() - clock > args.budget_s:
+                rows.append({"normaliser": normaliser, "batch": batch_size,
+                             "skipped": f"skipped: past the {args.budget_s:.0f} s budget"})
+                write(args.out, meta, rows)
+                continue
+            row = bare_row(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
+            best = "compiled" if "compiled_ms" in row else "eager"
+            if normaliser == "softmax" and best == "compiled":
+                softmax_compiled[batch_size] = row["compiled_samples_s"]
+            if batch_size in softmax_compiled and best == "compiled":
+                row["vs_softmax"] = row["compiled_samples_s"] / softmax_compiled[batch_size]
+            row["ceiling_percent"] = 100 * row[f"{best}_tflops"] / meta["matmul_tflops"]
+            if args.loop_steps:
+                try:
+                    row.update(loop_row(args, normaliser, batch_size, device, task))
+                    row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
+                    row["data_ms"] = data_ms(sampler, batch_size, 10, device)
+                    row["data_samples_s"] = batch_size / (row["data_ms"] * 1e-3)
+                    row["data_percent"] = 100 * row["data_ms"] / row["loop_ms"]
+                    for what in ("val", "checkpoint"):  # share of training time at the presets' interval
+                        cost = row[f"{what}_ms"]
+                        row[f"{what}_percent"] = 100 * cost / (cost + EVERY * row["loop_ms"])
+                except Exception as error:
+                    row["loop_error"] = first_error_line(error)
+            rows.append(row)
+            write(args.out, meta, rows)
+            print(json.dumps(row), flush=True)
+    meta["total_s"] = time.perf_counter() - clock
+    write(args.out, meta, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

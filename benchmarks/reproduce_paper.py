@@ -1,0 +1,116 @@
+"""One command per table of arXiv:2506.16640, section 4 (synthetic length generalisation) on one GPU.
+
+For a task (mqmtar, reverse, sort, copy) it trains one model per method (softmax, ssmax, entmax,
+asentmax by default; the task's preset, NAPE positions) side by side on one device, evaluates each at
+the task's length multipliers, and writes the `asentmax compare` table (ours beside the paper's) with
+the accuracy and dispersion plots, plus the commands, seeds, samples seen and wall time of every run:
+
+    <out>/<task>.md            the table and the provenance of every number in it
+    <out>/<task>/compare.md, accuracy.png, dispersion.png, compare.json, runs.json
+
+`--train-seconds` stops every training run at that wall time (the run saves a checkpoint at the step
+it reached, and evaluation uses it), so a table fits in one call of a time-limited machine; the samples
+seen are then reported as reached, not as planned.
+
+    PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --out results/paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MULTIPLIERS = {"mqmtar": "1 2 4 16 64 256 1024", "reverse": "1 1.5 2 4 8", "sort": "1 2 4 8",
+               "copy": "1 2 4 8 16 32 64"}
+METHODS = ("softmax", "ssmax", "entmax", "asentmax")
+
+
+def run_all(commands: dict[str, list[str]], work: Path, stage: str, seconds: float | None) -> dict:
+    """Start every command at once; SIGTERM those still running after `seconds`; wall time per name."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    start, ends, children = time.time(), {}, {}
+    for name, args in commands.items():
+        log = open(work / f"{name}.{stage}.log", "w")
+        children[name] = subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=log,
+                                          stderr=subprocess.STDOUT, env=env)
+    stopped = False
+    while len(ends) < len(children):
+        time.sleep(2)
+        for name, child in children.items():
+            if name not in ends and child.poll() is not None:
+                ends[name] = round(time.time() - start, 1)
+        if seconds is not None and not stopped and time.time() - start > seconds:
+            for child in children.values():
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)  # the trainer checkpoints the step it reached
+            stopped = True
+    failed = [n for n, c in children.items() if c.returncode not in (0, 130)]
+    if failed:
+        raise SystemExit(f"{stage} failed for {', '.join(failed)}; see {work}/<name>.{stage}.log")
+    return ends
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=sorted(MULTIPLIERS), required=True)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--out", type=Path, default=Path("results/paper"))
+    parser.add_argument("--work", type=Path, default=Path("runs/paper"), help="run directories")
+    parser.add_argument("--train-seconds", type=float, help="stop training at this wall time")
+    parser.add_argument("--samples", type=int, default=1000, help="test samples per length (paper: 1000)")
+    parser.add_argument("--multipliers", help="lengths to test (default: the paper's for the task)")
+    parser.add_argument("--train-flags", default="", help="extra `asentmax train` flags for every method")
+    args = parser.parse_args()
+    work = args.work / args.task
+    work.mkdir(parents=True, exist_ok=True)
+    out = args.out / args.task
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {m: work / m for m in args.methods}
+    train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
+                 "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
+    train_s = run_all(train, work, "train", args.train_seconds)
+    multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
+    evals = {m: ["eval", str(d), "--multipliers", *multipliers, "--samples", str(args.samples)]
+             for m, d in runs.items()}
+    eval_s = run_all(evals, work, "eval", None)
+    compare = subprocess.run([sys.executable, "-m", "asentmax", "compare", *map(str, runs.values()),
+                              "--output-dir", str(out)], capture_output=True, text=True, check=True)
+    provenance = {}
+    for method, run_dir in runs.items():
+        config = json.loads((run_dir / "config.json").read_text())
+        result = json.loads((run_dir / "eval.json").read_text())
+        train_config = config["train_config"]
+        step = result.get("train_step")
+        provenance[method] = {
+            "train_command": "asentmax " + " ".join(train[method]), "eval_command": "asentmax " +
+            " ".join(evals[method]), "seed": train_config.get("seed"), "steps_reached": step,
+            "steps_planned": train_config.get("steps"), "batch_size": train_config.get("batch_size"),
+            "samples_seen": None if step is None else step * train_config.get("batch_size", 0),
+            "train_wall_s": train_s[method], "eval_wall_s": eval_s[method],
+            "device": config.get("device"), "git_commit": config.get("git_commit")}
+    (out / "runs.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    command = "PYTHONPATH=src python benchmarks/reproduce_paper.py " + " ".join(sys.argv[1:])
+    lines = [f"# {args.task}: our runs beside arXiv:2506.16640's table", "", f"Command: `{command}`", "",
+             f"All methods trained side by side on one device ({provenance[args.methods[0]]['device']}), "
+             f"then evaluated with {args.samples} test samples per length. Exact match %:", "",
+             compare.stdout.strip(), "", "| method | seed | steps (planned) | samples seen | train wall s | "
+             "eval wall s |", "|---|---|---|---|---|---|"]
+    for method, p in provenance.items():
+        lines.append(f"| {method} | {p['seed']} | {p['steps_reached']} ({p['steps_planned']}) | "
+                     f"{p['samples_seen']:,} | {p['train_wall_s']} | {p['eval_wall_s']} |")
+    lines += ["", f"Plots: [{args.task}/accuracy.png]({args.task}/accuracy.png), "
+              f"[{args.task}/dispersion.png]({args.task}/dispersion.png); exact commands in "
+              f"{args.task}/runs.json.", ""]
+    (args.out / f"{args.task}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""torch.compile(model, fullgraph=True) on CPU equals eager for every normaliser: training (forward and
+backward), padded batches and KV-cache decoding, with a bounded number of compiled graphs across lengths.
+
+The attention kernels are torch custom ops (asentmax::chunked_attention on CPU, asentmax::attention_* for
+Triton, run here by the interpreter), so a compiled model holds them as single opaque calls: fullgraph=True
+fails on any graph break. The "aot_eager" backend runs dynamo and AOT autograd (the fake kernels, the
+autograd registrations) without Inductor's C++ code generation, which would take minutes per model here;
+the GPU file tests/test_compile_gpu.py compiles with Inductor.
+"""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from asentmax.nn import ModelConfig, Transformer
+from asentmax.nn.generation import generate
+from asentmax.nn.normalisers import NAMES
+from asentmax.ops import triton as triton_backend
+from conftest import randomize_temperatures
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 13
+
+
+def make_model(attention, position, **overrides) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, d_ff=48, topk_k=4, init_std=0.2,
+                      attention=attention, position=position, **overrides)
+    model = Transformer(cfg)
+    randomize_temperatures(model)
+    return model
+
+
+def compiled(model):
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    return torch.compile(model, fullgraph=True, backend=counter), counter
+
+
+def loss_and_grads(model, call, ids, mask=None):
+    model.zero_grad()
+    logits = call(ids, attention_mask=mask)
+    logits.float().square().mean().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_same_training(model, call, ids, mask=None):
+    eager_logits, eager_grads = loss_and_grads(model, model, ids, mask)
+    logits, grads = loss_and_grads(model, call, ids, mask)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
+    assert len(grads) == len(eager_grads)
+    for got, want in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+CASES = [(name, "nape") for name in NAMES] + [("asentmax", p) for p in ("nope", "alibi", "rope")]
+
+
+@pytest.mark.parametrize("attention,position", CASES, ids=lambda v: str(v))
+def test_compiled_training_equals_eager(attention, position):
+    model = make_model(attention, position)
+    call, counter = compiled(model)
+    ids = torch.randint(0, VOCAB, (2, 11))
+    assert_same_training(model, call, ids)
+    assert counter.frame_count == 1  # one graph, no break
+
+
+def test_compiled_padded_batch_equals_eager():
+    model = make_model("asentmax", "nape")
+    call, counter = compiled(model)
+    ids = torch.randint(0, VOCAB, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.bool)
+    mask[0, :4] = False  # left padding
+    mask[1, :1] = False
+    assert_same_training(model, call, ids, mask)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "softmax"])
+def test_recompiles_across_lengths_are_bounded(attention):
+    """Three sequence lengths: the first compiles a static graph, the second a dynamic one that serves
+    every later length."""
+    model = make_model(attention, "nape")
+    call, counter = compiled(model)
+    for length in (9, 14, 21):
+        assert_same_training(model, call, torch.randint(0, VOCAB, (2, length)))
+    assert counter.frame_count <= 2
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
+def test_compiled_decoding_equals_eager(attention):
+    """KV-cache greedy decoding through the compiled model gives the eager tokens; the graphs (prefill and
+    decoding step, static then dynamic) stop growing after the second prompt length."""
+    model = make_model(attention, "nape").eval()
+    call, counter = compiled(model)
+    counts = []
+    for length in (5, 8, 12):
+        ids = torch.randint(0, VOCAB, (2, length))
+        assert torch.equal(generate(call, ids, 6), generate(model, ids, 6))
+        counts.append(counter.frame_count)
+    assert counts[-1] == counts[-2] and counts[-1] <= 6, counts
+
+
+@pytest.mark.skipif(not triton_backend.is_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
+def test_compiled_triton_custom_ops_equal_eager():
+    """The Triton kernels' custom ops (fused forward + backward, decoding) compile into one graph."""
+    model = make_model("asentmax", "nape", attention_backend="triton")
+    call, counter = compiled(model)
+    assert_same_training(model, call, torch.randint(0, VOCAB, (2, 17)))  # > 16 rows: the fused kernels
+    assert counter.frame_count == 1
+    model.eval()
+    ids = torch.randint(0, VOCAB, (2, 5))
+    assert torch.equal(generate(call, ids, 2), generate(model, ids, 2))

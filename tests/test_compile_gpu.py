@@ -1,0 +1,104 @@
+"""GPU checks of torch.compile (run on the H200; skipped elsewhere): with Inductor and the Triton kernels
+as custom ops, torch.compile(model, fullgraph=True) equals eager for every normaliser and position, in
+training (forward and every gradient, fp32) and in KV-cache greedy decoding; the number of compiled graphs
+across three lengths stays bounded; and a decoding step makes no host synchronisation.
+
+Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_compile_gpu.py
+"""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from asentmax.nn import KVCache, ModelConfig, Transformer
+from asentmax.nn.generation import generate
+from asentmax.nn.normalisers import NAMES
+from conftest import randomize_temperatures
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+VOCAB = 64
+POSITIONS = ("nope", "alibi", "rope", "nape")
+
+
+def cuda_model(attention, position) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=128, n_layers=2, n_heads=8, d_ff=256, topk_k=8,
+                      attention=attention, position=position)
+    model = Transformer(cfg).cuda()
+    randomize_temperatures(model)
+    return model
+
+
+def compiled(model):
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    return torch.compile(model, fullgraph=True, backend=counter), counter
+
+
+def ids_of(batch, length, seed=1):
+    return torch.randint(0, VOCAB, (batch, length), device="cuda",
+                         generator=torch.Generator("cuda").manual_seed(seed))
+
+
+def loss_and_grads(model, call, ids):
+    model.zero_grad()
+    logits = call(ids)
+    logits.float().square().mean().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_training(model, call, ids):
+    eager_logits, eager_grads = loss_and_grads(model, model, ids)
+    logits, grads = loss_and_grads(model, call, ids)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-3, atol=1e-3)
+    assert grads.keys() == eager_grads.keys()
+    for name, want in eager_grads.items():
+        scale = want.abs().max().clamp_min(1e-6)
+        assert (grads[name] - want).abs().max() / scale < 1e-2, name
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("attention", NAMES)
+def test_compiled_training_equals_eager(attention, position):
+    model = cuda_model(attention, position)
+    call, counter = compiled(model)
+    assert_same_training(model, call, ids_of(4, 130))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("attention", NAMES)
+def test_recompiles_across_lengths_are_bounded(attention):
+    model = cuda_model(attention, "nape")
+    call, counter = compiled(model)
+    for length in (80, 120, 200):
+        assert_same_training(model, call, ids_of(4, length))
+    assert counter.frame_count <= 2
+
+
+@pytest.mark.parametrize("attention", NAMES)
+def test_compiled_decoding_equals_eager(attention):
+    model = cuda_model(attention, "nape").eval()
+    call, counter = compiled(model)
+    counts = []
+    for length in (20, 33, 47):
+        ids = ids_of(3, length, seed=length)
+        assert torch.equal(generate(call, ids, 12), generate(model, ids, 12))
+        counts.append(counter.frame_count)
+    assert counts[-1] == counts[-2] and counts[-1] <= 6, counts
+
+
+@pytest.mark.parametrize("attention", NAMES)
+def test_decoding_step_does_not_synchronise(attention):
+    """A host sync per step serialises CPU launches and GPU work (decoding once copied the ALiBi slopes,
+    and for softmax a -inf scalar, to the device at every step)."""
+    model = cuda_model(attention, "nape").eval()
+    cache = KVCache()
+    with torch.no_grad():
+        logits = model(ids_of(8, 40), cache=cache)[:, -1]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(4):
+                logits = model(logits.argmax(-1)[:, None], cache=cache)[:, -1]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,230 @@
+"""Device-side batch sampling (asentmax.tasks.device_sampling): rows decode to valid examples whose
+target the independent solvers of test_tasks_solvers accept, re-encode to the CPU path's layout,
+follow the CPU sampler's distribution (two-sample chi-square tests), and are a pure function of
+(seed, rank, step)."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency
+
+from asentmax.data import (
+    IGNORE_INDEX,
+    PAD_ID,
+    collate,
+    length_buckets,
+    sample_lengths,
+    step_generator,
+    training_batch,
+)
+from asentmax.tasks import SEP, Example, get_task
+from asentmax.tasks.device_sampling import DeviceBatchSampler, has_device_sampler, training_batches
+from asentmax.tasks.mqmtar import COLON, QUERY
+from test_tasks_solvers import parse_mqmtar
+
+PAPER_TASKS = ("mqmtar", "copy", "reverse", "sort")
+BUCKETS = length_buckets(32, 64, 4)
+
+
+def decode_rows(task, batch):
+    """Examples read back from a batch by the layout rules: source up to the first SEP, target after it up
+    to the last scored position (which predicts EOS)."""
+    examples = []
+    for ids, labels in zip(batch.input_ids.tolist(), batch.labels.tolist(), strict=True):
+        sep = ids.index(SEP)
+        last = max(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+        examples.append(Example(source=ids[1:sep], target=ids[sep + 1 : last + 1]))
+    return examples
+
+
+def solve(task, example):
+    """The target an independent solver gives for the example's source."""
+    if task.name == "copy":
+        return list(example.source)
+    if task.name == "reverse":
+        return example.source[::-1]
+    if task.name == "sort":
+        return sorted(example.source)
+    length = len(example.source) - 3 * task.n_queries
+    pairs, _, asked = parse_mqmtar(example.source, length, task.n_queries)
+    assert len(pairs) == max(1, 2 * length // 15)
+    keys, values = set(map(tuple, task.keys.tolist())), set(map(tuple, task.values.tolist()))
+    assert set(pairs) <= keys and set(pairs.values()) <= values and len(set(pairs.values())) == len(pairs)
+    return [token for key in asked for token in (QUERY, *pairs[key])]
+
+
+@pytest.mark.parametrize("name", PAPER_TASKS)
+def test_rows_decode_to_valid_examples_in_the_cpu_layout(name):
+    task = get_task(name)
+    sampler = DeviceBatchSampler(task, BUCKETS, "cpu")
+    for step in range(6):
+        batch = sampler.batch(seed=1, rank=0, step=step, batch_size=16)
+        examples = decode_rows(task, batch)
+        for example in examples:
+            assert example.target == solve(task, example)
+        reference = collate(task, examples)  # the CPU layout, padded to the longest row
+        width = reference.input_ids.shape[1]
+        assert torch.equal(batch.input_ids[:, :width], reference.input_ids)
+        assert torch.equal(batch.labels[:, :width], reference.labels)
+        assert (batch.input_ids[:, width:] == PAD_ID).all()
+        assert (batch.labels[:, width:] == IGNORE_INDEX).all()
+
+
+@pytest.mark.parametrize("name", PAPER_TASKS)
+def test_one_shape_per_bucket_and_deterministic(name):
+    task = get_task(name)
+    sampler = DeviceBatchSampler(task, BUCKETS, "cpu")
+    shapes = {sampler.batch(seed=0, rank=0, step=s, batch_size=4).input_ids.shape[1] for s in range(40)}
+    assert shapes == {sampler.width(bucket) for bucket in BUCKETS}
+    first = sampler.batch(seed=3, rank=1, step=7, batch_size=8)
+    again = DeviceBatchSampler(task, BUCKETS, "cpu").batch(seed=3, rank=1, step=7, batch_size=8)
+    assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.labels, again.labels)
+    for other in (dict(seed=3, rank=1, step=8), dict(seed=3, rank=0, step=7), dict(seed=4, rank=1, step=7)):
+        other_batch = sampler.batch(**other, batch_size=8)
+        assert not torch.equal(other_batch.input_ids[:, :20], first.input_ids[:, :20])
+
+
+def test_only_the_paper_tasks_have_a_device_sampler():
+    assert all(has_device_sampler(get_task(name)) for name in PAPER_TASKS)
+    with pytest.raises(ValueError, match="no device sampler"):
+        DeviceBatchSampler(get_task("flipflop"), BUCKETS, "cpu")
+
+
+def assert_same_law(cpu_counts, device_counts, what):
+    """Two-sample chi-square test of equal categorical laws (fixed seeds, so deterministic)."""
+    table = np.array([cpu_counts, device_counts], dtype=float)
+    table = table[:, table.sum(0) > 0]
+    p_value = chi2_contingency(table)[1]
+    assert p_value > 1e-3, f"{what}: CPU and device samplers differ (chi-square p = {p_value:.2g})"
+
+
+def cpu_examples(task, n, length, seed=0):
+    rng = np.random.default_rng(seed)
+    return [task.sample(length, rng) for _ in range(n)]
+
+
+def device_examples(task, n, length, seed=0):
+    sampler = DeviceBatchSampler(task, [(length, length)], "cpu")
+    return decode_rows(task, sampler.batch(seed=seed, rank=0, step=0, batch_size=n))
+
+
+def histogram(values, size):
+    return np.bincount(np.asarray(values), minlength=size)
+
+
+def test_lengths_follow_the_cpu_law():
+    task = get_task("copy")
+    sampler = DeviceBatchSampler(task, BUCKETS, "cpu")
+    device = [len(e.source) for s in range(300) for e in decode_rows(task, sampler.batch(
+        seed=0, rank=0, step=s, batch_size=8))]
+    cpu = np.concatenate([sample_lengths(step_generator(0, 0, s), 8, BUCKETS) for s in range(300)])
+    assert_same_law(histogram(cpu, 65), histogram(device, 65), "lengths")
+
+
+@pytest.mark.parametrize("name", ["copy", "reverse", "sort"])
+def test_sequence_statistics_follow_the_cpu_law(name):
+    task = get_task(name, n_symbols=5)
+    cpu, device = cpu_examples(task, 3000, 6), device_examples(task, 3000, 6)
+    for position in (0, 5):
+        assert_same_law(histogram([e.source[position] for e in cpu], 9),
+                        histogram([e.source[position] for e in device], 9), f"source symbol {position}")
+    for statistic in (lambda e: len(set(e.source)), lambda e: e.target[0], lambda e: e.target[-1]):
+        assert_same_law(histogram([statistic(e) for e in cpu], 9),
+                        histogram([statistic(e) for e in device], 9), "target statistic")
+
+
+def mqmtar_statistics(task, examples, length):
+    """Per example: start of the first block, start of the last block, index of the first key in the key
+    table, which pair (by block order) the first query asks, and how many distinct pairs are asked."""
+    key_index = {tuple(w): i for i, w in enumerate(task.keys.tolist())}
+    rows = []
+    for example in examples:
+        context = np.array(example.source[:length])
+        starts = np.flatnonzero(context == COLON) - 2
+        pairs, _, asked = parse_mqmtar(example.source, length, task.n_queries)
+        keys = list(pairs)
+        rows.append((starts[0], starts[-1], key_index[keys[0]] * 20 // task.table_size, keys.index(asked[0]),
+                     len(set(asked))))
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("length", [64, 30])
+def test_mqmtar_statistics_follow_the_cpu_law(length):
+    task = get_task("mqmtar")
+    cpu = mqmtar_statistics(task, cpu_examples(task, 2000, length), length)
+    device = mqmtar_statistics(task, device_examples(task, 2000, length), length)
+    for column, what in enumerate(("first block start", "last block start", "first key's table bin",
+                                   "asked pair", "distinct asked pairs")):
+        assert_same_law(histogram(cpu[:, column], length), histogram(device[:, column], length), what)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", PAPER_TASKS)
+def test_cuda_batches_are_valid_deterministic_and_never_wait_for_the_device(name):
+    task = get_task(name)
+    sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
+    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
+    try:
+        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=64) for s in range(4)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    again = DeviceBatchSampler(task, BUCKETS, "cuda").batch(seed=0, rank=0, step=3, batch_size=64)
+    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
+    for batch in batches:
+        cpu_batch = batch.to("cpu")
+        examples = decode_rows(task, cpu_batch)
+        assert all(example.target == solve(task, example) for example in examples)
+        reference = collate(task, examples)
+        assert torch.equal(cpu_batch.input_ids[:, : reference.input_ids.shape[1]], reference.input_ids)
+
+
+def test_training_batches_pick_the_path_and_resume_at_any_step():
+    task = get_task("sort")
+    common = dict(seed=2, rank=0, local_batch_size=4, device="cpu")
+    host = training_batches(task, BUCKETS, start_step=5, sampling="auto", **common)  # CPU: the numpy path
+    expected = training_batch(task, seed=2, rank=0, step=5, batch_size=4, buckets=BUCKETS)
+    assert torch.equal(next(host).input_ids, expected.input_ids)
+    device = training_batches(task, BUCKETS, start_step=0, sampling="device", **common)
+    resumed = training_batches(task, BUCKETS, start_step=3, sampling="device", **common)
+    fourth = [next(device) for _ in range(4)][3]
+    assert torch.equal(next(resumed).input_ids, fourth.input_ids)
+    flipflop = get_task("flipflop")
+    with pytest.raises(ValueError, match="no device sampler"):
+        next(training_batches(flipflop, [(8, 8)], start_step=0, sampling="device", **common))
+    with pytest.raises(ValueError, match="sampling must be one of"):
+        next(training_batches(task, BUCKETS, start_step=0, sampling="gpu", **common))
+    next(training_batches(flipflop, [(8, 8)], start_step=0, sampling="auto", **common))
+
+
+def test_task_workload_sampling_setting():
+    from asentmax.tasks.workload import TaskWorkload
+
+    workload = TaskWorkload(task="mqmtar", sampling="device")
+    batches = workload.batches(seed=0, start_step=2, rank=0, world_size=1, local_batch_size=3, device="cpu")
+    sampler = DeviceBatchSampler(get_task("mqmtar"), BUCKETS, "cpu")
+    batch, expected = next(batches), sampler.batch(seed=0, rank=0, step=2, batch_size=3)
+    assert torch.equal(batch.input_ids, expected.input_ids)
+    saved = workload.to_dict()
+    assert TaskWorkload.from_dict(saved) == workload
+    del saved["sampling"]  # a run saved before the setting existed drew its batches with numpy
+    assert TaskWorkload.from_dict(saved).sampling == "host"
+    with pytest.raises(ValueError, match="no device sampler"):
+        TaskWorkload(task="two_back", sampling="device")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_training_batches_drawn_ahead_on_a_side_stream_are_the_steps_batches():
+    task = get_task("mqmtar")
+    batches = training_batches(task, BUCKETS, seed=1, start_step=4, rank=0, local_batch_size=32,
+                               device="cuda", sampling="auto")
+    drawn = []
+    for _ in range(5):
+        batch = next(batches)
+        drawn.append((batch.input_ids * 1).sum(1))  # consumed on the main stream, as training does
+    sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
+    for step, sums in enumerate(drawn, start=4):
+        assert torch.equal(sums, sampler.batch(seed=1, rank=0, step=step, batch_size=32).input_ids.sum(1))

@@ -1,0 +1,160 @@
+"""GPU checks of the Hugging Face integration (run on the H200; skipped in CI): the Triton kernels under
+transformers (attn_implementation="entmax", bf16) agree with the fp64-accurate reference backend in fp32 on
+logits and gradients, left padding included; cached generation equals uncached generation; the package's
+model as AsentmaxForCausalLM and under lm_eval runs in bf16 on CUDA close to fp32."""
+
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("lm_eval")
+
+import asentmax.ops.triton as triton_ops  # noqa: E402
+from asentmax.integrations import hf  # noqa: E402
+from asentmax.integrations.hf_model import AsentmaxConfig, AsentmaxForCausalLM, save_hf  # noqa: E402
+from asentmax.integrations.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer  # noqa: E402
+from asentmax.nn import ModelConfig, Transformer  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+DEVICE = torch.device("cuda")
+HALF = torch.bfloat16
+VOCAB = 256
+LENGTH = 384
+
+
+def llama(dtype, backend="triton", alpha=1.5):
+    hf.register()
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=4096, initializer_range=0.1, pad_token_id=0,
+        bos_token_id=None, eos_token_id=None, entmax_alpha=alpha, entmax_backend=backend)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="entmax")
+    return model.to(device=DEVICE, dtype=dtype)
+
+
+def left_padded(lengths, total, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, VOCAB, (len(lengths), total), generator=generator)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, total - n:] = 1
+        ids[row, :total - n] = 0
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    return ids.to(DEVICE), mask.to(DEVICE), positions.to(DEVICE)
+
+
+@contextmanager
+def counted_kernel_calls():
+    """Counts calls of the Triton attention entry point (proves the kernels ran under transformers)."""
+    original = triton_ops.triton_entmax_attention
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    triton_ops.triton_entmax_attention = counting
+    try:
+        yield calls
+    finally:
+        triton_ops.triton_entmax_attention = original
+
+
+def relative_error(a, b):
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0])
+def test_kernels_match_the_reference_backend_logits_and_gradients(alpha):
+    """Same weights, only the attention backend differs: Triton vs the dense reference, in fp32 and bf16."""
+    ids, mask, positions = left_padded([LENGTH, LENGTH - 57], LENGTH)
+    real = mask.bool()
+    results = {}
+    for dtype in (torch.float32, HALF):
+        for backend in ("reference", "triton"):
+            model = llama(dtype, backend, alpha)
+            with counted_kernel_calls() as calls:
+                logits = model(ids, attention_mask=mask, position_ids=positions).logits
+                logits[real].float().logsumexp(-1).mean().backward()
+            assert bool(calls) == (backend == "triton")
+            grads = {n: p.grad for n, p in model.named_parameters()}
+            results[dtype, backend] = (logits.detach()[real], grads)
+    for dtype, logits_tol, grad_tol in ((torch.float32, 1e-4, 1e-3), (HALF, 3e-2, 8e-2)):
+        ref_logits, ref_grads = results[dtype, "reference"]
+        logits, grads = results[dtype, "triton"]
+        assert relative_error(logits, ref_logits) < logits_tol, dtype
+        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+                     "model.layers.0.self_attn.v_proj.weight", "model.embed_tokens.weight"):
+            assert torch.isfinite(grads[name].float()).all()
+            assert relative_error(grads[name], ref_grads[name]) < grad_tol, (dtype, name)
+
+
+def test_bf16_left_padding_equals_unpadded_rows():
+    model = llama(HALF)
+    lengths = [LENGTH, 200, 31]
+    ids, mask, positions = left_padded(lengths, LENGTH, seed=2)
+    with torch.no_grad():
+        batch = model(ids, attention_mask=mask, position_ids=positions).logits
+        for row, n in enumerate(lengths):
+            alone = model(ids[row:row + 1, LENGTH - n:]).logits[0]
+            assert relative_error(batch[row, LENGTH - n:], alone) < 1e-2
+
+
+def test_generate_with_cache_equals_without_on_cuda():
+    model = llama(torch.float32)  # fp32: greedy tokens comparable exactly (bf16 ties may flip)
+    ids, mask, _ = left_padded([96, 40, 71], 96, seed=3)
+    kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with counted_kernel_calls() as calls:
+        with_cache = model.generate(ids, use_cache=True, **kwargs)
+    assert calls
+    assert torch.equal(with_cache, model.generate(ids, use_cache=False, **kwargs))
+    bf16 = llama(HALF).generate(ids, **kwargs)  # runs: prefill + decode kernels in bf16
+    assert bf16.shape == with_cache.shape
+
+
+def package_model(backend="auto") -> Transformer:
+    config = ModelConfig(vocab_size=BYTE_VOCAB_SIZE, d_model=256, n_layers=2, n_heads=8, n_kv_heads=4,
+                         d_ff=512, attention="asentmax", position="nape", init_std=0.1,
+                         attention_backend=backend)
+    torch.manual_seed(0)
+    return Transformer(config).eval()
+
+
+def as_hf(model: Transformer, dtype) -> AsentmaxForCausalLM:
+    hf_model = AsentmaxForCausalLM(AsentmaxConfig.from_model_config(model.config)).eval()
+    hf_model.model.load_state_dict(model.state_dict())
+    return hf_model.to(DEVICE, dtype)
+
+
+def test_asentmax_model_under_transformers_on_cuda():
+    ids, mask, _ = left_padded([200, 120], 200, seed=4)
+    real = mask.bool()
+    for dtype, tol in ((torch.float32, 1e-4), (HALF, 3e-2)):
+        with torch.no_grad():
+            ref = as_hf(package_model("reference"), dtype)(ids, attention_mask=mask).logits[real]
+            with counted_kernel_calls() as calls:
+                out = as_hf(package_model("triton"), dtype)(ids, attention_mask=mask).logits[real]
+        assert calls and relative_error(out, ref) < tol, dtype
+    fp32, half = as_hf(package_model("triton"), torch.float32), as_hf(package_model("triton"), HALF)
+    kwargs = dict(attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    assert torch.equal(fp32.generate(ids, **kwargs), fp32.generate(ids, use_cache=False, **kwargs))
+    assert half.generate(ids, **kwargs).shape == (2, 210)
+
+
+def test_lm_eval_model_bf16_on_cuda_matches_cpu_fp32(tmp_path):
+    from lm_eval.api.instance import Instance
+
+    from asentmax.integrations.lm_eval import AsentmaxLM
+
+    model = package_model()
+    save_hf(model, model.config, tmp_path, tokenizer=byte_tokenizer())
+    pairs = [("Some special magic numbers are hidden here. amber is:", " 7463343"), ("a b c", " d e f")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    cpu = AsentmaxLM(pretrained=str(tmp_path), device="cpu").loglikelihood(requests)
+    gpu = AsentmaxLM(pretrained=str(tmp_path), device="cuda", dtype=str(HALF).removeprefix("torch."),
+                     batch_size=2).loglikelihood(requests)
+    for (score_cpu, _), (score_gpu, _), (_, continuation) in zip(cpu, gpu, pairs, strict=True):
+        assert abs(score_gpu - score_cpu) < 0.1 * len(continuation.encode())

@@ -1,0 +1,232 @@
+"""`asentmax train` when users do what users do (issue 12): damaged or crafted checkpoints, a missing GPU,
+non-finite flags, a diverging run, Ctrl-C / SIGTERM, half-made run directories, extending a finished run,
+a warm-up longer than the run, and help that shows the preset's values. Every user error exits 2 with one
+line on stderr and writes nothing."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import asentmax
+from asentmax.cli import main
+from asentmax.runs import load_checkpoint
+from asentmax.tasks import get_task
+
+TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "8", "--batch-size", "4",
+        "--warmup-steps", "2", "--val-every", "0", "--val-samples", "2", "--log-every", "2",
+        "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("asentmax train: error:") and err.count("\n") == 1, err
+    return err
+
+
+def _files(directory: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def _finished_run(tmp_path, *extra) -> Path:
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *TINY, *extra]) == 0
+    return run
+
+
+# ---- checkpoints a user cannot trust ----
+
+class RunsCode:
+    """Unpickling this calls exec: a checkpoint holding it would run code in a weights_only=False load."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').write('ran')",)
+
+
+def test_a_crafted_checkpoint_runs_nothing(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    marker = tmp_path / "marker"
+    path = run / "checkpoint.pt"
+    torch.save({"model": RunsCode(marker), "step": 1}, path)
+    torch.load(path, weights_only=False)  # the file is live: an unsafe load runs its code
+    assert marker.read_text() == "ran"
+    marker.unlink()
+    before = _files(run)
+
+    assert main(["train", "--run-dir", str(run), "--resume"]) == 2
+    err = _one_line_error(capsys)
+    assert str(path) in err and "not a loadable asentmax checkpoint" in err
+    assert not marker.exists() and _files(run) == before
+
+
+def test_a_truncated_checkpoint_is_one_line(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    path = run / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    before = _files(run)
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "12"]) == 2
+    assert str(path) in _one_line_error(capsys)
+    assert _files(run) == before
+
+
+# ---- flags that cannot run ----
+
+def test_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, "--device", "cuda"]) == 2
+    assert "--device cuda" in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("flag,value", [("--lr", "inf"), ("--lr", "nan"), ("--min-lr-ratio", "nan"),
+                                        ("--grad-clip", "inf"), ("--weight-decay", "-inf"),
+                                        ("--beta2", "nan"), ("--dropout", "nan"), ("--alpha", "inf")])
+def test_non_finite_numbers_are_refused_before_anything_is_written(tmp_path, capsys, flag, value):
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, f"{flag}={value}"]) == 2
+    err = _one_line_error(capsys)
+    assert flag in err and "finite" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_diverging_run_says_which_checkpoint_exists(tmp_path, capsys):
+    run = tmp_path / "new"
+    assert main(["train", "--run-dir", str(run), *TINY, "--lr", "1e30", "--checkpoint-every", "0"]) == 2
+    err = _one_line_error(capsys)
+    assert "non-finite training loss at step" in err and "no checkpoint was written" in err
+    assert not (run / "checkpoint.pt").exists()
+
+
+def test_a_task_without_a_model_preset_needs_the_architecture(tmp_path, capsys):
+    flags = ["--task", "flipflop", "--min-length", "3", "--max-length", "7", "--no-progress"]
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *flags]) == 2
+    err = _one_line_error(capsys)
+    assert "'flipflop' has no model preset" in err and "--d-model, --n-layers, --n-heads, --d-ff" in err
+    assert not (tmp_path / "new").exists()
+    architecture = ["--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64"]
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *flags, *architecture, "--batch-size", "4",
+                 "--stop-at-step", "2", "--val-samples", "2"]) == 0
+    saved = load_checkpoint(tmp_path / "new" / "checkpoint.pt")
+    assert saved["model_config"]["vocab_size"] == get_task("flipflop").vocab_size
+    assert saved["model_config"]["d_model"] == 32
+
+
+# ---- run directories ----
+
+def test_a_run_dir_without_a_checkpoint_starts_again(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    (run / "checkpoint.pt").unlink()  # as if killed before its first checkpoint
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "log.csv", "val.csv"]
+    assert main(["train", "--run-dir", str(run), *TINY, "--steps", "4"]) == 0
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 4
+    assert [int(r["step"]) for r in _read_csv(run / "log.csv")] == [2, 4]
+
+
+def test_a_run_dir_with_a_checkpoint_or_other_files_is_kept(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    before = _files(run)
+    assert main(["train", "--run-dir", str(run), *TINY]) == 2
+    assert "holds a checkpoint" in _one_line_error(capsys)
+    (run / "checkpoint.pt").unlink()
+    (run / "notes.txt").write_text("mine")
+    assert main(["train", "--run-dir", str(run), *TINY]) == 2
+    _one_line_error(capsys)
+    assert (run / "notes.txt").read_text() == "mine"
+    assert (run / "config.json").read_bytes() == before["config.json"]
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
+    run = _finished_run(tmp_path)
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run), "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "already at step 8" in out and "--steps" in out
+
+
+def test_resume_with_steps_extends_a_finished_run_at_the_minimum_lr(tmp_path, capsys):
+    run = _finished_run(tmp_path, "--lr", "0.004", "--min-lr-ratio", "0.25")
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "12", "--no-progress"]) == 0
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 12
+    rows = _read_csv(run / "log.csv")
+    assert [int(r["step"]) for r in rows] == [2, 4, 6, 8, 10, 12]
+    # steps 9..12 continue where the cosine ended (step 8 of 8): lr * min-lr-ratio
+    assert [float(r["lr"]) for r in rows[4:]] == [0.004 * 0.25] * 2
+    assert float(rows[2]["lr"]) > 0.004 * 0.25  # the cosine still decayed before
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "10"]) == 2
+    assert "only extends" in _one_line_error(capsys)
+
+
+def test_a_warm_up_longer_than_the_run_is_warned_about(tmp_path, capsys):
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, "--warmup-steps", "20"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: --warmup-steps 20 >= --steps 8" in err and "peaks at 0.0004" in err
+
+
+# ---- help ----
+
+def test_preset_help_shows_the_preset_values(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--preset", "sort", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    sort = get_task("sort")
+    assert f"peak learning rate (default: {sort.train_preset['lr']}, from the sort preset)" in text
+    assert f"optimizer steps (default: {sort.train_preset['steps']}, from the sort preset)" in text
+    model = sort.model_preset(sort.vocab_size)
+    assert f"number of Transformer blocks (default: {model.n_layers}, from the sort preset)" in text
+    assert f"(default: {model.n_heads}, from the sort preset)" in text
+
+
+# ---- interruption ----
+
+def _interrupted_run(run: Path, sig: int) -> tuple[int, str]:
+    """Start a long `asentmax train` in a child process, send `sig` once it logs, return (code, stderr)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(asentmax.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
+    child = subprocess.Popen([sys.executable, "-m", "asentmax", "train", "--run-dir", str(run), *flags],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and child.poll() is None:
+        if (run / "log.csv").is_file() and len((run / "log.csv").read_text().splitlines()) > 3:
+            break
+        time.sleep(0.2)
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=120)
+    return child.returncode, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, sig):
+    run = tmp_path / "run"
+    code, err = _interrupted_run(run, sig)
+    assert code == 130 and "Traceback" not in err, err
+    step = load_checkpoint(run / "checkpoint.pt")["step"]
+    assert f"interrupted ({signal.Signals(sig).name}) at step {step};" in err
+    assert f"Resume with: asentmax train --run-dir {run} --resume" in err
+
+    # the checkpoint is an exact point of the run: resumed to step + 3 == a straight run to step + 3
+    flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
+    stop = ["--stop-at-step", str(step + 3)]
+    assert main(["train", "--run-dir", str(run), "--resume", "--no-progress", *stop]) == 0
+    assert main(["train", "--run-dir", str(tmp_path / "straight"), *flags, *stop]) == 0
+    a, b = (load_checkpoint(d / "checkpoint.pt") for d in (run, tmp_path / "straight"))
+    assert a["step"] == b["step"] == step + 3
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    logs = [[r["loss"] for r in _read_csv(d / "log.csv")] for d in (run, tmp_path / "straight")]
+    assert logs[0] == logs[1] and len(logs[0]) == step + 3
