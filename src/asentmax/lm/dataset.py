@@ -5,7 +5,8 @@ document boundary (arXiv:2506.16640, section 5; the paper packs web documents at
   test   long held-out documents, each >= `min_test_tokens` tokens (16x the training context), for
          long-context perplexity and as the S-NIAH-2 haystack;
   valid  a few other documents for the validation loss during training;
-  train  the rest; the tokenizer is trained on this split only,
+  train  the rest; the tokenizer is trained on this split only (held-out candidates that prove shorter
+         than min_test_tokens once encoded join the split after the tokenizer is trained),
 and writes `{split}.npz` (tokens uint16, every document starting with DOC_ID; offsets int64 of the
 document starts), tokenizer.json and manifest.json into one folder.
 
@@ -109,7 +110,7 @@ def prepare(documents: list[Document], out: Path, *, vocab_size: int, context: i
     tokenizer.save(out)
     manifest = {"context": context, "min_test_tokens": min_test_tokens, "vocab_size": tokenizer.vocab_size,
                 "tokenizer": {"kind": "byte-level BPE", "library": f"tokenizers {_tokenizers_version()}",
-                              "trained_on": "train split"},
+                              "trained_on": "train split (before short held-out candidates joined it)"},
                 "sources": sources, "splits": {}}
     for name in SPLITS:
         split = Split.from_documents(encoded[name])
