@@ -41,6 +41,7 @@ def test_lm_prepare_train_eval_compare(tmp_path, capsys):
     assert result["retrieval"]["niah_1"]["16"]["samples"] == 1 and result["step"] == 8
     assert result["retrieval"]["passkey"]["1"]["accuracy"] is None  # 16 tokens hold no passkey prompt
     assert set(result["dispersion"]) == {"1", "4"}
+    assert set(result["seconds"]) == {"perplexity", "retrieval", "dispersion"}
     for name in ("lm_eval.md", "perplexity.png", "retrieval.png"):
         assert (run / name).is_file()
     assert main(["lm", "compare", str(run), "--out", str(out)]) == 0

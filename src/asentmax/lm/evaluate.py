@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import numpy as np
 import torch
@@ -122,8 +123,11 @@ def evaluate_model(model, tokenizer: LMTokenizer, test_documents: list[np.ndarra
                    tasks: tuple[str, ...] = TASKS, autocast_dtype=None) -> dict:
     """Everything of the module at lengths multiplier * context; the JSON-ready results."""
     lengths = [m * context for m in multipliers]
+    seconds, start = {}, time.perf_counter()
     ppl = perplexity_by_length(model, test_documents, lengths, tokens_per_batch=tokens_per_batch,
                                autocast_dtype=autocast_dtype)
+    seconds["perplexity"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
     # the S-NIAH-2 haystack: the documents' scored prefixes, so that each weighs the same
     builder = NeedleBuilder(tokenizer, np.concatenate([d[:max(lengths) + 1] for d in test_documents]))
     retrieval: dict[str, dict] = {task: {} for task in tasks}
@@ -136,10 +140,13 @@ def evaluate_model(model, tokenizer: LMTokenizer, test_documents: list[np.ndarra
             retrieval[task][str(m)] = retrieval_accuracy(
                 model, builder, task, m * context, n_samples=retrieval_samples, seed=seed,
                 batch_size=retrieval_batch_size, autocast_dtype=autocast_dtype)
+    seconds["retrieval"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
     stats_lengths = [m * context for m in multipliers if m * context <= stats_max_length]
     dispersion = dispersion_by_length(model, test_documents, stats_lengths, n_windows=stats_windows,
                                       autocast_dtype=autocast_dtype)
-    return {"context": context, "multipliers": multipliers,
+    seconds["dispersion"] = round(time.perf_counter() - start, 2)
+    return {"context": context, "multipliers": multipliers, "seconds": seconds,
             "perplexity": {str(length // context): v for length, v in ppl.items()},
             "retrieval": retrieval,
             "dispersion": {str(length // context): v for length, v in dispersion.items()}}
