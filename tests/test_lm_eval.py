@@ -24,6 +24,7 @@ from asentmax.lm.needles import (
     NeedleBuilder,
     leading_digits,
 )
+from asentmax.lm.report import markdown
 from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
 from asentmax.nn import KVCache, Transformer, lm_tiny
 
@@ -163,3 +164,16 @@ def test_dispersion_of_uniform_softmax_attention():
         assert out[length]["support_size"] == pytest.approx(n.mean(), rel=1e-9)
         assert out[length]["normalised_entropy"] == pytest.approx(1.0, rel=1e-9)
         assert out[length]["support_fraction"] == pytest.approx(1.0, rel=1e-9)
+
+
+def test_report_tables():
+    result = {"context": 512, "multipliers": [1, 4, 8],
+              "perplexity": {"1": {"ppl": 10.0}, "4": {"ppl": 12.0}, "8": {"ppl": 25.0}},
+              "retrieval": {"niah_1": {"1": {"accuracy": None}, "4": {"accuracy": 50.0}, "8": {"accuracy": 2.5}}},
+              "dispersion": {"1": {"entropy": 1.0, "normalised_entropy": 0.5, "support_size": 9.0,
+                                   "support_fraction": 0.25}}}
+    text = markdown({"run": result})
+    assert "| run | 2.500 | 50.0 | 2.5 |" in text  # ppl 25 / 10; S-NIAH-1 at 4x and 8x
+    assert "| run | 10.00 | 12.00 | 25.00 |" in text
+    assert "| paper ASEntmax (420M, C=2048) |  | 10.89 | 10.01 |" in text  # paper 4K/8K/16K = our 2x/4x/8x
+    assert "| run | 1x | 1.000 | 0.500 | 9.0 | 0.250 |" in text

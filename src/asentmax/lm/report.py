@@ -59,11 +59,26 @@ def dispersion_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def targets_table(results: dict[str, dict]) -> str:
+    """The project's one-GPU targets: perplexity at 8x over 1x (ASEntmax <= 1.05, softmax + RoPE >= 2) and
+    S-NIAH-1 at 4x and 8x (ASEntmax >= 90 %, softmax + RoPE <= 20 %)."""
+    lines = ["**Targets: ASEntmax ppl(8x)/ppl(1x) <= 1.05 and S-NIAH-1 >= 90 % at 4x and 8x; "
+             "softmax + RoPE ppl(8x)/ppl(1x) >= 2 and S-NIAH-1 <= 20 %**", "",
+             "| run | ppl(8x) / ppl(1x) | S-NIAH-1 4x | S-NIAH-1 8x |", "|---|---|---|---|"]
+    for label, result in results.items():
+        one, eight = _value(result, "perplexity", 1), _value(result, "perplexity", 8)
+        ratio = None if one is None or eight is None else eight / one
+        lines.append(f"| {label} | {_fmt(ratio, 3)} | {_fmt(_value(result, 'niah_1', 4), 1)} | "
+                     f"{_fmt(_value(result, 'niah_1', 8), 1)} |")
+    return "\n".join(lines)
+
+
 def markdown(results: dict[str, dict], header: str = "") -> str:
     metrics = ["perplexity"] + [t for t in ("niah_1", "niah_2", "passkey")
                                 if any(t in r["retrieval"] for r in results.values())]
     parts = [header] if header else []
-    parts += [metric_table(results, m) for m in metrics] + [dispersion_table(results)]
+    parts += [targets_table(results)] + [metric_table(results, m) for m in metrics]
+    parts.append(dispersion_table(results))
     return "\n\n".join(parts) + "\n"
 
 
