@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,hf]' triton==$(TRITON_VERSION)
+	$(PY) -m pip install -q -e '.[dev,hf,lm]' triton==$(TRITON_VERSION)
 	touch $(STAMP)
 
 test: $(STAMP)

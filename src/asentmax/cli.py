@@ -424,6 +424,9 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for add in (_train_parser, _eval_parser, _compare_parser, _demo_parser):
         add(sub)
+    from asentmax.lm.cli import add_lm_parser
+
+    add_lm_parser(sub, add_config_flags, UsageError)
     return parser
 
 

@@ -18,11 +18,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from asentmax.lm.workload import LMWorkload
 from asentmax.runs import CHECKPOINT_NAME, CONFIG_NAME, RunError, load_checkpoint, read_json, write_json
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.trainer import TrainConfig, train
 
-WORKLOADS = {TaskWorkload.name: TaskWorkload.from_dict}
+WORKLOADS = {TaskWorkload.name: TaskWorkload.from_dict, LMWorkload.name: LMWorkload.from_dict}
 
 
 def workload_from_dict(values: dict):
