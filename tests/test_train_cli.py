@@ -150,6 +150,14 @@ def test_a_run_dir_with_a_checkpoint_or_other_files_is_kept(tmp_path, capsys):
     assert (run / "config.json").read_bytes() == before["config.json"]
 
 
+def test_a_run_dir_below_a_file_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    assert main(["train", "--run-dir", str(blocker / "run"), *TINY]) == 2
+    assert str(blocker / "run") in _one_line_error(capsys)
+    assert blocker.read_text() == "mine"
+
+
 def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     run = _finished_run(tmp_path)
     capsys.readouterr()

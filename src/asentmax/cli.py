@@ -276,18 +276,23 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
     (asentmax.runs.restartable: no checkpoint, only files a run writes before its first one)."""
     from asentmax.runs import CHECKPOINT_NAME, clear_run_files, restartable
 
-    if not (run_dir.is_dir() and any(run_dir.iterdir())):
-        return
-    if not overwrite:
-        if (run_dir / CHECKPOINT_NAME).exists():
-            raise UsageError(f"run dir {run_dir} holds a checkpoint; pass --resume to continue it or "
-                             "--overwrite to replace it")
-        if not restartable(run_dir):
-            raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or --overwrite")
+    try:
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            if not overwrite:
+                if (run_dir / CHECKPOINT_NAME).is_file():
+                    raise UsageError(f"run dir {run_dir} holds a checkpoint; pass --resume to continue it or "
+                                     "--overwrite to replace it")
+                if not restartable(run_dir):
+                    raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or "
+                                     "--overwrite")
+                if _main_rank():
+                    print(f"run dir {run_dir} holds no checkpoint: starting it again", file=sys.stderr)
+            if _main_rank():
+                clear_run_files(run_dir)
         if _main_rank():
-            print(f"run dir {run_dir} holds no checkpoint: starting it again", file=sys.stderr)
-    if _main_rank():
-        clear_run_files(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot use run dir {run_dir}: {error.strerror or error}") from None
 
 
 def _report_training(summary: dict, run_dir: Path) -> None:
