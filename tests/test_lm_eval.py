@@ -169,7 +169,8 @@ def test_dispersion_of_uniform_softmax_attention():
 def test_report_tables():
     result = {"context": 512, "multipliers": [1, 4, 8],
               "perplexity": {"1": {"ppl": 10.0}, "4": {"ppl": 12.0}, "8": {"ppl": 25.0}},
-              "retrieval": {"niah_1": {"1": {"accuracy": None}, "4": {"accuracy": 50.0}, "8": {"accuracy": 2.5}}},
+              "retrieval": {"niah_1": {"1": {"accuracy": None}, "4": {"accuracy": 50.0},
+                                       "8": {"accuracy": 2.5}}},
               "dispersion": {"1": {"entropy": 1.0, "normalised_entropy": 0.5, "support_size": 9.0,
                                    "support_fraction": 0.25}}}
     text = markdown({"run": result})
