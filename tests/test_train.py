@@ -267,7 +267,7 @@ def _interrupted_ddp_worker(rank, init_file, out_dir):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    summary = train(tiny_workload(), tiny_train(steps=100000, log_every=1, checkpoint_every=0),
+    summary = train(tiny_workload(), tiny_train(steps=100000, log_every=3, checkpoint_every=0),
                     tiny_model(get_task("copy")), f"{out_dir}/run", progress=False)
     with open(f"{out_dir}/summary{rank}.json", "w") as f:
         json.dump({key: summary[key] for key in ("step", "interrupted", "checkpoint_step")}, f)
@@ -292,6 +292,7 @@ def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert summaries[0]["interrupted"] == "a signal on another rank"
     step = summaries[0]["step"]
     assert summaries[1]["step"] == step and summaries[0]["checkpoint_step"] == step
+    assert step % 3 == 0  # the ranks learn of the signal at a log step (every 3 steps)
     saved = load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)
     assert saved["step"] == step and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
     assert int(_read_csv(log)[-1]["step"]) == step

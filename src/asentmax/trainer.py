@@ -24,8 +24,9 @@ Data-parallel training runs under `torchrun` (gloo on CPU, NCCL on CUDA). A chec
 under another number of processes (say 2 GPUs -> 1): model, optimizer and schedule continue, rank 0's
 RNG state seeds every rank, and the new ranks draw their shards of the same global batch size.
 
-SIGINT / SIGTERM during the loop end the run after the current step with a checkpoint at that step
-(all ranks agree on the step); `train` then returns with summary["interrupted"] set.
+SIGINT / SIGTERM during the loop end the run with a checkpoint: a single process after the current step,
+data-parallel ranks after the first log step that follows (every rank stops at the same step without a
+host wait at every step); `train` then returns with summary["interrupted"] set.
 
 log.csv columns: step, loss (mean over the labelled tokens since the last line), lr, tokens (non-pad
 input tokens of all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
@@ -293,27 +294,29 @@ def setup_distributed(device_name: str) -> Distributed:
     return Distributed(rank=rank, world_size=world_size, device=device, owns_group=owns_group)
 
 
-def target_loss(model, batch: Batch, world: Distributed, autocast_dtype, stop: bool = False):
+def target_loss(model, batch: Batch, world: Distributed, autocast_dtype,
+                stop_flag: torch.Tensor | None = None):
     """Cross-entropy on the labelled tokens, normalised by the GLOBAL labelled-token count times the world
     size, so the DDP gradient average equals the gradient of the mean over all ranks' tokens.
 
     Returns (loss to backpropagate, summed loss over this rank's tokens, global labelled-token count,
-    whether any rank asked to stop), all but the last as device tensors (nothing waits for the device).
-    `stop` is this rank's request; under DDP it travels in the same all-reduce as the token count, and
-    reading the agreed answer waits for the device once per step (single-process runs never wait)."""
+    the ranks' summed stop flags or None), all device tensors: nothing here waits for the device.
+    `stop_flag` (DDP only: a 0-dim float64 device tensor, 1 once this rank was signalled) travels in the
+    same all-reduce as the token count, so every rank learns of a signal at the same step."""
     n_global = (batch.labels != IGNORE_INDEX).sum().double()
-    any_stop = stop
+    agreed_stop = None
     if world.active:
-        flag = torch.tensor(float(stop), dtype=torch.float64, device=n_global.device)
-        counts = torch.stack([n_global, flag])
+        counts = n_global[None] if stop_flag is None else torch.stack([n_global, stop_flag])
         dist.all_reduce(counts)
-        n_global, any_stop = counts[0], bool(counts[1] > 0)  # every rank ends after the same step
+        n_global = counts[0]
+        agreed_stop = None if stop_flag is None else counts[1]
     with torch.autocast(device_type=batch.input_ids.device.type, dtype=autocast_dtype or torch.bfloat16,
                         enabled=autocast_dtype is not None):
         logits = model(batch.input_ids)
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
                                ignore_index=IGNORE_INDEX)
-    return loss_sum * (world.world_size / n_global).to(loss_sum.dtype), loss_sum.detach(), n_global, any_stop
+    loss = loss_sum * (world.world_size / n_global).to(loss_sum.dtype)
+    return loss, loss_sum.detach(), n_global, agreed_stop
 
 
 # ---- logs ----
@@ -534,11 +537,16 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     model.train()
     window_start = time.perf_counter()
     start_time, last_loss, val_rows, interrupted = time.perf_counter(), None, [], None
+    # DDP: a signalled rank sets its flag on the device; the ranks' sum is read at log steps only (the host
+    # reads the device there anyway), so all stop after the same step without a wait at every step
+    stop_flag = torch.zeros((), dtype=torch.float64, device=device) if world.active else None
     with StopRequest() as stop_request:
         while step < end:
             batch = next(batches)
-            loss, loss_sum, n_targets, stop = target_loss(step_model, batch, world, autocast_dtype,
-                                                          stop_request.signal_name is not None)
+            if stop_flag is not None and stop_request.signal_name is not None:
+                stop_flag.fill_(1.0)
+            loss, loss_sum, n_targets, agreed_stop = target_loss(step_model, batch, world, autocast_dtype,
+                                                                 stop_flag)
             loss.backward()
             if train_config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
@@ -552,7 +560,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             window_loss_t += loss_sum.double()
             window_targets_t += n_targets
             window_tokens_t += (batch.input_ids != PAD_ID).sum()
-            if step % train_config.log_every == 0 or step == total:
+            logged = step % train_config.log_every == 0 or step == total
+            if logged:
                 check_finite()
                 totals = torch.stack([window_loss_t, window_tokens_t])
                 if world.active:
@@ -576,6 +585,10 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
+            if agreed_stop is None:
+                stop = stop_request.signal_name is not None
+            else:
+                stop = logged and bool(agreed_stop > 0)
             if stop and step < end:  # a signal in the last step changes nothing
                 interrupted = stop_request.signal_name or "a signal on another rank"
                 end = step
