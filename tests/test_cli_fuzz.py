@@ -152,7 +152,11 @@ def _cases():
     cases += [[], ["fly"], ["--bogus"], ["eval"], ["compare"], ["compare", "@good"], ["evaluate", "@good"],
               ["compare", "--output-dir", "@new"], ["compare", "@good", "--output-dir", "@a-file"],
               ["compare", "@good", "--output-dir", "@a-file/report"],
-              ["eval", "@good", "@good"], ["eval", "@good", "@checkpoint-truncated", "--output", "@new/e"]]
+              ["eval", "@good", "@good"], ["eval", "@good", "@checkpoint-truncated", "--output", "@new/e"],
+              ["lm"], ["lm", "bogus"], ["lm", "eval"], ["lm", "eval", "@good"],
+              ["lm", "eval", "@checkpoint-planted-code"], ["lm", "eval", "@checkpoint-truncated"],
+              ["lm", "compare", "@good", "--output-dir", "@new"],
+              ["lm", "train", "--run-dir", "@good", "--resume"]]
     cases = [case for case in cases if case]  # bare `asentmax` prints the usage: tested in test_cli.py
     all_damage = [*RUN_DAMAGES, *EVAL_DAMAGES, *NOT_A_RUN]
     for _ in range(N_RANDOM):
