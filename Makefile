@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TRITON_VERSION ?= 3.6.0
 
-.PHONY: test demo demo-dispersion lint bench-cpu clean
+.PHONY: test demo demo-results demo-dispersion lint bench-cpu clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m asentmax demo
+
+# the same run, then copied to the committed results/demo/ and written into README.md's demo table
+demo-results: $(STAMP)
+	$(PY) -m asentmax demo --publish
 
 demo-dispersion: $(STAMP)
 	$(PY) -m asentmax.dispersion

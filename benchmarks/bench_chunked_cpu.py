@@ -1,4 +1,4 @@
-"""CPU benchmark of the chunked entmax attention backend (asentmax.ops.chunked, PAPER.md section 2 attention):
+"""CPU benchmark of the chunked entmax attention backend (asentmax.ops.chunked, docs/method.md section 3):
 time and peak memory of a causal forward + backward pass at growing lengths, side by side with the dense
 `reference` backend (where it fits) and torch SDPA (softmax, alpha = 1 only), plus the chunked-vs-reference
 error. Each measurement runs in its own subprocess so peak RSS (resource.getrusage ru_maxrss) is its own.

@@ -1,4 +1,4 @@
-"""GPU benchmark of the row-wise Triton alpha-entmax (PAPER.md section 2) against its peers.
+"""GPU benchmark of the row-wise Triton alpha-entmax (docs/method.md section 2) against its peers.
 
 Side by side in one run, fp32, forward and forward+backward, triton.testing.do_bench medians (L2 flushed
 between repeats): torch.softmax (the speed target: at most 1.5x its time), asentmax's `entmax_rows`,

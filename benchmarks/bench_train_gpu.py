@@ -335,7 +335,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="trainer", choices=("trainer", "static"),
                         help="compiled bare step: the trainer's (sequence length dynamic, one graph) or one "
                              "static graph per bucket width")
-    parser.add_argument("--budget-s", type=float, default=340.0, help="skip rows that start after this")
+    parser.add_argument("--budget-s", type=float, default=300.0,
+                        help="rows that would start later than this many seconds are skipped (and listed)")
     args = parser.parse_args(argv)
     if args.smoke:
         device, autocast_dtype, matmul_size = torch.device("cpu"), None, 256

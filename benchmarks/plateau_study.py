@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -139,7 +140,7 @@ def main() -> int:
         results[name] = {"flags": flags, "steps": last[0], "final_loss": last[1],
                          "steps_per_s": round(last[0] / last[2], 2) if last[2] else None,
                          "escape_step": steps_to_escape(curve, args.escape_loss), "curve": curve}
-    command = "PYTHONPATH=src python benchmarks/plateau_study.py " + " ".join(sys.argv[1:])
+    command = "PYTHONPATH=src python benchmarks/plateau_study.py " + shlex.join(sys.argv[1:])
     (args.out / "plateau.json").write_text(json.dumps({"command": command, "seconds": args.seconds,
                                                         "escape_loss": args.escape_loss,
                                                         "runs": results}, indent=1) + "\n")

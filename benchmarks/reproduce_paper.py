@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,8 +77,8 @@ def main() -> int:
                  "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
     train_s = run_all(train, work, "train", args.train_seconds)
     multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
-    evals = {m: ["eval", str(d), "--multipliers", *multipliers, "--samples", str(args.samples)]
-             for m, d in runs.items()}
+    evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers,
+                 "--samples", str(args.samples)] for m, d in runs.items()}
     eval_s = run_all(evals, work, "eval", None)
     compare = subprocess.run([sys.executable, "-m", "asentmax", "compare", *map(str, runs.values()),
                               "--output-dir", str(out)], capture_output=True, text=True, check=True)
@@ -95,7 +96,7 @@ def main() -> int:
             "train_wall_s": train_s[method], "eval_wall_s": eval_s[method],
             "device": config.get("device"), "git_commit": config.get("git_commit")}
     (out / "runs.json").write_text(json.dumps(provenance, indent=2) + "\n")
-    command = "PYTHONPATH=src python benchmarks/reproduce_paper.py " + " ".join(sys.argv[1:])
+    command = "PYTHONPATH=src python benchmarks/reproduce_paper.py " + shlex.join(sys.argv[1:])
     lines = [f"# {args.task}: our runs beside arXiv:2506.16640's table", "", f"Command: `{command}`", "",
              f"All methods trained side by side on one device ({provenance[args.methods[0]]['device']}), "
              f"then evaluated with {args.samples} test samples per length. Exact match %:", "",

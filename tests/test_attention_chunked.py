@@ -1,5 +1,5 @@
-"""Tier 2 for asentmax.ops.chunked: the memory-efficient backend vs the dense reference (PAPER.md section 2
-attention) over awkward shapes, alphas, masks, GQA and cache offsets; forward, aux and gradients; fp64
+"""Tier 2 for asentmax.ops.chunked: the memory-efficient backend vs the dense reference (docs/method.md
+section 3) over awkward shapes, alphas, masks, GQA and cache offsets; forward, aux and gradients; fp64
 gradcheck of the custom backward; bf16/fp32 errors bounded by the same-dtype reference's error vs fp64;
 a subprocess check that peak memory stays far below one Nq x Nk logits tensor."""
 

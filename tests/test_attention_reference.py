@@ -1,5 +1,5 @@
 """Tier 1 for asentmax.ops.attention: the dense reference vs an independent per-row fp64 loop
-(PAPER.md section 2 logits, alpha-entmax by bisection to full fp64 precision), and argument validation."""
+(docs/method.md section 3 logits, entmax by bisection to full fp64 precision), and argument validation."""
 
 import math
 

@@ -107,3 +107,107 @@ def test_overwrite_replaces_a_run(tmp_path):
     existing = _existing_run(tmp_path)
     assert main(["train", "--run-dir", str(existing), *TINY, "--steps", "2", "--overwrite"]) == 0
     assert json.loads((existing / "config.json").read_text())["train_config"]["steps"] == 2
+
+
+# ---- the top level ----
+
+def test_bare_asentmax_prints_usage_and_exits_2(capsys):
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("usage: asentmax") and "train" in captured.err and "eval" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_version(capsys):
+    from asentmax import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"asentmax {__version__}"
+
+
+# ---- damaged run directories: one line naming the file, exit 2, nothing written ----
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A tiny trained and evaluated run (copied by the tests that damage it)."""
+    run = tmp_path_factory.mktemp("trained") / "run"
+    torch.set_num_threads(1)
+    assert main(["train", "--run-dir", str(run), *TINY]) == 0
+    assert main(["eval", str(run), "--multipliers", "1", "--samples", "2"]) == 0
+    return run
+
+
+def _damaged_copy(trained_run, tmp_path, name, content):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / name).write_bytes(content)
+    return run
+
+
+class _Planted:
+    """Unpickling this runs os.system: a loader that executes code creates the marker file."""
+
+    marker = None
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def _snapshot(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", ["truncated-checkpoint", "malicious-checkpoint", "garbage-checkpoint",
+                                  "garbage-config", "config-not-an-object", "config-without-workload",
+                                  "garbage-eval-json-on-rerun"])
+def test_eval_of_a_damaged_run_dir_is_one_line_naming_the_file(case, trained_run, tmp_path, capsys):
+    checkpoint = (trained_run / "checkpoint.pt").read_bytes()
+    marker = tmp_path / "code-ran"
+    if case == "malicious-checkpoint":
+        _Planted.marker = marker
+        torch.save({"model": _Planted(), "step": 1}, tmp_path / "planted.pt")
+    name, content = {
+        "truncated-checkpoint": ("checkpoint.pt", checkpoint[: len(checkpoint) // 2]),
+        "malicious-checkpoint": ("checkpoint.pt", (tmp_path / "planted.pt").read_bytes()
+                                 if case == "malicious-checkpoint" else b""),
+        "garbage-checkpoint": ("checkpoint.pt", bytes(range(256)) * 10),
+        "garbage-config": ("config.json", b"{not json"),
+        "config-not-an-object": ("config.json", b"[1, 2]"),
+        "config-without-workload": ("config.json", b'{"model_config": {}}'),
+        "garbage-eval-json-on-rerun": ("eval.json", b"\x00\xff garbage"),
+    }[case]
+    run = _damaged_copy(trained_run, tmp_path, name, content)
+    before = _snapshot(tmp_path)
+    assert main(["eval", str(run), "--multipliers", "1", "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(run / name) in err, err
+    assert not marker.exists()
+    why = {"truncated-checkpoint": "truncated", "garbage-checkpoint": "not a torch checkpoint",
+           "malicious-checkpoint": "nothing in it ran"}.get(case, "")
+    assert why in err, err
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("content", [b"{truncated", b'{"rows": "x"}', b'[]', b'{"task": "copy"}'])
+def test_compare_with_a_corrupt_eval_json_names_it(content, trained_run, tmp_path, capsys):
+    run = _damaged_copy(trained_run, tmp_path, "eval.json", content)
+    out = tmp_path / "report"
+    assert main(["compare", str(trained_run), str(run), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(run / "eval.json") in err, err
+    assert not out.exists()
+
+
+def test_eval_on_cuda_without_a_gpu_is_one_line(trained_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    before = _snapshot(trained_run)
+    assert main(["eval", str(trained_run), "--device", "cuda", "--output", str(tmp_path / "e")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device cuda" in err and "CUDA" in err, err
+    assert _snapshot(trained_run) == before and not list(tmp_path.iterdir())

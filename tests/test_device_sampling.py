@@ -6,7 +6,7 @@ follow the CPU sampler's distribution (two-sample chi-square tests), and are a p
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, chisquare
 
 from asentmax.data import (
     IGNORE_INDEX,
@@ -18,7 +18,12 @@ from asentmax.data import (
     training_batch,
 )
 from asentmax.tasks import SEP, Example, get_task
-from asentmax.tasks.device_sampling import DeviceBatchSampler, has_device_sampler, training_batches
+from asentmax.tasks.device_sampling import (
+    DeviceBatchSampler,
+    _draws_without_replacement,
+    has_device_sampler,
+    training_batches,
+)
 from asentmax.tasks.mqmtar import COLON, QUERY
 from test_tasks_solvers import parse_mqmtar
 
@@ -228,3 +233,22 @@ def test_cuda_training_batches_drawn_ahead_on_a_side_stream_are_the_steps_batche
     sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
     for step, sums in enumerate(drawn, start=4):
         assert torch.equal(sums, sampler.batch(seed=1, rank=0, step=step, batch_size=32).input_ids.sum(1))
+
+
+def test_draws_without_replacement_are_uniform_ordered_tuples():
+    """Small population, so every ordered pair can be counted: rows hold distinct items, -1 after the
+    row's count, and the first two items are uniform over the 6 * 5 ordered pairs (chi-square against
+    uniform, from 30000 rows of mixed counts)."""
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.tensor([2, 3, 6] * 10000)
+    drawn = _draws_without_replacement(counts, 6, 6, generator)
+    for count in (2, 3, 6):
+        rows = drawn[counts == count]
+        assert (rows[:, count:] == -1).all() and (rows[:, :count] >= 0).all()
+        assert all(len(set(row[:count])) == count for row in rows.tolist())
+    pair_index = drawn[:, 0] * 6 + drawn[:, 1]
+    observed = torch.bincount(pair_index, minlength=36).numpy()
+    assert (observed[[i * 7 for i in range(6)]] == 0).all()  # never the same item twice
+    assert chisquare(observed[observed > 0]).pvalue > 1e-3
+    last = torch.bincount(drawn[counts == 6][:, 5], minlength=6).numpy()  # the last of a full draw
+    assert chisquare(last).pvalue > 1e-3

@@ -1,4 +1,4 @@
-"""The dispersion demonstration (asentmax.dispersion): the properties PAPER.md section 1 predicts."""
+"""The dispersion demonstration (asentmax.dispersion): the properties docs/method.md section 1 predicts."""
 
 import math
 

@@ -264,7 +264,8 @@ def test_triton_backend_refuses_what_the_kernel_cannot_run(monkeypatch):
     with pytest.raises(ValueError, match="backend='triton' cannot run on a CPU tensor"):
         entmax(z, 1.5, backend="triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for alpha, why in ((torch.full((3, 1), 1.5), "tensor alpha"), (3.0, "outside the kernel's range")):
+    for alpha, why in ((torch.full((3, 1), 1.5), "tensor alpha"), (3.0, "outside the kernel's range"),
+                       (1.001, "outside the kernel's range")):
         with pytest.raises(ValueError, match=why):
             entmax(z, alpha, backend="triton")
     with pytest.raises(ValueError, match="float64"):

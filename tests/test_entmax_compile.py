@@ -62,3 +62,20 @@ def test_compile_fullgraph_cuda(alpha):
     _parity(compiled, x, alpha)
     explanation = torch._dynamo.explain(weighted_loss)(x, alpha)
     assert explanation.graph_break_count == 0
+
+
+def test_new_lengths_do_not_recompile_each_time():
+    """The fake kernel works with symbolic shapes: after the first recompile (dims marked dynamic) new row
+    lengths and row counts reuse the graph."""
+    from torch._dynamo.testing import CompileCounter
+
+    def loss(x, weights):
+        return (entmax(x, 1.5) * weights).sum()
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(loss, fullgraph=True, backend=counter)
+    for rows, n in ((4, 10), (5, 20), (6, 30), (7, 45)):
+        x = torch.randn(rows, n, requires_grad=True)
+        torch.autograd.grad(compiled(x, torch.randn(rows, n)), (x,))
+    assert counter.frame_count <= 2

@@ -179,3 +179,191 @@ def test_entmax_dispersion_is_sparser_than_softmax():
         support[attention] = stats["support_size"]
         assert 0 < stats["normalised_entropy"] <= 1.0
     assert support["entmax"] < 0.9 * support["softmax"]
+
+
+# ---- time estimates, CPU defaults ----
+
+def _row(length, seconds, n=10):
+    return {"length": length, "seconds": seconds, "n": n}
+
+
+def test_estimate_seconds_extrapolates_the_measured_growth():
+    from asentmax.eval import estimate_seconds
+
+    assert estimate_seconds([], 64, 10) is None
+    assert estimate_seconds([_row(128, 5.0)], 64, 10) is None  # nothing shorter measured
+    # one row: quadratic growth assumed; per sample 0.1 s at 16 -> 0.1 * 4^2 at 64, for 20 samples
+    assert estimate_seconds([_row(16, 1.0)], 64, 20) == pytest.approx(0.1 * 16 * 20)
+    # two rows growing with power 1.5 -> that power; the last row is the base
+    rows = [_row(16, 1.0), _row(64, 1.0 * 4 ** 1.5)]
+    assert estimate_seconds(rows, 256, 10) == pytest.approx(8.0 * 4 ** 1.5)
+    # growth below linear (fixed costs) is taken as linear, above quadratic as quadratic
+    assert estimate_seconds([_row(16, 1.0), _row(32, 1.0)], 64, 10) == pytest.approx(2.0)
+    assert estimate_seconds([_row(16, 1.0), _row(32, 16.0)], 64, 10) == pytest.approx(64.0)
+
+
+def test_long_lengths_are_announced_with_their_estimate():
+    task = get_task("reverse")
+    lengths, n, seed = [4, 8, 16], 6, 3
+    model = StubModel(task, [e for length in lengths for e in make_eval_set(task, length, n, seed)])
+    lines = []
+    rows = evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", log=lines.append,
+                    estimate_threshold_s=0.0)
+    announced = [line for line in lines if "estimated" in line]
+    assert [line.split(":")[0] for line in announced] == ["length 8", "length 16"]  # none for the first
+    assert [r["length"] for r in rows] == lengths and all(r["seconds"] > 0 for r in rows)
+    lines.clear()
+    evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", log=lines.append)
+    assert not [line for line in lines if "estimated" in line]  # these take far less than a minute
+
+
+def test_progress_bar_counts_the_samples_of_each_length(monkeypatch):
+    import tqdm.auto
+
+    bars = []
+
+    class Bar(tqdm.auto.tqdm):
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.updates = []
+            bars.append(self)
+
+        def update(self, n=1):
+            self.updates.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    task = get_task("reverse")
+    examples = [e for length in (8, 12) for e in make_eval_set(task, length, 7, 0)]
+    evaluate(StubModel(task, examples), task, [8, 12], samples=7, seed=0, device="cpu", batch_size=3,
+             progress=True, log=lambda line: None)
+    assert [(bar.desc, bar.total, bar.updates) for bar in bars] == [
+        ("length 8", 7, [3, 3, 1]), ("length 12", 7, [3, 3, 1])]
+
+
+def test_cpu_default_multipliers_stop_at_cpu_max_length():
+    from asentmax.eval import PAPER_MULTIPLIERS, EvalConfig, resolve_multipliers
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert PAPER_MULTIPLIERS == (1, 2, 4, 16, 64, 256, 1024)
+    assert resolve_multipliers(EvalConfig(), 64, cpu) == ((1, 2, 4, 16, 64), [256, 1024])
+    assert resolve_multipliers(EvalConfig(), 64, cuda) == (PAPER_MULTIPLIERS, [])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=0), 64, cpu) == (PAPER_MULTIPLIERS, [])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=10), 64, cpu) == ((1,), [2, 4, 16, 64, 256, 1024])
+    assert resolve_multipliers(EvalConfig(multipliers=(1, 1024)), 64, cpu) == ((1, 1024), [])
+
+
+# ---- eval.json written after every length; a re-run continues ----
+
+TINY_RUN = ["--task", "reverse", "--min-length", "3", "--max-length", "6", "--steps", "4",
+            "--batch-size", "4", "--warmup-steps", "1", "--val-every", "4", "--val-samples", "2",
+            "--log-every", "2",
+            "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
+EVAL_ARGS = ["--multipliers", "1", "2", "4", "--samples", "5", "--dispersion-samples", "2", "--no-progress"]
+
+
+@pytest.fixture
+def tiny_run(tmp_path, one_thread):
+    from asentmax.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *TINY_RUN]) == 0
+    return run
+
+
+def _counting_scorer(monkeypatch, stop_at_length=None):
+    """Wrap eval.greedy_accuracy: record the prompt length of each call; Ctrl-C at `stop_at_length`."""
+    import asentmax.eval as eval_module
+
+    calls, real = [], eval_module.greedy_accuracy
+
+    def scorer(model, task, examples, **options):
+        length = len(examples[0].source)
+        if length == stop_at_length:
+            raise KeyboardInterrupt
+        calls.append(length)
+        return real(model, task, examples, **options)
+
+    monkeypatch.setattr(eval_module, "greedy_accuracy", scorer)
+    return calls
+
+
+def test_interrupted_eval_keeps_finished_lengths_and_a_rerun_continues(tiny_run, monkeypatch, capsys):
+    import json
+
+    from asentmax.cli import main
+
+    reference = tiny_run.parent / "reference"
+    assert main(["eval", str(tiny_run), *EVAL_ARGS, "--output", str(reference)]) == 0
+    expected = json.loads(reference.with_suffix(".json").read_text())["rows"]
+    capsys.readouterr()
+
+    calls = _counting_scorer(monkeypatch, stop_at_length=24)
+    assert main(["eval", str(tiny_run), *EVAL_ARGS]) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "Traceback" not in err, err
+    partial = json.loads((tiny_run / "eval.json").read_text())
+    assert [row["length"] for row in partial["rows"]] == [6, 12] and partial["pending_lengths"] == [24]
+    assert "Not evaluated yet: lengths 24" in (tiny_run / "eval.md").read_text()
+    assert calls == [6, 12]
+
+    monkeypatch.undo()
+    calls = _counting_scorer(monkeypatch)
+    assert main(["eval", str(tiny_run), *EVAL_ARGS, "--batch-size", "2"]) == 0  # batch sizes may change
+    assert calls == [24]  # only the missing length is computed
+    assert "lengths 6, 12 are done" in capsys.readouterr().out
+    final = json.loads((tiny_run / "eval.json").read_text())
+    assert final["pending_lengths"] == []
+    strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
+    assert strip(final["rows"]) == strip(expected)  # the same numbers as one uninterrupted evaluation
+
+
+def test_rerun_with_other_settings_is_refused_unless_fresh(tiny_run, capsys):
+    from asentmax.cli import main
+
+    assert main(["eval", str(tiny_run), *EVAL_ARGS]) == 0
+    before = (tiny_run / "eval.json").read_bytes()
+    capsys.readouterr()
+    assert main(["eval", str(tiny_run), *EVAL_ARGS, "--samples", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "samples 5 -> 3" in err and "--fresh" in err, err
+    assert (tiny_run / "eval.json").read_bytes() == before
+    assert main(["eval", str(tiny_run), *EVAL_ARGS, "--samples", "3", "--fresh"]) == 0
+    import json
+
+    assert [row["n"] for row in json.loads((tiny_run / "eval.json").read_text())["rows"]] == [3, 3, 3]
+
+
+def test_rerun_after_more_training_starts_afresh(tiny_run, monkeypatch, capsys):
+    import json
+
+    from asentmax.cli import main
+    from asentmax.runs import load_checkpoint, save_checkpoint
+
+    assert main(["eval", str(tiny_run), *EVAL_ARGS]) == 0
+    state = load_checkpoint(tiny_run / "checkpoint.pt")
+    state["step"] += 1  # another checkpoint of the same run
+    save_checkpoint(tiny_run / "checkpoint.pt", state)
+    calls = _counting_scorer(monkeypatch)
+    assert main(["eval", str(tiny_run), *EVAL_ARGS]) == 0
+    assert "earlier checkpoint" in capsys.readouterr().out and calls == [6, 12, 24]
+    assert json.loads((tiny_run / "eval.json").read_text())["train_step"] == state["step"]
+
+
+@pytest.mark.parametrize("problem,data", [
+    ("no rows", {"task": "copy", "run_dir": "r", "id_length": 4, "model_config": {"attention": "softmax"}}),
+    ("no positive id_length", {"task": "copy", "run_dir": "r", "id_length": 0, "rows": [],
+                               "model_config": {"attention": "softmax"}}),
+    ("a row without", {"task": "copy", "run_dir": "r", "id_length": 4, "rows": [{"length": 4}],
+                       "model_config": {"attention": "softmax"}}),
+])
+def test_load_evaluation_rejects_what_eval_does_not_write(problem, data, tmp_path):
+    import json
+
+    from asentmax.runs import RunError, load_evaluation
+
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(RunError, match=problem) as info:
+        load_evaluation(tmp_path)
+    assert str(path) in str(info.value)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("lm_eval")
 
 import asentmax.ops.triton as triton_ops  # noqa: E402
 from asentmax.integrations import hf  # noqa: E402
@@ -145,6 +144,7 @@ def test_asentmax_model_under_transformers_on_cuda():
 
 
 def test_lm_eval_model_bf16_on_cuda_matches_cpu_fp32(tmp_path):
+    pytest.importorskip("lm_eval")
     from lm_eval.api.instance import Instance
 
     from asentmax.integrations.lm_eval import AsentmaxLM

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 from asentmax.integrations import hf  # noqa: E402
 from asentmax.integrations.export import export_run, main  # noqa: E402
 from asentmax.integrations.hf_model import AsentmaxConfig, AsentmaxForCausalLM, load_hf, save_hf  # noqa: E402
-from asentmax.integrations.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer  # noqa: E402
+from asentmax.integrations.tokenizer import BYTE_VOCAB_SIZE, EOS_TOKEN, byte_tokenizer  # noqa: E402
 from asentmax.nn import ModelConfig, Transformer  # noqa: E402
 from asentmax.nn.presets import lm_tiny  # noqa: E402
 from asentmax.runs import CHECKPOINT_NAME, RunError, save_checkpoint  # noqa: E402
@@ -135,3 +135,13 @@ def test_byte_tokenizer_round_trips_bytes(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     again = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert again.encode(text) == ids and again.eos_token_id == tokenizer.eos_token_id
+
+
+def test_a_tokenizers_tokenizer_is_saved_with_its_eos_token(tmp_path):
+    model = random_model()
+    raw = byte_tokenizer().backend_tokenizer  # a plain tokenizers.Tokenizer
+    with pytest.raises(ValueError, match="not in the tokenizer"):
+        save_hf(model, None, tmp_path, tokenizer=raw, eos_token="<missing>")
+    save_hf(model, None, tmp_path, tokenizer=raw, eos_token=EOS_TOKEN)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert loaded.eos_token == EOS_TOKEN and loaded.encode("ab") == [97, 98]

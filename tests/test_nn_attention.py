@@ -1,4 +1,4 @@
-"""The model's attention layer against an independent fp64 per-query loop (PAPER.md section 2):
+"""The model's attention layer against an independent fp64 per-query loop (docs/method.md section 3):
 z_j = theta_hi * (q_i . k_j) / sqrt(D) + m_h (pos_j - pos_i) over the real keys j <= i, with theta, the
 ALiBi/NAPE slopes, RoPE (as a complex rotation) and every normaliser re-derived here from the formulas.
 Also: theta against a hand computation, ASEntmax with beta = 0 equals entmax, and the statistics."""

@@ -1,4 +1,4 @@
-"""Tests of the task protocol (asentmax.tasks, PAPER.md section 3) common to every task:
+"""Tests of the task protocol (asentmax.tasks, docs/method.md section 6) common to every task:
 formats, lengths, determinism, vocabulary bounds, encode layout, eval sets, JSONL, bad arguments."""
 
 import json

@@ -1,4 +1,4 @@
-"""Each task's answers checked against an independent solver written here (PAPER.md section 3)."""
+"""Each task's answers checked against an independent solver written here (docs/method.md section 6)."""
 
 from fractions import Fraction
 

@@ -150,6 +150,14 @@ def test_a_run_dir_with_a_checkpoint_or_other_files_is_kept(tmp_path, capsys):
     assert (run / "config.json").read_bytes() == before["config.json"]
 
 
+def test_a_run_dir_below_a_file_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("mine")
+    assert main(["train", "--run-dir", str(blocker / "run"), *TINY]) == 2
+    assert str(blocker / "run") in _one_line_error(capsys)
+    assert blocker.read_text() == "mine"
+
+
 def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     run = _finished_run(tmp_path)
     capsys.readouterr()
@@ -179,17 +187,29 @@ def test_a_warm_up_longer_than_the_run_is_warned_about(tmp_path, capsys):
 
 # ---- help ----
 
+def _flag_help(text: str, flag: str) -> str:
+    """The help of `flag` in argparse's --help output, on one line."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.lstrip().startswith(flag + " "))
+    block = [lines[first]]
+    for line in lines[first + 1:]:
+        if not line.startswith(" " * 10):  # the next flag (two spaces in) or the next section
+            break
+        block.append(line)
+    return " ".join(" ".join(block).split())
+
+
 def test_preset_help_shows_the_preset_values(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["train", "--preset", "sort", "--help"])
     assert exit_info.value.code == 0
-    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    text = capsys.readouterr().out
     sort = get_task("sort")
-    assert f"peak learning rate (default: {sort.train_preset['lr']}, from the sort preset)" in text
-    assert f"optimizer steps (default: {sort.train_preset['steps']}, from the sort preset)" in text
     model = sort.model_preset(sort.vocab_size)
-    assert f"number of Transformer blocks (default: {model.n_layers}, from the sort preset)" in text
-    assert f"(default: {model.n_heads}, from the sort preset)" in text
+    for flag, value in (("--lr", sort.train_preset["lr"]), ("--steps", sort.train_preset["steps"]),
+                        ("--warmup-steps", sort.train_preset["warmup_steps"]), ("--n-layers", model.n_layers),
+                        ("--n-heads", model.n_heads), ("--d-model", model.d_model)):
+        assert f"(default: {value}, from the sort preset)" in _flag_help(text, flag), flag
 
 
 # ---- interruption ----

@@ -1,7 +1,7 @@
 """Triton entmax attention (asentmax.ops.triton) vs the dense fp64 reference, forward, aux and all gradients.
 
 Runs the kernels under TRITON_INTERPRET=1 on the CPU (CI) on tiny awkward shapes; the same checker runs at
-real sizes on the GPU in test_triton_attention_gpu.py. Tolerances follow DESIGN.md: the kernel's error vs
+real sizes on the GPU in test_triton_attention_gpu.py. Tolerances are relative: the kernel's error vs
 the fp64 reference may be at most C times the error of the reference run in the input dtype, plus a small
 floor. Every buffer the kernels allocate is NaN-poisoned, so an unwritten element fails.
 """

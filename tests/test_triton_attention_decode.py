@@ -1,5 +1,5 @@
 """The split-over-keys decoding kernels (asentmax.ops.triton.attention_decode, Nq <= 16, no gradients) vs the
-fp64 reference of PAPER.md section 2, on each of their code paths: one chunk (output written directly),
+fp64 reference (docs/method.md section 3), on each of their code paths: one chunk (output written directly),
 several chunks (partial outputs reduced by a fourth kernel), a score row held in registers (<= 4096 keys)
 or streamed (> 4096). The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launcher
 allocates NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.

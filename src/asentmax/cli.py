@@ -1,18 +1,19 @@
-"""The `asentmax` command line: train, eval, compare, demo (issue 5; PAPER.md sections 3-4).
+"""The `asentmax` command line: train, eval, compare, demo (the synthetic tasks of arXiv:2506.16640).
 
 Flags are derived from the config dataclasses (TrainConfig, asentmax.nn.ModelConfig, EvalConfig):
 one kebab-case flag per field, help text from the field's metadata. A flag that is not given keeps the
 preset's value, so `asentmax train --preset mqmtar --attention asentmax` changes only the attention.
 
-Every argument problem (unknown task, impossible lengths, missing checkpoint, existing run directory)
-is reported as one line on stderr with exit code 2, before anything is written.
+Every problem a user can cause (a bad flag, impossible lengths, a missing, truncated or foreign
+checkpoint, an unreadable config.json or eval.json, a missing GPU, an existing run directory) is
+reported as one line on stderr with exit code 2, before anything is written. Bare `asentmax` prints the
+usage and the commands on stderr, exit 2 (no command was run); Ctrl-C ends with one line, exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -79,7 +80,7 @@ def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defau
         elif kind is float:
             kind = _finite_float
         default = f.default if f.default is not dataclasses.MISSING else None
-        note = defaults_note or f"default: {default}"
+        note = defaults_note or f"default: {f.metadata.get('default_help', default)}"
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs,
                            choices=allowed, default=argparse.SUPPRESS,
                            metavar=None if allowed else f.name.upper(),
@@ -275,18 +276,23 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
     (asentmax.runs.restartable: no checkpoint, only files a run writes before its first one)."""
     from asentmax.runs import CHECKPOINT_NAME, clear_run_files, restartable
 
-    if not (run_dir.is_dir() and any(run_dir.iterdir())):
-        return
-    if not overwrite:
-        if (run_dir / CHECKPOINT_NAME).exists():
-            raise UsageError(f"run dir {run_dir} holds a checkpoint; pass --resume to continue it or "
-                             "--overwrite to replace it")
-        if not restartable(run_dir):
-            raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or --overwrite")
+    try:
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            if not overwrite:
+                if (run_dir / CHECKPOINT_NAME).is_file():
+                    raise UsageError(f"run dir {run_dir} holds a checkpoint; pass --resume to continue it or "
+                                     "--overwrite to replace it")
+                if not restartable(run_dir):
+                    raise UsageError(f"run dir {run_dir} exists and is not empty; pass --resume or "
+                                     "--overwrite")
+                if _main_rank():
+                    print(f"run dir {run_dir} holds no checkpoint: starting it again", file=sys.stderr)
+            if _main_rank():
+                clear_run_files(run_dir)
         if _main_rank():
-            print(f"run dir {run_dir} holds no checkpoint: starting it again", file=sys.stderr)
-    if _main_rank():
-        clear_run_files(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot use run dir {run_dir}: {error.strerror or error}") from None
 
 
 def _report_training(summary: dict, run_dir: Path) -> None:
@@ -315,37 +321,42 @@ def _report_training(summary: dict, run_dir: Path) -> None:
 def _eval_parser(sub):
     from asentmax.eval import EvalConfig
 
-    p = sub.add_parser("eval", help="exact match per length multiplier of trained runs",
-                       description="Greedy-decode fixed test sets at each length multiplier; writes "
-                                   "<run-dir>/eval.json and eval.md (or --output).")
+    p = sub.add_parser("eval", help="exact match per length multiplier of trained runs", description=(
+        "Greedy-decode fixed test sets at each length multiplier; writes <run-dir>/eval.json and eval.md "
+        "(or --output) after every length. A re-run continues where the last one stopped (same checkpoint "
+        "and settings); on the CPU the default multipliers stop at --cpu-max-length tokens, and a length "
+        "estimated to take over a minute is announced with its estimate."))
     p.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding checkpoint.pt")
     p.add_argument("--output", type=Path, help="output path prefix (one run dir only)")
+    p.add_argument("--fresh", action="store_true",
+                   help="replace an earlier eval.json instead of continuing it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     names = add_config_flags(p, EvalConfig)
     p.set_defaults(run=_run_eval, eval_names=names)
 
 
 def _run_eval(args) -> None:
-    from asentmax.eval import EvalConfig, evaluate_run, multiplier_lengths
-    from asentmax.runs import CHECKPOINT_NAME, CONFIG_NAME
-    from asentmax.tasks import get_task
+    from asentmax.eval import EvalConfig, plan_evaluation, run_evaluation
 
     if args.output is not None and len(args.run_dirs) > 1:
         raise UsageError("--output needs exactly one run dir")
-    config = EvalConfig(**_given(args, args.eval_names))
+    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
+        raise UsageError("a run dir is given twice")
     try:
-        config.validate()
-        for run_dir in args.run_dirs:
-            if not (run_dir / CHECKPOINT_NAME).is_file():
-                raise ValueError(f"no checkpoint at {run_dir / CHECKPOINT_NAME}")
-            saved = json.loads((run_dir / CONFIG_NAME).read_text())["workload"]
-            multiplier_lengths(config.id_length or saved["max_length"], config.multipliers,
-                               get_task(saved["task"]))
-    except (ValueError, TypeError, OSError, KeyError) as error:
+        config = EvalConfig(**_given(args, args.eval_names))
+        plans = [plan_evaluation(run_dir, config, args.output, fresh=args.fresh) for run_dir in args.run_dirs]
+    except (ValueError, TypeError) as error:  # RunError is a ValueError
         raise UsageError(str(error)) from error
-    for run_dir in args.run_dirs:
-        print(f"evaluating {run_dir}")
-        result = evaluate_run(run_dir, config, args.output)
-        print(f"wrote {args.output or run_dir / 'eval'}.json ({len(result['rows'])} lengths)")
+    for plan in plans:
+        print(f"evaluating {plan.run_dir} at lengths {', '.join(map(str, plan.lengths))}", flush=True)
+        for note in plan.notes:
+            print(note, flush=True)
+        try:
+            result = run_evaluation(plan, progress=not args.no_progress)
+        except KeyboardInterrupt:
+            raise Interrupted(f"interrupted; the finished lengths are in {plan.output}.json, the same "
+                              "command continues from there") from None
+        print(f"wrote {plan.output}.json ({len(result['rows'])} lengths)")
 
 
 # ---- compare ----
@@ -359,38 +370,63 @@ def _compare_parser(sub):
     p.set_defaults(run=_run_compare)
 
 
+def _writable_dir(path: Path, flag: str) -> None:
+    """UsageError unless `path` is a directory, or can be made one, that this process can write."""
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")
+
+
 def _run_compare(args) -> None:
     from asentmax.compare import compare_runs
 
-    missing = [str(d / "eval.json") for d in args.run_dirs if not (d / "eval.json").is_file()]
-    if missing:
-        raise UsageError(f"not evaluated (run `asentmax eval` first): {', '.join(missing)}")
-    table = compare_runs(args.run_dirs, args.output_dir)
-    print(table)
+    _writable_dir(args.output_dir, "--output-dir")
+    print(compare_runs(args.run_dirs, args.output_dir))  # RunError (one line) for an unusable eval.json
 
 
 # ---- demo ----
 
 def _demo_parser(sub):
-    p = sub.add_parser("demo", help="train softmax and ASEntmax on CPU and compare them (~10 min)",
-                       description="The `make demo` run: see asentmax.demo.")
-    p.add_argument("--output-dir", type=Path, default=Path("results/demo"), help="default: results/demo")
+    from asentmax.demo import DEFAULT_OUTPUT, PUBLISHED_DIR
+
+    p = sub.add_parser("demo", help="train softmax and ASEntmax on CPU and compare them (~5 min)",
+                       description="The `make demo` run: see asentmax.demo. Writes to an ignored directory "
+                                   "unless told otherwise; --publish also refreshes the committed evidence.")
+    p.add_argument("--output-dir", type=Path, default=Path(DEFAULT_OUTPUT), help=f"default: {DEFAULT_OUTPUT}")
     p.add_argument("--steps", type=int, help="training steps per model (default: the demo's)")
+    p.add_argument("--publish", action="store_true",
+                   help=f"then copy the results to {PUBLISHED_DIR} and rewrite README.md's demo table (run "
+                        "from the repository root; `make demo-results`)")
     p.set_defaults(run=_run_demo)
 
 
 def _run_demo(args) -> None:
-    from asentmax.demo import run_demo
+    from asentmax.demo import check_publish_target, run_demo
 
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps must be >= 1, got {args.steps}")
-    run_demo(args.output_dir, steps=args.steps)
+    _writable_dir(args.output_dir, "--output-dir")
+    try:
+        if args.publish:
+            check_publish_target(Path.cwd())
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    run_demo(args.output_dir, steps=args.steps, publish_root=Path.cwd() if args.publish else None)
+
+
+class Interrupted(Exception):
+    """Ctrl-C, handled: its message (one line) is printed and the exit code is 130."""
 
 
 def build_parser() -> Parser:
+    from asentmax import __version__
+
     parser = Parser(prog="asentmax",
                     description="ASEntmax length-generalisation experiments (arXiv:2506.16640)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.add_argument("--version", action="version", version=f"asentmax {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for add in (_train_parser, _eval_parser, _compare_parser, _demo_parser):
         add(sub)
     from asentmax.lm.cli import add_lm_parser
@@ -400,15 +436,23 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from asentmax.runs import RunError
+
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), "")
     try:
         args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
         args.run(args)
-    except UsageError as error:
-        command = next((a for a in argv if not a.startswith("-")), "")
+    except (UsageError, RunError) as error:
         print(f"asentmax {command}: error: {error}".replace("  ", " "), file=sys.stderr)
         return 2
+    except Interrupted as error:
+        print(f"asentmax {command}: {error}".replace("  ", " "), file=sys.stderr)
+        return 130
     return 0
 
 

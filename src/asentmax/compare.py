@@ -1,19 +1,21 @@
-"""Side-by-side report of evaluated runs (PAPER.md section 4): markdown table with the paper's numbers,
-accuracy-vs-length plot (log x axis) and attention-dispersion plot (normalised entropy and support size
-vs length, PAPER.md section 1) from the `dispersion` entries `asentmax eval` stores per length.
+"""Side-by-side report of evaluated runs: a markdown table with the paper's numbers (arXiv:2506.16640,
+its synthetic-task results), an accuracy-vs-length plot (log x axis) and an attention-dispersion plot
+(normalised entropy and support size vs length: the paper's attention-dispersion argument) from the
+`dispersion` entries `asentmax eval` stores per length.
 
-Writes compare.md, compare.json, accuracy.png and (when dispersion was measured) dispersion.png.
+Writes compare.md, compare.json, accuracy.png and (when dispersion was measured) dispersion.png, after
+every eval.json has been read and checked (asentmax.runs.load_evaluation: RunError naming a bad file).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from asentmax.eval import format_multiplier
 from asentmax.nn.normalisers import NORMALISERS
+from asentmax.runs import format_multiplier, load_evaluation, write_json
 
-# PAPER.md section 4: exact match % per length multiplier (NAPE). Copy and Sort are 2nd-hand there.
+# arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
+# paper's tables; Copy and Sort read second-hand from an independent reproduction's notes).
 PAPER_RESULTS = {
     "mqmtar": {
         "multipliers": (1, 2, 4, 16, 64, 256, 1024),
@@ -43,13 +45,6 @@ PAPER_RESULTS = {
 METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 
 
-def load_evaluation(run_dir: Path | str) -> dict:
-    path = Path(run_dir) / "eval.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no evaluation at {path} (run `asentmax eval` first)")
-    return json.loads(path.read_text())
-
-
 def method_label(result: dict) -> str:
     """Paper name of the attention, with the position scheme when it is not the paper's NAPE."""
     config = result["model_config"]
@@ -66,7 +61,7 @@ def _column_name(m: float) -> str:
 
 
 def comparison_table(results: list[dict]) -> str:
-    """Markdown table shaped like PAPER.md section 4: our runs' exact match % and the paper's alongside."""
+    """Markdown table shaped like the paper's results tables: our runs' exact match % and the paper's."""
     multipliers = sorted({_multiplier(row, r) for r in results for row in r["rows"]})
     header = ["task", "method", "source", *(_column_name(m) for m in multipliers)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -85,7 +80,11 @@ def comparison_table(results: list[dict]) -> str:
             lines.append(f"| {result['task']} | {METHOD_NAMES[key[1]]} | paper | " + " | ".join(cells) + " |")
     ids = sorted({r["id_length"] for r in results})
     note = (f"\nExact match % of greedy decoding; ID = length {', '.join(map(str, ids))} for our runs, "
-            "64 in the paper (PAPER.md section 4, NAPE; '-' = not measured).\n")
+            "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured).\n")
+    for result in results:
+        if result.get("pending_lengths"):
+            note += (f"{Path(result['run_dir']).name}: evaluation unfinished, lengths "
+                     f"{', '.join(map(str, result['pending_lengths']))} still to do.\n")
     return "\n".join(lines) + "\n" + note
 
 
@@ -156,7 +155,8 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
 
 
 def compare_runs(run_dirs, output_dir: Path | str) -> str:
-    """Load every run's eval.json, write the table and plots under `output_dir`; returns the table."""
+    """Load and check every run's eval.json, then write the table and plots under `output_dir`; returns
+    the table."""
     results = [load_evaluation(d) for d in run_dirs]
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +165,5 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     files = ["accuracy.png"] + (["dispersion.png"] if _plot_dispersion(results, output_dir / "dispersion.png")
                                 else [])
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
-    (output_dir / "compare.json").write_text(json.dumps(
-        {"runs": [str(d) for d in run_dirs], "results": results}, indent=2) + "\n")
+    write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results})
     return table

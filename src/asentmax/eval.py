@@ -1,4 +1,5 @@
-"""Length-generalisation evaluation (PAPER.md sections 3-4): exact match of greedy decoding per length.
+"""Length-generalisation evaluation (docs/method.md section 7): exact match of greedy decoding per length
+multiplier.
 
 For each length multiplier m (1x = the training "ID" length, up to 1024x) a fixed, seeded evaluation
 set is drawn (asentmax.tasks.make_eval_set), prompts `<bos> source <sep>` are decoded greedily with
@@ -7,14 +8,28 @@ memory-safe on CPU (the model's "auto" attention backend is the chunked torch pa
 an exact match when it reproduces the target and then <eos> (the tokens the training loss covers);
 per-token accuracy is over the same tokens. Exact match comes with a Wilson confidence interval.
 
+`evaluate_run` is the driver behind `asentmax eval`; it is built for runs a person waits for:
+- the results file (<output>.json and .md, default <run-dir>/eval.*) is rewritten atomically after every
+  length, with the lengths still to do listed in it, so an interrupted evaluation loses at most one length;
+- a re-run continues: lengths already in the file are skipped when the file was made from the same
+  checkpoint (sha256) with the same evaluation settings (samples, seed, id-length, dispersion, confidence,
+  attention backend, device type and autocast; batch sizes and multipliers may differ). A file from another
+  checkpoint is replaced (a note says so); a file from other settings is refused (pass --fresh to replace
+  it, or --output to write elsewhere);
+- a progress bar over the samples of each length, and before a length whose time, extrapolated from the
+  lengths measured so far, exceeds a minute, a line with the estimate;
+- on the CPU the default multipliers stop at `cpu_max_length` tokens (the paper's 1x..1024x is hours
+  there); any --multipliers given explicitly are evaluated as given, with the estimate printed.
+
 Training validates with `asentmax.tasks.scoring.teacher_forced_accuracy` instead (one forward pass; the
 same exact match as greedy decoding).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,15 +39,32 @@ import torch
 
 from asentmax.data import IGNORE_INDEX, collate
 from asentmax.ops.types import BACKENDS
+from asentmax.runs import (
+    CHECKPOINT_NAME,
+    CONFIG_NAME,
+    EVAL_NAME,
+    RunError,
+    describe_device,
+    format_multiplier,
+    git_commit,
+    load_checkpoint,
+    load_evaluation,
+    read_json,
+    write_json,
+)
 from asentmax.tasks.scoring import autocast, shape_batches
+
+PAPER_MULTIPLIERS = (1, 2, 4, 16, 64, 256, 1024)  # the paper's MQMTAR protocol: 1x .. 1024x
+ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 
 
 @dataclass
 class EvalConfig:
     """Settings of `asentmax eval`."""
 
-    multipliers: tuple[float, ...] = field(
-        default=(1, 2, 4, 16, 64, 256, 1024), metadata={"help": "lengths to test, as multiples of id-length"})
+    multipliers: tuple[float, ...] = field(default=(), metadata={
+        "help": "lengths to test, as multiples of id-length", "default_help":
+        "the paper's 1 2 4 16 64 256 1024; on the CPU only those up to cpu-max-length tokens"})
     id_length: int = field(default=0, metadata={"help": "the 1x length (0: the run's max training length)"})
     samples: int = field(default=100, metadata={"help": "test samples per length"})
     batch_size: int = field(default=64, metadata={"help": "most sequences decoded at once"})
@@ -42,6 +74,9 @@ class EvalConfig:
     dispersion_max_tokens: int = field(
         default=2048, metadata={"help": "longest sequence for attention statistics (they are dense: O(n^2))"})
     confidence: float = field(default=0.95, metadata={"help": "confidence level of the Wilson interval"})
+    cpu_max_length: int = field(default=4096, metadata={
+        "help": "on the CPU, the default multipliers stop at this many tokens (0: no limit); "
+                "explicit --multipliers are never cut"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
@@ -50,21 +85,36 @@ class EvalConfig:
     def validate(self) -> None:
         if self.attention_backend not in ("", *BACKENDS):
             raise ValueError(f"unknown attention-backend {self.attention_backend!r}")
-        if not self.multipliers or any(not m > 0 for m in self.multipliers):
-            raise ValueError(f"multipliers must be positive, got {self.multipliers}")
+        if any(not (m > 0 and math.isfinite(m)) for m in self.multipliers):
+            given = " ".join(map(str, self.multipliers))
+            raise ValueError(f"multipliers must be positive and finite, got {given}")
         if self.dispersion_samples < 0 or self.dispersion_max_tokens < 0:
             raise ValueError("dispersion-samples and dispersion-max-tokens must be >= 0")
         for name in ("samples", "batch_size", "max_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.id_length < 0:
-            raise ValueError(f"id-length must be >= 0, got {self.id_length}")
+        for name in ("id_length", "seed", "cpu_max_length"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
+
+
+def eval_device(config: EvalConfig) -> torch.device:
+    """The device `config` asks for; ValueError (one line) when it is not usable on this machine."""
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available on this machine; "
+                         "use --device cpu or auto")
+    device = torch.device("cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu")
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if config.attention_backend == "triton" and device.type == "cpu" and not interpreted:
+        raise ValueError("--attention-backend triton needs a CUDA device (or TRITON_INTERPRET=1); "
+                         "use chunked on the CPU")
+    return device
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -84,6 +134,8 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
     lengths = []
     for m in multipliers:
         length = id_length * m
+        if not math.isfinite(length) or length <= 0:
+            raise ValueError(f"multiplier {m} gives no length")
         if abs(length - round(length)) > 1e-9:
             raise ValueError(f"{m}x of length {id_length} is not a whole number of tokens")
         task.check_length(int(round(length)))
@@ -93,8 +145,9 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
 
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                    max_batch_tokens: int = 32768) -> dict:
-    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates."""
+                    max_batch_tokens: int = 32768, on_batch=None) -> dict:
+    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates.
+    `on_batch(n)` (optional) is called after each batch with the number of samples it held."""
     from asentmax.tasks.base import BOS, EOS, SEP
 
     exact, correct, total = 0, 0, 0
@@ -109,6 +162,8 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         exact += int(hits.all(1).sum())
         correct += int(hits.sum())
         total += hits.numel()
+        if on_batch is not None:
+            on_batch(len(indices))
     return {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
             "token_accuracy": correct / total}
 
@@ -131,47 +186,69 @@ def answer_dispersion(model, task, examples, *, device) -> dict:
             "n_samples": len(examples)}
 
 
+def estimate_seconds(rows: list[dict], length: int, samples: int) -> float | None:
+    """Seconds to evaluate `samples` samples at `length`, extrapolated from the rows measured at shorter
+    lengths: time per sample ~ length^p, with p fitted on the last two such rows and kept in [1, 2]
+    (2, the prompt's attention cost, with one row). None without a shorter measured row."""
+    shorter = sorted((r for r in rows if r["length"] < length and r.get("seconds", 0) > 0),
+                     key=lambda r: r["length"])
+    if not shorter:
+        return None
+    last = shorter[-1]
+    per_sample = last["seconds"] / last["n"]
+    power = 2.0
+    if len(shorter) > 1:
+        before = shorter[-2]
+        ratio = per_sample / (before["seconds"] / before["n"])
+        power = min(2.0, max(1.0, math.log(ratio) / math.log(last["length"] / before["length"])))
+    return per_sample * (length / last["length"]) ** power * samples
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.0f} min" if seconds < 7200
+                                                      else f"{seconds / 3600:.1f} h")
+
+
 def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_dtype=None,
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
-             dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, progress=None) -> list[dict]:
-    """One row per length: exact match (+ Wilson interval), per-token accuracy, seconds taken, and (for
-    sequences up to dispersion_max_tokens) attention dispersion on the first dispersion_samples examples."""
+             dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
+             progress: bool = False, log=print,
+             estimate_threshold_s: float = ESTIMATE_THRESHOLD_S) -> list[dict]:
+    """One row per length, shortest first: exact match (+ Wilson interval), per-token accuracy, seconds
+    taken, and (for sequences up to dispersion_max_tokens) attention dispersion on the first
+    dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
+    `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples."""
+    from tqdm.auto import tqdm
+
     from asentmax.tasks import make_eval_set
 
-    rows = []
+    rows = {row["length"]: row for row in done}
     model.eval()
-    for length in lengths:
+    for length in sorted(set(lengths) - set(rows)):
+        estimate = estimate_seconds(list(rows.values()), length, samples)
+        if estimate is not None and estimate > estimate_threshold_s:
+            log(f"length {length}: estimated {_duration(estimate)} on {torch.device(device).type} "
+                "(extrapolated from the shorter lengths); finished lengths are saved, so Ctrl-C and the "
+                "same command later continue from there")
         start = time.perf_counter()
         examples = make_eval_set(task, length, samples, seed)
-        scores = greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
-                                 batch_size=batch_size, max_batch_tokens=max_batch_tokens)
+        with tqdm(total=samples, desc=f"length {length}", unit="sample", disable=not progress,
+                  leave=False) as bar:
+            scores = greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
+                                     batch_size=batch_size, max_batch_tokens=max_batch_tokens,
+                                     on_batch=bar.update)
         low, high = wilson_interval(scores["n_exact"], scores["n"], confidence)
-        row = {"length": length, **scores, "ci_low": low, "ci_high": high,
-               "seconds": time.perf_counter() - start}
+        row = {"length": length, **scores, "ci_low": low, "ci_high": high}
         subset = examples[:dispersion_samples]
         if subset and max(len(e.source) + len(e.target) + 2 for e in subset) <= dispersion_max_tokens:
             row["dispersion"] = answer_dispersion(model, task, subset, device=device)
-        rows.append(row)
-        if progress is not None:
-            progress(row)
-    return rows
-
-
-def load_model(run_dir: Path | str, device: torch.device, attention_backend: str = ""):
-    """The trained Transformer of a run directory (from its checkpoint), its task and the checkpoint;
-    a non-empty `attention_backend` replaces the one the model was trained with."""
-    from asentmax.nn import ModelConfig, Transformer
-    from asentmax.runs import CHECKPOINT_NAME, load_checkpoint
-    from asentmax.tasks import get_task
-
-    checkpoint = load_checkpoint(Path(run_dir) / CHECKPOINT_NAME)
-    model_config = ModelConfig(**checkpoint["model_config"])
-    if attention_backend:
-        model_config = replace(model_config, attention_backend=attention_backend)
-    model = Transformer(model_config)
-    model.load_state_dict(checkpoint["model"])
-    model.to(device).eval()
-    return model, get_task(checkpoint["workload"]["task"]), checkpoint
+        row["seconds"] = time.perf_counter() - start
+        rows[length] = row
+        log(f"length {length}: exact match {100 * row['exact_match']:.1f}% ({row['n_exact']}/{row['n']}), "
+            f"{row['seconds']:.1f}s")
+        if on_row is not None:
+            on_row(sorted(rows.values(), key=lambda r: r["length"]))
+    return sorted(rows.values(), key=lambda r: r["length"])
 
 
 def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
@@ -186,40 +263,204 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_multiplier(m: float) -> str:
-    return f"{m:g}x"
+# ---- evaluation files ----
+
+def _write_results(output: Path, result: dict) -> None:
+    """<output>.json and <output>.md, each replaced atomically."""
+
+    write_json(output.with_suffix(".json"), result)
+    model_config = result["model_config"]
+    title = f"{result['task']}, {model_config.get('attention')} ({Path(result['run_dir']).name})"
+    text = markdown_table(result["rows"], result["id_length"], title)
+    if result["pending_lengths"]:
+        text += f"\nNot evaluated yet: lengths {', '.join(map(str, result['pending_lengths']))}.\n"
+    md = output.with_suffix(".md")
+    tmp = md.with_name(md.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, md)
 
 
-def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None,
-                 log=print) -> dict:
-    """Evaluate a run's checkpoint at every multiplier; write <output>.json and .md (default run_dir/eval)."""
-    from asentmax.runs import describe_device, git_commit
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# ---- the `asentmax eval` driver ----
+
+@dataclass
+class EvalPlan:
+    """Everything `asentmax eval` checked about one run before it starts computing (see plan_evaluation)."""
+
+    run_dir: Path
+    output: Path  # results go to output.json and output.md
+    config: EvalConfig
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    task: object
+    model_config: object
+    model_state: dict
+    lengths: list[int]
+    done: list[dict]  # rows reused from an earlier run of the same protocol
+    header: dict  # the result file without its rows
+    notes: list[str]  # lines to print before starting
+
+
+def _saved_task(run_dir: Path) -> tuple[str, int]:
+    """(task name, longest training length) of a synthetic-task run, from its config.json (the workload
+    record the trainer writes); RunError naming the file when it is unreadable or not such a run."""
+    path = run_dir / CONFIG_NAME
+    workload = read_json(path, "run config").get("workload")
+    if not isinstance(workload, dict):
+        raise RunError(f"{path} has no workload record; restore it from the run")
+    if workload.get("name") != "task":
+        raise RunError(f"{path} is a {workload.get('name')!r} run; `asentmax eval` scores synthetic-task "
+                       "runs")
+    if not (isinstance(workload.get("task"), str) and isinstance(workload.get("max_length"), int)
+            and workload["max_length"] > 0):
+        raise RunError(f"{path} has no task and max_length in its workload; restore it from the run")
+    return workload["task"], workload["max_length"]
+
+
+def _model_from_checkpoint(path: Path, checkpoint: dict, attention_backend: str):
+    """(ModelConfig, model state) of a loaded checkpoint, checked by building the model once."""
+    from asentmax.nn import ModelConfig, Transformer
+
+    try:
+        model_config = ModelConfig.from_dict(checkpoint["model_config"])
+        if attention_backend:
+            model_config = replace(model_config, attention_backend=attention_backend)
+        Transformer(model_config).load_state_dict(checkpoint["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        raise RunError(f"{path} does not hold a model this version can build ({reason})") from None
+    return model_config, checkpoint["model"]
+
+
+def resolve_multipliers(config: EvalConfig, id_length: int, device: torch.device) -> tuple[tuple, list]:
+    """(multipliers to evaluate, defaults left out): the explicit ones, or the paper's, on the CPU only
+    up to config.cpu_max_length tokens (at least 1x)."""
+    if config.multipliers:
+        return tuple(config.multipliers), []
+    if device.type != "cpu" or not config.cpu_max_length:
+        return PAPER_MULTIPLIERS, []
+    kept = tuple(m for m in PAPER_MULTIPLIERS if m == 1 or id_length * m <= config.cpu_max_length)
+    return kept, [m for m in PAPER_MULTIPLIERS if m not in kept]
+
+
+def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict], list[str]]:
+    """Rows of an earlier evaluation at `path` made with the same protocol, and notes to print."""
+    for target in (path, path.with_suffix(".md")):
+        if target.exists() and not target.is_file():
+            raise RunError(f"{target} is not a file; move it away or pass --output")
+    if fresh or not path.exists():
+        return [], []
+    try:
+        earlier = load_evaluation(path)
+    except RunError as error:
+        raise RunError(f"{error} (or pass --fresh to replace it)") from None
+    saved = earlier.get("protocol")
+    if not isinstance(saved, dict):
+        return [], [f"{path} was written by an older asentmax (no protocol recorded); it will be replaced"]
+    if {k: saved.get(k) for k in ("checkpoint_sha256", "train_step")} != \
+            {k: protocol[k] for k in ("checkpoint_sha256", "train_step")}:
+        return [], [f"{path} holds results of an earlier checkpoint; it will be replaced"]
+    differ = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in protocol.items() if saved.get(k) != v]
+    if differ:
+        raise RunError(f"{path} was made with other settings ({'; '.join(differ)}); pass --fresh to replace "
+                       "it or --output to write elsewhere")
+    return earlier["rows"], []
+
+
+def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None, *,
+                    fresh: bool = False) -> EvalPlan:
+    """Check everything about evaluating `run_dir` that can fail before any computing (ValueError /
+    RunError, one line): the settings, the device, config.json, the checkpoint, the lengths, the output
+    location and an earlier result file there. Nothing is written."""
+    from asentmax.tasks import get_task
 
     config.validate()
+    device = eval_device(config)
     run_dir = Path(run_dir)
-    use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
-    if config.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but CUDA is not available")
-    device = torch.device("cuda" if use_cuda else "cpu")
-    model, task, checkpoint = load_model(run_dir, device, config.attention_backend)
-    id_length = config.id_length or checkpoint["workload"]["max_length"]
-    lengths = multiplier_lengths(id_length, config.multipliers, task)
+    if not run_dir.is_dir():
+        raise RunError(f"run dir {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}")
+    task_name, max_length = _saved_task(run_dir)
+    checkpoint_path = run_dir / CHECKPOINT_NAME
+    checkpoint = load_checkpoint(checkpoint_path)
+    model_config, model_state = _model_from_checkpoint(checkpoint_path, checkpoint, config.attention_backend)
+    try:
+        task = get_task(task_name)
+    except (KeyError, ValueError) as error:
+        raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}") from error
+    saved_workload = checkpoint.get("workload")
+    if not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name:
+        raise RunError(f"{checkpoint_path} is not the checkpoint of the {task_name} run that "
+                       f"{run_dir / CONFIG_NAME} describes")
+    id_length = config.id_length or max_length
+    multipliers, left_out = resolve_multipliers(config, id_length, device)
+    lengths = multiplier_lengths(id_length, multipliers, task)
+    output = Path(output) if output is not None else run_dir / EVAL_NAME
+    folder = output.parent
+    if folder.exists() and not folder.is_dir():
+        raise RunError(f"cannot write {output}.json: {folder} is a file")
     use_bf16 = config.amp == "bf16" or (config.amp == "auto" and device.type == "cuda")
-    rows = evaluate(model, task, lengths, samples=config.samples, seed=config.seed, device=device,
-                    autocast_dtype=torch.bfloat16 if use_bf16 else None, batch_size=config.batch_size,
+    autocast_dtype = torch.bfloat16 if use_bf16 else None
+    protocol = {"checkpoint_sha256": _sha256(checkpoint_path), "train_step": checkpoint["step"],
+                "id_length": id_length, "device_type": device.type,
+                "autocast": "bf16" if autocast_dtype is not None else "off",
+                **{k: v for k, v in asdict(config).items()
+                   if k not in ("multipliers", "batch_size", "max_batch_tokens", "cpu_max_length", "device",
+                                "amp")}}
+    done, notes = _reusable_rows(output.with_suffix(".json"), protocol, fresh)
+    if left_out:
+        notes.append(f"on the CPU the default multipliers stop at {config.cpu_max_length} tokens: leaving "
+                     f"out {' '.join(f'{m}x' for m in left_out)} (give --multipliers to run them)")
+    reused = sorted({row["length"] for row in done} & set(lengths))
+    if reused:
+        notes.append(f"continuing {output}.json: lengths {', '.join(map(str, reused))} are done")
+    header = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length,
+              "eval_config": {**asdict(config), "multipliers": list(multipliers)}, "protocol": protocol,
+              "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
+              "workload": saved_workload, "train_step": checkpoint["step"], "git_commit": git_commit(),
+              "device": describe_device(device)}
+    return EvalPlan(run_dir=run_dir, output=output, config=config, device=device,
+                    autocast_dtype=autocast_dtype, task=task, model_config=model_config,
+                    model_state=model_state, lengths=lengths, done=done, header=header, notes=notes)
+
+
+def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print) -> dict:
+    """Evaluate a plan's lengths not done yet, rewriting <output>.json/.md after each; returns the result."""
+    from asentmax.nn import Transformer
+
+    model = Transformer(plan.model_config)
+    model.load_state_dict(plan.model_state)
+    model.to(plan.device).eval()
+    config = plan.config
+    plan.output.parent.mkdir(parents=True, exist_ok=True)
+    result = dict(plan.header)
+
+    def save(rows):
+        result["rows"] = rows
+        result["pending_lengths"] = sorted(set(plan.lengths) - {row["length"] for row in rows})
+        _write_results(plan.output, result)
+
+    rows = evaluate(model, plan.task, plan.lengths, samples=config.samples, seed=config.seed,
+                    device=plan.device, autocast_dtype=plan.autocast_dtype, batch_size=config.batch_size,
                     max_batch_tokens=config.max_batch_tokens, confidence=config.confidence,
                     dispersion_samples=config.dispersion_samples,
-                    dispersion_max_tokens=config.dispersion_max_tokens,
-                    progress=lambda r: log(f"length {r['length']}: exact match {100 * r['exact_match']:.1f}% "
-                                           f"({r['n_exact']}/{r['n']}), {r['seconds']:.1f}s"))
-    result = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length, "rows": rows,
-              "eval_config": asdict(config), "model_config": checkpoint["model_config"],
-              "train_config": checkpoint["train_config"], "workload": checkpoint["workload"],
-              "train_step": checkpoint["step"],
-              "git_commit": git_commit(), "device": describe_device(device)}
-    output = Path(output) if output is not None else run_dir / "eval"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    title = f"{task.name}, {checkpoint['model_config'].get('attention')} ({run_dir.name})"
-    output.with_suffix(".md").write_text(markdown_table(rows, id_length, title))
+                    dispersion_max_tokens=config.dispersion_max_tokens, done=plan.done, on_row=save,
+                    progress=progress, log=log)
+    save(rows)
     return result
+
+
+def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None, *,
+                 fresh: bool = False, progress: bool = False, log=print) -> dict:
+    """plan_evaluation then run_evaluation: evaluate a run's checkpoint at every multiplier and write
+    <output>.json and .md (default run_dir/eval), continuing an earlier evaluation of the same protocol."""
+    plan = plan_evaluation(run_dir, config, output, fresh=fresh)
+    for note in plan.notes:
+        log(note)
+    return run_evaluation(plan, progress=progress, log=log)

@@ -12,6 +12,9 @@ Checkpoints are loaded with `torch.load(weights_only=True)`: only tensors and pl
 numbers and strings are accepted, so a crafted file cannot run code. RNG states are therefore stored as
 tensors and lists (numpy's and python's own state objects are converted on the way in and out).
 
+`load_evaluation` reads an eval.json back (for `asentmax compare` and a continued `asentmax eval`) and
+checks that it is shaped like what asentmax.eval writes.
+
 `RunError` is the one exception for a run directory a user can damage (a missing, truncated or foreign
 checkpoint; an unreadable config.json or eval.json): its message is one line naming the file and what to do.
 """
@@ -19,9 +22,11 @@ checkpoint; an unreadable config.json or eval.json): its message is one line nam
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
+import re
 import shutil
 import subprocess
 import zipfile
@@ -116,6 +121,56 @@ def clear_run_files(run_dir: Path | str) -> None:
             target.unlink(missing_ok=True)
 
 
+# ---- evaluation results (eval.json, written by asentmax.eval) ----
+
+def format_multiplier(m: float) -> str:
+    """A length multiplier as the tables write it: 1x, 1.5x, 1024x."""
+    return f"{m:g}x"
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _evaluation_problem(data: dict) -> str | None:
+    """What makes `data` unusable as an evaluation result (None when it is usable)."""
+    if not isinstance(data.get("task"), str) or not isinstance(data.get("run_dir"), str):
+        return "no task or run_dir"
+    if not (isinstance(data.get("id_length"), int) and data["id_length"] > 0):
+        return "no positive id_length"
+    model_config = data.get("model_config")
+    if not (isinstance(model_config, dict) and isinstance(model_config.get("attention"), str)):
+        return "no model_config.attention"
+    if not isinstance(data.get("rows"), list):
+        return "no rows"
+    for row in data["rows"]:
+        if not isinstance(row, dict) or not all(_number(row.get(k)) for k in (
+                "length", "n", "n_exact", "exact_match", "token_accuracy", "ci_low", "ci_high")):
+            return "a row without length, n, n_exact, exact_match, token_accuracy, ci_low, ci_high"
+        if not (row["length"] > 0 and row["n"] > 0 and 0 <= row["exact_match"] <= 1):
+            return f"an impossible row at length {row['length']}"
+        dispersion = row.get("dispersion")
+        if dispersion is not None and not (isinstance(dispersion, dict) and all(
+                _number(dispersion.get(k)) for k in ("normalised_entropy", "support_size"))):
+            return f"unreadable dispersion at length {row['length']}"
+    return None
+
+
+def load_evaluation(path: Path | str) -> dict:
+    """An evaluation result (eval.json, or a run directory holding one); RunError (one line naming the
+    file) when it is missing, not JSON or not shaped like what `asentmax eval` writes."""
+    path = Path(path)
+    if path.suffix != ".json":
+        path = path / f"{EVAL_NAME}.json"
+    if not path.exists():
+        raise RunError(f"no evaluation at {path} (run `asentmax eval` first)")
+    data = read_json(path, "evaluation")
+    problem = _evaluation_problem(data)
+    if problem:
+        raise RunError(f"{path} is not an asentmax evaluation ({problem}); re-run `asentmax eval --fresh`")
+    return data
+
+
 # ---- checkpoints ----
 
 def save_checkpoint(path: Path | str, state: dict) -> None:
@@ -137,7 +192,13 @@ def load_checkpoint(path: Path | str, map_location="cpu") -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError,
             AttributeError, TypeError, KeyError, IndexError) as error:
-        reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        if re.search(r"unsupported (global|class)", str(error), re.IGNORECASE):
+            reason = "it holds objects other than tensors and plain data: refused, nothing in it ran"
+        elif isinstance(error, (pickle.UnpicklingError, EOFError, zipfile.BadZipFile)) \
+                or "PytorchStreamReader" in str(error):
+            reason = "truncated, or not a torch checkpoint file"
+        else:
+            reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
         raise RunError(f"{path} is not a loadable asentmax checkpoint ({reason}); "
                        "delete it to start the run again") from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:

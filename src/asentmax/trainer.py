@@ -73,8 +73,7 @@ class TrainConfig:
 
     steps: int = field(default=5000, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=128, metadata={"help": "global batch size (split over DDP ranks)"})
-    lr: float = field(default=1e-3, metadata={"help": (
-        "peak learning rate (times sqrt(batch-size / 128) with --lr-scaling sqrt)")})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})  # see lr_scaling
     lr_scaling: str = field(default="none", metadata={"help": (
         "large-batch rule: none (lr as given) | sqrt (peak lr = lr * sqrt(batch-size / 128): the presets' "
         "lr is the paper's at batch 128, and square-root scaling keeps Adam's update noise about constant "
@@ -159,10 +158,24 @@ LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3)
 def compiled_for_training(model, backend: str = "inductor"):
     """torch.compile'd `model` as a function of input_ids whose sequence dimension is marked dynamic: the
     batches of every length bucket share one graph (a dimension that cannot stay symbolic falls back to
-    one graph per bucket width, a handful, never one per batch)."""
+    one graph per bucket width, a handful, never one per batch).
+
+    Before the first compiled call one row goes through the plain model (eval mode, no grad, so no
+    dropout draws and no DDP hooks): state the model builds lazily per device (the ALiBi slopes' device
+    copy) then exists before tracing, instead of changing a guard and recompiling at the second step."""
     compiled = torch.compile(model, backend=backend)
+    plain = getattr(model, "module", model)  # under DDP, the wrapped model
+    primed = False
 
     def forward(input_ids: torch.Tensor) -> torch.Tensor:
+        nonlocal primed
+        if not primed:
+            was_training = plain.training
+            with torch.no_grad():
+                plain.eval()
+                plain(input_ids[:1])
+                plain.train(was_training)
+            primed = True
         torch._dynamo.maybe_mark_dynamic(input_ids, 1)
         return compiled(input_ids)
 

@@ -138,14 +138,17 @@ def to_hf(model: Transformer, model_config: ModelConfig | None = None) -> Asentm
 
 
 def save_hf(model: Transformer, model_config: ModelConfig | None, directory: Path | str,
-            tokenizer=None) -> Path:
-    """Write `model` as a transformers model directory (config.json, model.safetensors; the tokenizer too
-    when given: anything with save_pretrained). Returns the directory."""
+            tokenizer=None, eos_token: str | None = None) -> Path:
+    """Write `model` as a transformers model directory (config.json, model.safetensors) and, when given,
+    the tokenizer: a transformers tokenizer, or a tokenizers.Tokenizer whose end-of-text token is
+    `eos_token` (see asentmax.integrations.tokenizer.as_transformers_tokenizer). Returns the directory."""
     register_auto_classes()
     directory = Path(directory)
     to_hf(model, model_config).save_pretrained(directory)
     if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
+        from asentmax.integrations.tokenizer import as_transformers_tokenizer
+
+        as_transformers_tokenizer(tokenizer, eos_token).save_pretrained(directory)
     return directory
 
 

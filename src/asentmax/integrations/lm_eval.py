@@ -100,6 +100,9 @@ class AsentmaxLM(TemplateLM):
                 mask[row, :len(tokens)] = True
             logits = self.model(ids.to(self._device), attention_mask=mask.to(self._device))
             for row, i in enumerate(chunk):
+                if len(requests[i][2]) > self.max_length:
+                    raise ValueError(f"a continuation of {len(requests[i][2])} tokens does not fit in "
+                                     f"max_length={self.max_length}")
                 continuation = torch.tensor(requests[i][2], device=self._device)
                 n = len(continuation)
                 end = len(inputs[row])

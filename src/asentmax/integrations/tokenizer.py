@@ -1,7 +1,8 @@
 """A byte-level tokenizer built in code (no download): token id b is the byte b (0..255), id 256 is <eos>.
 
 `byte_tokenizer()` returns a transformers PreTrainedTokenizerFast, so it saves and loads with a model
-directory (save_hf(..., tokenizer=byte_tokenizer())) and works with lm-evaluation-harness. Bytes reach
+directory (save_hf(..., tokenizer=byte_tokenizer())) and works with lm-evaluation-harness;
+`as_transformers_tokenizer` wraps any tokenizers.Tokenizer (e.g. a trained BPE) the same way. Bytes reach
 the tokenizers library as the printable characters of its ByteLevel alphabet; the decoder maps them back.
 """
 
@@ -28,6 +29,20 @@ def byte_characters() -> list[str]:
     return characters
 
 
+def as_transformers_tokenizer(tokenizer, eos_token: str | None = None) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer (saved with a model directory, read by lm_eval) from a tokenizers.Tokenizer;
+    eos_token names its end-of-text token (lm_eval's end of generation and prefix token). A transformers
+    tokenizer (anything with save_pretrained) is returned as it is."""
+    if hasattr(tokenizer, "save_pretrained"):
+        return tokenizer
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError("expected a tokenizers.Tokenizer or a transformers tokenizer, got "
+                        f"{type(tokenizer).__name__}")
+    if eos_token is not None and tokenizer.token_to_id(eos_token) is None:
+        raise ValueError(f"eos_token {eos_token!r} is not in the tokenizer's vocabulary")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, pad_token=eos_token)
+
+
 def byte_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {character: byte for byte, character in enumerate(byte_characters())}
     vocab[EOS_TOKEN] = 256
@@ -35,4 +50,4 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([EOS_TOKEN])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
+    return as_transformers_tokenizer(tokenizer, eos_token=EOS_TOKEN)

@@ -25,9 +25,9 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys/values (B, Hkv, T, D) of `layer`; return all of that layer's keys/values."""
-        if layer == len(self.keys):
-            self.keys.append(k)
-            self.values.append(v)
+        if layer == len(self.keys):  # contiguous, as torch.cat returns later: one layout for every step
+            self.keys.append(k.contiguous())  # (a compiled decoding step is specialised on the strides)
+            self.values.append(v.contiguous())
         else:
             self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
             self.values[layer] = torch.cat([self.values[layer], v], dim=2)

@@ -17,7 +17,9 @@ Backends (names in asentmax.ops.types.BACKENDS): "reference" (dense oracle, refe
 (memory O(N * block), chunked.py), "triton" (GPU kernels, asentmax.ops.triton, imported lazily) and
 "auto" (triton for CUDA tensors when available, chunked otherwise). Each backend declares a
 BackendSupport; a call outside it (triton: alpha > 2, head_dim > 256) is computed by "chunked", decided
-here and nowhere else.
+here and nowhere else. The chunked and triton computations are torch custom ops (asentmax::chunked_attention,
+asentmax::attention_fwd / attention_bwd / attention_decode): the one boundary torch.compile sees, so that a
+compiled model traces this function and the argument checks but none of the block loops or kernel launches.
 """
 
 import torch
@@ -29,22 +31,25 @@ from asentmax.ops.types import BACKENDS, AttentionAux, validate_attention_args
 __all__ = ["BACKENDS", "AttentionAux", "choose_backend", "entmax_attention"]
 
 
+_SUPPORT = {"reference": reference.SUPPORT, "chunked": chunked.SUPPORT, "triton": triton_backend.SUPPORT}
+assert chunked.SUPPORT.refusal(float("inf"), 1 << 30, torch.float64) is None  # the fallback takes every call
+
+
 @torch.compiler.assume_constant_result
 def _triton_available() -> bool:
     return triton_backend.is_available()
 
 
 def choose_backend(backend: str, q: torch.Tensor, alpha: float) -> str:
-    """The backend that computes a call: "auto" resolved, then the chunked fallback for calls outside
-    the chosen backend's BackendSupport. ValueError when "triton" is asked for and cannot run."""
+    """The backend that computes a call: "auto" resolved, then "chunked" for a call outside the chosen
+    backend's BackendSupport. ValueError when "triton" is asked for and cannot run."""
     if backend == "auto":
         backend = "triton" if q.is_cuda and _triton_available() else "chunked"
-    if backend == "triton":
-        if not _triton_available():
-            raise ValueError("backend='triton' needs the triton package and a CUDA device "
-                             "(or TRITON_INTERPRET=1)")
-        if triton_backend.SUPPORT.refusal(alpha, q.shape[-1], q.dtype) is not None:
-            return "chunked"
+    if backend == "triton" and not _triton_available():
+        raise ValueError("backend='triton' needs the triton package and a CUDA device "
+                         "(or TRITON_INTERPRET=1)")
+    if _SUPPORT[backend].refusal(alpha, q.shape[-1], q.dtype) is not None:
+        return "chunked"
     return backend
 
 

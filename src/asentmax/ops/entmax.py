@@ -7,15 +7,16 @@ alpha -> 1+ is softmax, alpha = 1.5 the paper's default, alpha = 2 sparsemax. Pu
 alpha) and `entmax_threshold(x, alpha, dim) -> tau`. alpha is a float or a tensor that broadcasts to x
 and has size 1 along `dim` (one alpha per row).
 
-Supported range: any finite alpha > 1 up to ALPHA_MAX = 10 (the whole range is checked against an fp64
-oracle in tests/test_entmax.py); larger alphas raise ValueError. Near alpha = 10 the map is extremely
-steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of the support
-are as sensitive to rounding of the input as they are in exact arithmetic.
+Supported range: any alpha in (1, ALPHA_MAX = 10] (the whole range is checked against fp64 and 60-digit
+oracles in tests/test_entmax_alpha_range.py); larger alphas raise ValueError. Near alpha = 10 the map
+is extremely steep (p = d^(1/9) for an entry a distance d inside the support), so entries at the edge of
+the support are as sensitive to rounding of the input as they are in exact arithmetic.
 
-backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row kernel's
-range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = (1, 2]; fp32/fp16/bf16) to that kernel, everything else
-to the torch path; "reference" is the torch path on every device (what the "reference" and "chunked"
-attention backends use: pure torch); "triton" insists on the kernel and raises ValueError where it cannot.
+backend: "auto" (the default) sends CUDA tensors with a python-float alpha inside the Triton row
+kernel's range (asentmax.ops.triton.entmax_rows.ALPHA_RANGE = [1.01, 2]; fp32/fp16/bf16) to that kernel,
+everything else to the torch path; "reference" is the torch path on every device (what the "reference"
+and "chunked" attention backends use: pure torch); "triton" insists on the kernel (ValueError where it
+cannot run).
 
 How tau is found on the torch path (asentmax.ops._entmax_solver does the root finding):
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
@@ -23,7 +24,9 @@ How tau is found on the torch path (asentmax.ops._entmax_solver does the root fi
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
     they are few; otherwise Newton passes over the full rows raise the lower bound until they are.
   * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
-    2); for other alphas p is divided by its row sum, so every row sums to 1 to the output's precision.
+    2; for alpha > 2 a correction below tau's resolution, solved in the shifted variable s - tau, keeps
+    the digits of entries at the edge of the support); for alphas other than 1.5 and 2, p is divided by
+    its row sum, so every row sums to 1 to the output's precision.
   * p is written only at the candidate positions of a zero-filled output.
 
 Backward (u = p^(2 - alpha) on the support, U = sum u, w = u / U, k = the entry of largest u):
@@ -34,16 +37,19 @@ u spans many orders of magnitude (alpha > 2: u is largest where p is smallest). 
 computed in fp64 in the form p_i [B (1 - a L_i) - b_i (1 - a H)] / U with a = alpha - 1, L = log p,
 H = sum p L, b_i = L_i^2 phi(-a L_i), phi(x) = (e^x - 1 - x) / x^2 (a series for small x), B = sum p b:
 the two 1/a^2 terms cancel analytically instead of in floating point (the gradient stays exact as
-alpha -> 1). The backward is made of differentiable torch operations, so double backward works (on the
-Triton path too: with create_graph=True the torch formula is used).
+alpha -> 1). On the torch path the formula runs on each row's support (compacted like the forward's
+candidates when it is small). It is made of differentiable torch operations, and with create_graph=True
+it is what runs (on the Triton path too), so double backward works.
 
 NaN (or +inf) anywhere in a row gives a NaN row, a NaN gradient for that row's x, and a NaN alpha
 gradient for that row; other rows are unaffected. This holds on every path (closed forms, general and
 tensor alpha, torch and Triton). A row that is entirely -inf gives zeros (tau = +inf) and zero gradients.
 
-torch.compile: the forward is one custom op, `torch.ops.asentmax.entmax` (torch.library; its data-
-dependent candidate search stays behind that boundary); the Triton backward is `asentmax::entmax_rows_bwd`;
-the torch backward is traced. fullgraph=True compiles through `entmax` on both devices.
+torch.compile: the forward is one custom op, `torch.ops.asentmax.entmax` (torch.library, with a fake
+kernel and registered autograd; its data-dependent candidate search stays behind that boundary), the
+backward `asentmax::entmax_bwd` (torch) or `asentmax::entmax_rows_bwd` (Triton); under create_graph=True
+the backward formula itself is traced. fullgraph=True compiles through `entmax` on both devices, and new
+lengths reuse the graph once its dims are dynamic.
 Half-precision inputs are computed in fp32 and returned in their dtype; fp64 stays fp64.
 """
 
@@ -121,19 +127,27 @@ def _normalise(p, alpha):
     return p.div_(torch.where(total > 0, total, 1.0))
 
 
+def _compaction(flat_marks, n_rows, n):
+    """Where the marked entries of an (n_rows, n) matrix go in an (n_rows, k) one, k = most marks in a row.
+
+    Returns (flat_index: their positions, slots: their positions in the compact matrix, counts per row, k)."""
+    flat_index = flat_marks.nonzero().squeeze(1)
+    rows = torch.div(flat_index, n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=n_rows)
+    k = max(int(counts.max()), 1) if n_rows else 1
+    # the i-th mark (row-major) goes to slot i - (marks before its row) of its row
+    shift = torch.arange(n_rows, device=flat_marks.device) * k - (torch.cumsum(counts, 0) - counts)
+    slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=flat_marks.device))
+    return flat_index, slots, counts, k
+
+
 def _compact_solve(x, m, marks, alpha, t_lower):
     """Solve on the candidates (marks != 0) gathered into a (R, k) fp64 matrix padded with -inf.
 
     Returns tau - (alpha - 1) m (R, 1), the flat indices of the candidates, and p at them (x's dtype).
     A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
     n_rows, n = x.shape
-    flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # a bool scan reads 4x fewer bytes
-    rows = torch.div(flat_index, n, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=n_rows)
-    k = max(int(counts.max()), 1)
-    # the i-th candidate (row-major) goes to slot i - (candidates before its row) of its row
-    shift = torch.arange(n_rows, device=x.device) * k - (torch.cumsum(counts, 0) - counts)
-    slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=x.device))
+    flat_index, slots, counts, k = _compaction(marks.view(-1).bool(), n_rows, n)  # bool: 4x fewer bytes
     s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
     s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
     s[:, 0].masked_fill_(counts == 0, 0.0)
@@ -352,18 +366,23 @@ def _(p, grad, alpha):
 @torch.library.custom_op("asentmax::entmax_bwd", mutates_args=())
 def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
                        need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the k largest entries of
-    each row (k = the largest support), gathered into an (R, k) matrix when that is at most half a row."""
+    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the support of each row
+    (NaN counts as support), compacted into an (R, k) matrix when k (the largest support) is at most
+    _COMPACT_FRACTION of a row, as the forward compacts its candidates."""
     alpha = alpha if alpha_rows is None else alpha_rows
-    n = p.shape[1]
-    k = int((p != 0).sum(1).max()) if p.numel() else n  # NaN counts as support
-    if k > n // 2 or k == 0:
+    n_rows, n = p.shape
+    support = (p != 0).view(-1)
+    flat_index, slots, _, k = _compaction(support, n_rows, n) if p.numel() else (None, None, None, n)
+    if p.numel() == 0 or k > _COMPACT_FRACTION * n:  # gathering costs more than it saves
         dx, dalpha = _vjp(p, grad, alpha, need_alpha)
     else:
-        top = torch.topk(p, max(k, 1), dim=1).indices  # the support, then zeros (NaN sorts first)
-        dx_top, dalpha = _vjp(p.gather(1, top), grad.gather(1, top), alpha, need_alpha)
-        dx = torch.zeros_like(p).scatter_(1, top, dx_top)
-        dx.masked_fill_(torch.isnan(dx_top).any(1, keepdim=True), float("nan"))  # the whole NaN row
+        def compact(v):
+            return v.new_zeros(n_rows * k).index_copy_(0, slots, v.view(-1).index_select(0, flat_index))
+
+        dx_c, dalpha = _vjp(compact(p).view(n_rows, k), compact(grad).view(n_rows, k), alpha, need_alpha)
+        dx = torch.zeros_like(p)
+        dx.view(-1).index_copy_(0, flat_index, dx_c.view(-1).index_select(0, slots))
+        dx.masked_fill_(torch.isnan(dx_c).any(1, keepdim=True), float("nan"))  # the whole NaN row
     return dx, (dalpha if need_alpha else torch.zeros_like(p[:, :1]))
 
 
@@ -383,8 +402,11 @@ def _backward(ctx, grad):
     p, alpha_rows = ctx.saved_tensors
     grad = grad.to(p.dtype)
     need_alpha = ctx.needs_input_grad[1]
-    if torch.is_grad_enabled():
-        dx, dalpha = _vjp(p, grad, ctx.alpha if alpha_rows is None else alpha_rows, need_alpha)
+    if torch.is_grad_enabled():  # fp16/bf16 p (the Triton path keeps x's dtype) in fp32
+        work = compute_dtype(p.dtype)
+        dx, dalpha = _vjp(p.to(work), grad.to(work), ctx.alpha if alpha_rows is None else alpha_rows,
+                          need_alpha)
+        dx = dx.to(p.dtype)
     elif ctx.triton:
         dx, dalpha = _triton_backward_op(p, grad, ctx.alpha), None
     else:
@@ -414,9 +436,9 @@ def _use_triton(x, alpha, backend):
         except ImportError:
             reason = "no triton installation"
         else:
-            if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
+            if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
                 low, high = ALPHA_RANGE
-                reason = f"alpha {alpha} outside the kernel's range ({low:g}, {high:g}]"
+                reason = f"alpha {alpha} outside the kernel's range [{low:g}, {high:g}]"
     if backend == "triton" and reason is not None:
         raise ValueError(f"entmax backend='triton' cannot run on {reason}; use backend='auto' or 'reference'")
     return reason is None and (backend == "triton" or x.is_cuda)

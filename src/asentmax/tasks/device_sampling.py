@@ -7,8 +7,8 @@ Same distribution, different stream. Every example has exactly the distribution 
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
-replacement from the tables (top-k of i.i.d. float64 uniforms), block positions as a uniformly random
-subset of the items, queries uniform with replacement. The random numbers themselves differ from
+replacement from the tables (Floyd's algorithm, then a random order), block positions as a uniformly
+random subset of the items, queries uniform with replacement. The random numbers themselves differ from
 numpy's, so this path gives other batches than the CPU path (whose outputs `make demo` pins).
 
 Determinism. The batch of (seed, rank, step) is a pure function of that triple and the device type:
@@ -52,12 +52,23 @@ def _uniform_below(bound: torch.Tensor, shape, generator) -> torch.Tensor:
     return draws % bound.view(-1, *([1] * (len(shape) - 1)))
 
 
-def _random_prefixes(n_rows: int, population: int, k: int, generator, device) -> torch.Tensor:
-    """(n_rows, k) long: each row a uniformly random ordered draw of k distinct items of range(population).
-    The top-k of i.i.d. float64 uniforms, in their sorted order, is a uniformly random ordered k-tuple
-    (ties, the only departure, have probability about population**2 / 2**53)."""
-    keys = torch.rand(n_rows, population, generator=generator, device=device, dtype=torch.float64)
-    return keys.topk(k, dim=1).indices
+def _draws_without_replacement(counts: torch.Tensor, population: int, width: int, generator) -> torch.Tensor:
+    """(rows, width) long: row i starts with a uniformly random ordered draw of counts[i] <= width distinct
+    items of range(population) (the rest of the row is -1). Floyd's algorithm gives a uniform subset (for
+    j = population - count, ..., population - 1: t uniform in [0, j]; take j if t is already taken, else
+    t), then a uniformly random permutation orders it: O(width^2) small tensor operations, whatever the
+    population."""
+    rows, device = counts.shape[0], counts.device
+    chosen = torch.full((rows, width), -1, dtype=torch.long, device=device)
+    for column in range(width):
+        active = column < counts
+        top = (population - counts + column).clamp(max=population - 1)  # j of Floyd's algorithm
+        t = _uniform_below(top + 1, (rows,), generator)
+        taken = (chosen[:, :column] == t.view(-1, 1)).any(dim=1)
+        chosen[:, column] = torch.where(active, torch.where(taken, top, t), -1)
+    order = torch.rand(rows, width, generator=generator, device=device, dtype=torch.float64)
+    order = order.masked_fill(torch.arange(width, device=device) >= counts.view(-1, 1), 2.0).argsort(dim=1)
+    return chosen.gather(1, order)
 
 
 def _reversed(source, lengths, position, n_symbols):
@@ -109,8 +120,10 @@ class _MQMTARSampler:
         max_pairs = pairs_for_length(max_length, task.table_size)
         pair = torch.arange(max_pairs, device=device)
         used = pair < n_pairs.view(-1, 1)  # (B, max_pairs): the row's first P blocks are real
-        keys = self.keys[_random_prefixes(n_rows, task.table_size, max_pairs, generator, device)]
-        values = self.values[_random_prefixes(n_rows, task.table_size, max_pairs, generator, device)]
+        # keys and values: independent uniformly random ordered draws without replacement from the tables
+        drawn = _draws_without_replacement(n_pairs.repeat(2), task.table_size, max_pairs, generator)
+        drawn = drawn.clamp(min=0)  # the unused -1 entries of short rows become any valid (ignored) index
+        keys, values = self.keys[drawn[:n_rows]], self.values[drawn[n_rows:]]
 
         # Block places: a uniformly random P-subset of the (free blanks + P) items, in increasing order;
         # the j-th block starts at its item index + 5 j (as in MQMTARTask._generate).

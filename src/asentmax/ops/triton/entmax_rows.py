@@ -4,10 +4,12 @@ For each row z of a contiguous 2D tensor (R, N) and s = (alpha - 1) z, the forwa
     p_i = [s_i - tau]_+ ^ q,   q = 1 / (alpha - 1),   sum_i p_i = 1,
 and the backward returns dx = u*grad - u * sum(u*grad) / sum(u) with u = p^(2 - alpha) on the support.
 
-Supported: alpha in ALPHA_RANGE = (1, 2] (python float), fp32/fp16/bf16, computed in fp32; checked against
-an fp64 oracle to fp32 resolution (tests/test_triton_entmax_rows.py). Beyond alpha = 2, p = d^(1/(alpha-1))
-is steep at the edge of the support and fp32 thresholds lose digits (3 -> 6e-5, 10 -> 3e-4 off under the
-interpreter), so asentmax.ops.entmax.entmax sends alpha > 2 to its torch path and `entmax_rows` refuses it.
+Supported: alpha in ALPHA_RANGE = [1.01, 2] (python float), fp32/fp16/bf16, computed in fp32; checked
+against an fp64 oracle to fp32 resolution (tests/test_triton_entmax_rows.py). Outside it fp32 thresholds
+lose digits: beyond alpha = 2, p = d^(1/(alpha-1)) is steep at the edge of the support (alpha 3: 6e-5,
+10: 3e-4 off under the interpreter); towards alpha = 1, p = d^q with q = 1/(alpha-1) large multiplies the
+relative error of d by q (alpha 1.001: 1.3e-5). asentmax.ops.entmax.entmax computes those alphas on its
+torch path (fp64 inside) and `entmax_rows` refuses them.
 
 How tau is found (all math in fp32, one read of x and one write of p when the row fits on chip):
   1. one reduction gives max(s), and the sum and count of the finite entries. Two lower bounds for tau
@@ -44,7 +46,7 @@ LONG_CHUNK = 4096  # chunk length of the looping kernels
 MAX_ITERS_FAST = 32  # alpha in {1.5, 2}: typically 2-7 steps
 MAX_ITERS_GENERAL = 60
 
-ALPHA_RANGE = (1.0, 2.0)  # alpha in (1, 2]
+ALPHA_RANGE = (1.01, 2.0)  # low <= alpha <= high
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -321,10 +323,10 @@ def _check(x2d: torch.Tensor, alpha) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         raise TypeError(f"entmax_rows expects alpha as a python float, got {type(alpha).__name__}")
     alpha = float(alpha)
-    if not ALPHA_RANGE[0] < alpha <= ALPHA_RANGE[1]:
+    if not ALPHA_RANGE[0] <= alpha <= ALPHA_RANGE[1]:
         low, high = ALPHA_RANGE
-        raise ValueError(f"entmax_rows supports alpha in ({low:g}, {high:g}], got {alpha} "
-                         "(asentmax.ops.entmax.entmax computes larger alphas on its torch path)")
+        raise ValueError(f"entmax_rows supports alpha in [{low:g}, {high:g}], got {alpha} "
+                         "(asentmax.ops.entmax.entmax computes other alphas on its torch path)")
     return alpha
 
 
@@ -414,7 +416,7 @@ def entmax_rows(x2d: torch.Tensor, alpha: float = 1.5) -> torch.Tensor:
 
     Args:
         x2d: (R, N) float32 / float16 / bfloat16 tensor on a CUDA device (or CPU under TRITON_INTERPRET=1).
-        alpha: python float in ALPHA_RANGE = (1, 2] (1.5 and 2.0 take exact closed-form fast paths).
+        alpha: python float in ALPHA_RANGE = [1.01, 2] (1.5 and 2.0 take exact closed-form fast paths).
     Returns:
         p: (R, N), x2d's dtype, rows summing to 1 (all -inf rows: zeros; rows with a NaN or +inf: NaN).
     """
