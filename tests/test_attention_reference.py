@@ -107,6 +107,7 @@ BAD_INPUTS = [
     pytest.param(lambda q, k, v: dict(q=torch.randn(2, 4, 8, 8)), "exceed", id="nq-gt-nk"),
     pytest.param(lambda q, k, v: dict(alpha=0.5), "alpha", id="alpha-lt-1"),
     pytest.param(lambda q, k, v: dict(alpha=float("nan")), "alpha", id="alpha-nan"),
+    pytest.param(lambda q, k, v: dict(alpha=10.5), "alpha must lie in", id="alpha-above-entmax-range"),
     pytest.param(lambda q, k, v: dict(scale=float("inf")), "scale", id="scale-inf"),
     pytest.param(lambda q, k, v: dict(alibi_slopes=torch.ones(3)), "alibi_slopes", id="slopes-shape"),
     pytest.param(lambda q, k, v: dict(alibi_slopes=torch.ones(4, dtype=torch.long)), "alibi_slopes",

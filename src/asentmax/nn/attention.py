@@ -184,7 +184,8 @@ class Attention(nn.Module):
     def _stats(self, q, k, q_scale, ctx: AttentionContext) -> AttentionStats:
         cfg = self.config
         z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype))
-        p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k)
+        p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k,
+                                          cfg.attention_backend)
         return attention_stats(p, q_scale, ctx.n_keys, ctx.query_mask)
 
 

@@ -50,12 +50,15 @@ class Normaliser:
         """True when ModelConfig.alpha is its alpha (and must then be > 1)."""
         return self.family == "entmax" and self.fixed_alpha is None
 
-    def probabilities(self, z: torch.Tensor, alpha: float, topk_k: int) -> torch.Tensor:
-        """Dense weights p from logits z (..., Nk), -inf on hidden keys; alpha as `alpha()` returned."""
+    def probabilities(self, z: torch.Tensor, alpha: float, topk_k: int,
+                      backend: str = "auto") -> torch.Tensor:
+        """Dense weights p from logits z (..., Nk), -inf on hidden keys; alpha as `alpha()` returned.
+        `backend` is the model's attention backend: "reference" and "chunked" keep entmax in pure torch."""
         if self.family == "topk":
             return topk_probabilities(z, topk_k)
         if self.family == "entmax":
-            return entmax(z, alpha=alpha, dim=-1)
+            pure_torch = backend in ("reference", "chunked")
+            return entmax(z, alpha=alpha, dim=-1, backend="reference" if pure_torch else "auto")
         return torch.softmax(z, dim=-1)
 
 

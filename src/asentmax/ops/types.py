@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from asentmax.ops.entmax import ALPHA_MAX
+
 BACKENDS = ("auto", "reference", "chunked", "triton")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -97,8 +99,9 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     if isinstance(alpha, bool) or not isinstance(alpha, Real):
         raise TypeError(f"alpha must be a real number >= 1, got {type(alpha).__name__}")
     alpha = float(alpha)
-    if not (math.isfinite(alpha) and alpha >= 1.0):
-        raise ValueError(f"alpha must be a finite number >= 1 (1 = softmax), got {alpha}")
+    if not (math.isfinite(alpha) and 1.0 <= alpha <= ALPHA_MAX):
+        raise ValueError(f"alpha must lie in [1, {ALPHA_MAX:g}] (1 = softmax; the range alpha-entmax "
+                         f"supports), got {alpha}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
