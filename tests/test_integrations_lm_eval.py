@@ -1,7 +1,7 @@
 """lm-evaluation-harness model "asentmax" (asentmax.integrations.lm_eval) on a tiny random model with the
-byte tokenizer, offline: lm_eval's perplexity of a local task equals the perplexity computed directly with
-the package's Transformer; loglikelihood and generate_until equal direct computations; the shipped needle
-task runs end to end, through simple_evaluate and through the command line."""
+byte tokenizer, offline: lm_eval's perplexity of a local task equals the package's own perplexity
+evaluation (asentmax.lm.evaluate.sequence_nll); loglikelihood and generate_until equal direct
+computations; the shipped needle task runs end to end, through simple_evaluate and the command line."""
 
 import json
 import math
@@ -18,6 +18,7 @@ from asentmax.integrations.hf_model import save_hf  # noqa: E402
 from asentmax.integrations.lm_eval import AsentmaxLM, main, task_manager  # noqa: E402
 from asentmax.integrations.lm_eval_tasks import needle  # noqa: E402
 from asentmax.integrations.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer  # noqa: E402
+from asentmax.lm.evaluate import sequence_nll  # noqa: E402
 from asentmax.nn import Transformer  # noqa: E402
 from asentmax.nn.presets import lm_tiny  # noqa: E402
 
@@ -67,8 +68,11 @@ def test_perplexity_equals_the_package_model(model_dir, tmp_path):
     results = lm_eval.simple_evaluate(model=lm, tasks=["tiny_text_ppl"], task_manager=task_manager(tmp_path))
     metrics = results["results"]["tiny_text_ppl"]
 
-    eos = BYTE_VOCAB_SIZE - 1  # the prefix token lm_eval conditions each text on
-    total = sum(float(logprobs_of(model, [eos], list(t.encode())).sum()) for t in TEXTS)
+    # the package's own perplexity evaluation, each text after the prefix token lm_eval conditions it on
+    eos = BYTE_VOCAB_SIZE - 1
+    nll = [sequence_nll(model, torch.tensor([[eos] + list(t.encode())]), batch_size=1) for t in TEXTS]
+    total = -sum(value for value, _ in nll)
+    assert sum(count for _, count in nll) == sum(len(t.encode()) for t in TEXTS)
     n_bytes = sum(len(t.encode()) for t in TEXTS)
     n_words = sum(len(t.split()) for t in TEXTS)
     assert metrics["byte_perplexity,none"] == pytest.approx(math.exp(-total / n_bytes), rel=1e-5)
