@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# LM runs of arXiv:2506.16640, section 5 at one-GPU scale: one preset per GPU, all at once, each stopped
+# LM runs of arXiv:2506.16640, section 5 at one-GPU scale: all presets at once, spread over the GPUs (several share one GPU when there are fewer GPUs), each stopped
 # (with a checkpoint, by SIGTERM) before the 10-minute limit of one device call. Needs data/lm from
 # `asentmax lm prepare` (carry it). Small outputs are copied to $OUT/lm when $OUT is set.
 #   bash benchmarks/lm_gpu_runs.sh train [PRESET ...]   # default: the four below, GPUs 0..3
 #   bash benchmarks/lm_gpu_runs.sh eval  [PRESET ...]   # then compare into results/lm (and $OUT/lm)
 #   bash benchmarks/lm_gpu_runs.sh smoke [PRESET ...]   # 60 steps: tokens/s of each preset
-# Environment: LIMIT (s per run, 540), STEPS (2500), SIZE (lm_25m), TRAIN_FLAGS (GPU: compile, fused AdamW),
+# Environment: LIMIT (s per run, 540), STEPS (2500), SIZE (lm_25m), TRAIN_FLAGS (extra train flags; compile
+# and fused AdamW are on by default on CUDA),
 # EVAL_FLAGS (extra eval flags). CPU dry run: SIZE=lm_tiny STEPS=3 TRAIN_FLAGS="--device cpu --batch-size 4"
 set -u
 mode=${1:?train, eval or smoke}; shift
@@ -14,10 +15,11 @@ export PYTHONPATH=src
 LIMIT=${LIMIT:-540}
 STEPS=${STEPS:-2500}
 SIZE=${SIZE:-lm_25m}
-read -r -a train_flags <<< "${TRAIN_FLAGS:---compile true --fused true}"
+read -r -a train_flags <<< "${TRAIN_FLAGS:-}"
 read -r -a eval_flags <<< "${EVAL_FLAGS:-}"
 mkdir -p runs/lm
-gpu=0
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -gt 0 ] || gpus=1
+run=0
 for p in "${presets[@]}"; do
   case $mode in
     train) args=(train --run-dir "runs/lm/$p" --steps "$STEPS") ;;
@@ -29,9 +31,9 @@ for p in "${presets[@]}"; do
   if [ "$mode" != eval ]; then
     args+=(--preset "$p" --data data/lm --size "$SIZE" --no-progress "${train_flags[@]}")
   fi
-  CUDA_VISIBLE_DEVICES=$gpu timeout -s TERM "$LIMIT" python -m asentmax lm "${args[@]}" \
+  CUDA_VISIBLE_DEVICES=$((run % gpus)) timeout -s TERM "$LIMIT" python -m asentmax lm "${args[@]}" \
     > "runs/lm/${mode}_$p.log" 2>&1 &
-  gpu=$((gpu + 1))
+  run=$((run + 1))
 done
 wait
 tail -n 3 runs/lm/"${mode}"_*.log

@@ -49,8 +49,8 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     lm_defaults = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in LM_TRAIN_DEFAULTS.items())
     p = lm_sub.add_parser("train", help="train an LM on the prepared data (TrainConfig, LMConfig flags)",
                           description=f"Train an LM. Optimisation defaults of LM runs: {lm_defaults}; "
-                          "the other TrainConfig flags keep TrainConfig's defaults (on a GPU pass "
-                          "--compile true --fused true).")
+                          "the other TrainConfig flags keep TrainConfig's defaults (torch.compile and "
+                          "fused AdamW are on by default on CUDA).")
     p.add_argument("--run-dir", required=True, type=Path, help="output directory (refused if it exists)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
