@@ -250,6 +250,27 @@ def lr_multipliers(config: TrainConfig, n_groups: int) -> list[WarmupCosine]:
     return [run, temperatures][:n_groups]
 
 
+def compiles(train_config: TrainConfig, model_config, world: Distributed) -> bool:
+    """Whether the training step is torch.compile'd: `compile` on, or auto on CUDA for a normaliser whose
+    compiled gradients are right (nn/normalisers.py `compiles`); says so when auto keeps one eager."""
+    from asentmax.nn.normalisers import get_normaliser
+
+    if not train_config.uses("compile", world.device):
+        return False
+    normaliser = get_normaliser(model_config.attention)
+    if normaliser.compiles:
+        return True
+    if train_config.compile == "on":
+        if world.is_main:
+            print(f"warning: --compile on for {normaliser.name}, whose gradients torch.compile is known to "
+                  "get wrong (nn/normalisers.py)", file=sys.stderr)
+        return True
+    if world.is_main:
+        print(f"note: {normaliser.name} trains eagerly (--compile auto): torch.compile is known to get its "
+              "gradients wrong (nn/normalisers.py); --compile on forces it", file=sys.stderr)
+    return False
+
+
 def parameter_groups(model) -> list[dict]:
     """AdamW parameter groups: the model's parameters, then (when there are any) its temperatures'."""
     temperatures = list(model.temperature_parameters())
@@ -451,7 +472,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     if world.active:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
-    step_model = compiled_for_training(ddp_model) if train_config.uses("compile", world.device) else ddp_model
+    step_model = ddp_model
+    if compiles(train_config, model_config, world):
+        step_model = compiled_for_training(ddp_model)
 
     commit = git_commit()
     if world.is_main:

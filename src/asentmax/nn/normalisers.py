@@ -13,7 +13,10 @@ Fields:
                TEMPERATURES: "ssmax" = s_h log(n+1) (+ delta), "asentmax" = delta + beta log(n+1)^gamma);
   sdpa         True: computed by torch scaled_dot_product_attention (the plain-torch softmax path);
   fixed_alpha  entmax family: None = ModelConfig.alpha, else this alpha;
-  label        the method's name in the paper's tables.
+  label        the method's name in the paper's tables;
+  compiles     False: torch.compile with Inductor is known to give this normaliser wrong gradients, so
+               training runs it eagerly unless compiling is forced (SSMax: the gradient of its per-head s
+               came out wrong on the H200 with torch 2.11, results/gpu_tests_session4.md).
 
 To add a normaliser, add one entry to NORMALISERS (and tests). A new family needs its weights in
 `Normaliser.probabilities` and its kernel choice in nn/attention.py.
@@ -38,6 +41,7 @@ class Normaliser:
     temperature: str | None = None
     sdpa: bool = False
     fixed_alpha: float | None = None
+    compiles: bool = True
 
     def alpha(self, config_alpha: float) -> float:
         """The alpha of the kernel that computes it: 1 for the softmax and top-k families."""
@@ -72,7 +76,7 @@ def topk_probabilities(z: torch.Tensor, k: int) -> torch.Tensor:
 
 NORMALISERS = (
     Normaliser("softmax", "Softmax", "softmax", sdpa=True),
-    Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax", sdpa=True),
+    Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax", sdpa=True, compiles=False),
     Normaliser("topk", "Top-K", "topk"),
     Normaliser("entmax", "Entmax", "entmax"),
     Normaliser("asentmax", "ASEntmax", "entmax", temperature="asentmax"),
