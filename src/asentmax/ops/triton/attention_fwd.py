@@ -255,14 +255,13 @@ def _entmax_attention_fwd(
 
 
 # Start of the threshold passes: m - 1 (0), or a lower bound from the START_TOPK largest per-tile row maxima
-# of the max pass (_top_lower_bound; a power of two). H200, bf16, B=2, H=16, causal (attention_tuning3.md),
-# forward ms for K = 0 / 8 / 16 / 32: D=64 16K random 12.1 / 9.6 / 8.1 / 8.1 (passes 4.9 / 3.0 / 2.2 / 2.1),
-# NAPE 8.7 / 7.1 / 6.3 / 6.9; 4K random 0.89 / 0.70 / 0.62 / 0.63; D=128 16K random 28.6 / 22.2 / 19.0 / 20.1.
+# of the max pass (_top_lower_bound; a power of two). 16 was the fastest in the sweep over K = 0, 8, 16, 32
+# (results/attention_tuning3.md).
 START_TOPK = 16
 # With 16-bit inputs and q_scale, g enters the o2 accumulator g @ v as a hi + lo pair (dot_split). delta =
 # dO . o2 enters dq_scale = scale sum_j dz_j q.k_j, whose terms cancel (sum_j dz_j = 0) around a large mean
 # q.k: the bf16 rounding of g left a 0.063 error there (Nq=1, 4096 keys; the bf16 reference's 0.004, with
-# the split 0.004). One more matmul in the output pass: H200, D=64, fwd+bwd 17.8 -> 19.3 ms at 16K.
+# the split 0.004). It costs one more matmul in the output pass (timed in results/attention_gpu_notes.md).
 O2_SPLIT = True
 
 
