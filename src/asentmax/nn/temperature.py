@@ -53,11 +53,15 @@ class ASEntmaxTemperature(nn.Module):
     def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
         dtype = compute_dtype(x.dtype)
-        # (B, m, T) contiguous before the nonlinearities: their backward then sees one layout (a compiled
-        # softplus backward fed a transposed gradient returned other strides than its meta kernel said)
-        beta = F.softplus(self.beta_proj(x).to(dtype).transpose(1, 2).contiguous())
-        gamma = self.gamma_range * torch.tanh(self.gamma_proj(x).to(dtype).transpose(1, 2).contiguous())
-        return beta, gamma
+        beta_logit, gamma_logit = self.beta_proj(x).to(dtype), self.gamma_proj(x).to(dtype)  # (B, T, m)
+        if torch.compiler.is_compiling():
+            # (B, m, T) contiguous before the nonlinearities: a compiled softplus backward fed a transposed
+            # gradient returned other strides than its meta kernel said. Eager keeps the (B, T, m) layout,
+            # whose backward rounds as every earlier release did (the same trained models)
+            return (F.softplus(beta_logit.transpose(1, 2).contiguous()),
+                    self.gamma_range * torch.tanh(gamma_logit.transpose(1, 2).contiguous()))
+        beta, gamma = F.softplus(beta_logit), self.gamma_range * torch.tanh(gamma_logit)
+        return beta.transpose(1, 2), gamma.transpose(1, 2)
 
     def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T)."""
