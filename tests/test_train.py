@@ -229,6 +229,7 @@ def _ddp_worker(rank, world_size, init_file, examples_per_rank, state, out_dir):
     loss.backward()
     if rank == 0:
         torch.save({name: p.grad for name, p in model.named_parameters()}, f"{out_dir}/grads.pt")
+    del ddp  # its reducer holds the process group: freed after destroy_process_group it can hang gloo
     # the whole training loop on the same group: collectives for loss, logging, validation, checkpoints
     train(tiny_workload(), tiny_train(steps=4, batch_size=6, val_every=2, checkpoint_every=2),
           tiny_model(task), f"{out_dir}/run", progress=False)

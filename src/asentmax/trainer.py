@@ -620,6 +620,12 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     bar.close()
     if world.is_main and writer is not None:
         writer.close()
+    if world.active:
+        # gloo frees a finished collective's tensors on its own thread, which needs the GIL; a process
+        # group destroyed while that is pending (the DDP reducer holds a reference) can deadlock, so the
+        # wrappers go first and a barrier lets those threads finish
+        del ddp_model, step_model
+        dist.barrier()
     if world.owns_group:
         dist.destroy_process_group()
     return {"step": step, "total_steps": total, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
