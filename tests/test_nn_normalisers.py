@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asentmax import compare, dispersion
+from asentmax import dispersion, report
 from asentmax.nn import ModelConfig, Transformer, config
 from asentmax.nn.normalisers import NAMES, NORMALISERS, get_normaliser
 from asentmax.nn.temperature import TEMPERATURES
@@ -21,7 +21,7 @@ OPS = Path(__file__).resolve().parents[1] / "src" / "asentmax" / "ops"
 
 def test_every_consumer_reads_the_registry():
     assert config.ATTENTIONS == NAMES
-    assert set(compare.METHOD_NAMES) == set(NAMES)
+    assert set(report.METHOD_NAMES) == set(NAMES)
     assert set(dispersion.METHODS) == {n.name for n in NORMALISERS if n.family != "topk"}
     assert config.BACKENDS == BACKENDS
 

@@ -380,7 +380,7 @@ def _writable_dir(path: Path, flag: str) -> None:
 
 
 def _run_compare(args) -> None:
-    from asentmax.compare import compare_runs
+    from asentmax.report import compare_runs
 
     _writable_dir(args.output_dir, "--output-dir")
     print(compare_runs(args.run_dirs, args.output_dir))  # RunError (one line) for an unusable eval.json

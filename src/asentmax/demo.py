@@ -3,7 +3,7 @@ experiments of arXiv:2506.16640, at a size a CPU trains in minutes).
 
 Trains a small softmax model and a small ASEntmax model (same architecture, same data, NAPE positions)
 on a short-length synthetic task, evaluates both from 1x to 16x the training length, prints the
-comparison table and writes the plots (asentmax.compare) under the output directory, by default
+comparison table and writes the plots (asentmax.report) under the output directory, by default
 runs/demo/ (ignored by git, so a clone stays clean). The two runs go through the `asentmax` CLI in two
 child processes with one thread each, so a 2-core machine trains both at once; the training is
 deterministic, so every run prints the same numbers. The settings below were picked by measurement
@@ -89,7 +89,7 @@ def _report(table: str, train_options: dict, total: float, train_seconds: float,
 def readme_demo_block(compare: dict, summary: dict) -> str:
     """README.md's demo paragraph and table (between README_BEGIN and README_END) from a demo's
     compare.json and demo.json: exact match % of each method at every evaluated multiplier."""
-    from asentmax.compare import method_label
+    from asentmax.report import method_label
     from asentmax.runs import format_multiplier
 
     results = compare["results"]
@@ -143,7 +143,7 @@ def run_demo(output_dir: Path | str = DEFAULT_OUTPUT, steps: int | None = None,
              publish_root: Path | None = None) -> str:
     """Train, evaluate and compare the demo runs under `output_dir`; returns the markdown table. With
     `publish_root` (a checkout), then publish() the results there."""
-    from asentmax.compare import compare_runs
+    from asentmax.report import compare_runs
 
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

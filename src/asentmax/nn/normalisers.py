@@ -4,7 +4,7 @@ A normaliser maps a query's logits z (theta * scale * q.k + position bias, over 
 attention weights p. Every place that depends on the choice reads this table: ModelConfig validation and
 the CLI choices (nn/config.py ATTENTIONS), the attention layer (nn/attention.py: which kernel, which alpha),
 the inverse-temperature module (nn/temperature.py), the attention statistics, the dispersion illustration
-(dispersion.py) and the paper's method names in reports (compare.py).
+(dispersion.py) and the paper's method names in reports (report.py).
 
 Fields:
   family       how p comes from z: "softmax" (p = softmax(z)), "entmax" (p = alpha-entmax(z)) or "topk"

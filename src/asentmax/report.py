@@ -1,4 +1,5 @@
-"""Side-by-side report of evaluated runs: a markdown table with the paper's numbers (arXiv:2506.16640,
+"""Side-by-side report of evaluated runs (the library behind `asentmax compare` and the demo, below the
+drivers): a markdown table with the paper's numbers (arXiv:2506.16640,
 its synthetic-task results), an accuracy-vs-length plot (log x axis) and an attention-dispersion plot
 (normalised entropy and support size vs length: the paper's attention-dispersion argument) from the
 `dispersion` entries `asentmax eval` stores per length.
