@@ -32,3 +32,16 @@ def randomize_temperatures(model):
             if block.attn.temperature is not None:
                 for p in block.attn.temperature.parameters():
                     p.copy_(0.3 * torch.randn_like(p).abs())
+
+
+def left_padded(lengths, total, vocab, seed=1, device="cpu"):
+    """(ids, attention mask, position_ids) for rows of the given real lengths, padded on the left (pad id 0,
+    real ids in 1..vocab-1), on `device`."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (len(lengths), total), generator=generator)
+    mask = torch.zeros(len(lengths), total, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, total - n:] = 1
+        ids[row, :total - n] = 0
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    return ids.to(device), mask.to(device), positions.to(device)

@@ -15,6 +15,7 @@ from asentmax.integrations import hf  # noqa: E402
 from asentmax.integrations.hf_model import AsentmaxConfig, AsentmaxForCausalLM, save_hf  # noqa: E402
 from asentmax.integrations.tokenizer import BYTE_VOCAB_SIZE, byte_tokenizer  # noqa: E402
 from asentmax.nn import ModelConfig, Transformer  # noqa: E402
+from conftest import left_padded  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEVICE = torch.device("cuda")
@@ -32,17 +33,6 @@ def llama(dtype, backend="triton", alpha=1.5):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="entmax")
     return model.to(device=DEVICE, dtype=dtype)
-
-
-def left_padded(lengths, total, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (len(lengths), total), generator=generator)
-    mask = torch.zeros(len(lengths), total, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        mask[row, total - n:] = 1
-        ids[row, :total - n] = 0
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    return ids.to(DEVICE), mask.to(DEVICE), positions.to(DEVICE)
 
 
 @contextmanager
@@ -69,7 +59,7 @@ def relative_error(a, b):
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 def test_kernels_match_the_reference_backend_logits_and_gradients(alpha):
     """Same weights, only the attention backend differs: Triton vs the dense reference, in fp32 and bf16."""
-    ids, mask, positions = left_padded([LENGTH, LENGTH - 57], LENGTH)
+    ids, mask, positions = left_padded([LENGTH, LENGTH - 57], LENGTH, VOCAB, device=DEVICE)
     real = mask.bool()
     results = {}
     for dtype in (torch.float32, HALF):
@@ -94,7 +84,7 @@ def test_kernels_match_the_reference_backend_logits_and_gradients(alpha):
 def test_bf16_left_padding_equals_unpadded_rows():
     model = llama(HALF)
     lengths = [LENGTH, 200, 31]
-    ids, mask, positions = left_padded(lengths, LENGTH, seed=2)
+    ids, mask, positions = left_padded(lengths, LENGTH, VOCAB, device=DEVICE, seed=2)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask, position_ids=positions).logits
         for row, n in enumerate(lengths):
@@ -104,7 +94,7 @@ def test_bf16_left_padding_equals_unpadded_rows():
 
 def test_generate_with_cache_equals_without_on_cuda():
     model = llama(torch.float32)  # fp32: greedy tokens comparable exactly (bf16 ties may flip)
-    ids, mask, _ = left_padded([96, 40, 71], 96, seed=3)
+    ids, mask, _ = left_padded([96, 40, 71], 96, VOCAB, device=DEVICE, seed=3)
     kwargs = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0)
     with counted_kernel_calls() as calls:
         with_cache = model.generate(ids, use_cache=True, **kwargs)
@@ -129,7 +119,7 @@ def as_hf(model: Transformer, dtype) -> AsentmaxForCausalLM:
 
 
 def test_asentmax_model_under_transformers_on_cuda():
-    ids, mask, _ = left_padded([200, 120], 200, seed=4)
+    ids, mask, _ = left_padded([200, 120], 200, VOCAB, device=DEVICE, seed=4)
     real = mask.bool()
     for dtype, tol in ((torch.float32, 1e-4), (HALF, 3e-2)):
         with torch.no_grad():

@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from asentmax import entmax_attention  # noqa: E402
 from asentmax.integrations import hf  # noqa: E402
+from conftest import left_padded  # noqa: E402
 
 VOCAB = 61
 
@@ -23,18 +24,6 @@ def tiny_llama(attn_implementation="entmax", alpha=1.5, seed=0, **overrides):
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
 
 
-def left_padded(lengths, total, seed=1):
-    """(ids, mask, position_ids) for rows of the given real lengths, padding on the left."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (len(lengths), total), generator=generator)
-    mask = torch.zeros(len(lengths), total, dtype=torch.long)
-    for row, n in enumerate(lengths):
-        mask[row, total - n:] = 1
-        ids[row, :total - n] = 0
-    positions = (mask.cumsum(1) - 1).clamp_min(0)
-    return ids, mask, positions
-
-
 def rotate(x, cos, sin):
     """RoPE as Llama applies it (rotate_half convention), written out for the oracle."""
     half = x.shape[-1] // 2
@@ -45,7 +34,7 @@ def rotate(x, cos, sin):
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 def test_every_layer_equals_entmax_attention_on_the_same_qkv(alpha):
     model = tiny_llama(alpha=alpha)
-    ids, mask, positions = left_padded([9, 5, 7], 9)
+    ids, mask, positions = left_padded([9, 5, 7], 9, VOCAB)
     captured = []
 
     def attention_inputs(module, args, kwargs):
@@ -93,7 +82,7 @@ def test_output_at_t_ignores_later_tokens():
 def test_left_padded_batch_equals_unpadded_sequences():
     model = tiny_llama()
     lengths = [10, 4, 7]
-    ids, mask, positions = left_padded(lengths, 10)
+    ids, mask, positions = left_padded(lengths, 10, VOCAB)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask, position_ids=positions).logits
         # without position_ids Llama counts the pads too: RoPE scores depend on distances only
@@ -106,7 +95,7 @@ def test_left_padded_batch_equals_unpadded_sequences():
 
 def test_generate_with_cache_equals_generate_without():
     model = tiny_llama()
-    ids, mask, _ = left_padded([8, 3, 6], 8, seed=5)
+    ids, mask, _ = left_padded([8, 3, 6], 8, VOCAB, seed=5)
     kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     with_cache = model.generate(ids, use_cache=True, **kwargs)
     without = model.generate(ids, use_cache=False, **kwargs)
@@ -120,7 +109,7 @@ def test_generate_with_cache_equals_generate_without():
 def test_alpha_one_equals_transformers_softmax_attention():
     entmax_model = tiny_llama(alpha=1.0)
     sdpa_model = tiny_llama("sdpa")
-    ids, mask, positions = left_padded([9, 6], 9, seed=6)
+    ids, mask, positions = left_padded([9, 6], 9, VOCAB, seed=6)
     with torch.no_grad():
         ours = entmax_model(ids, attention_mask=mask, position_ids=positions).logits
         theirs = sdpa_model(ids, attention_mask=mask, position_ids=positions).logits
