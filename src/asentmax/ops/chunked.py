@@ -11,7 +11,9 @@ Grouped-query heads are folded into the row dimension (B * Hkv, G * block_q, D),
 repeated. Only tau (B, H, Nq) and the output are kept for the backward pass, which recomputes p per block
 from tau and applies the entmax Jacobian (arXiv:2506.16640, section 2; u = p^(2 - alpha) on the support):
     dz = u * (dp - sum(u dp) / sum(u)),  dp = dO v^T        (softmax: dz = p * (dp - sum(dO * O)))
-then dq, dk, dv and d q_scale through z = (scale * q_scale * q) . k + bias.
+then dq, dk, dv and d q_scale through z = (scale * q_scale * q) . k + bias. For alpha > 2, u grows as
+p shrinks and the recomputation from tau loses exactly the small p that dominate it, so there p and dz
+come from the entmax solve of the block and its own (cancellation-free) backward instead.
 
 Forward and backward are the torch custom ops asentmax::chunked_attention and
 asentmax::chunked_attention_bwd: torch.compile keeps their block loops (python control flow on the
@@ -22,7 +24,7 @@ model neither breaks its graph nor recompiles per sequence length here.
 import torch
 from torch import Tensor
 
-from asentmax.ops.entmax import compute_dtype, entmax
+from asentmax.ops.entmax import compute_dtype, entmax, entmax_vjp
 from asentmax.ops.types import AttentionAux, BackendSupport
 
 SUPPORT = BackendSupport()  # every alpha >= 1, head_dim and float dtype
@@ -183,11 +185,19 @@ def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scal
     dk, dv = torch.zeros_like(kc), torch.zeros_like(vc)  # (B * Hkv, Nk, D)
     for r0, r1, kend in prob.blocks():
         qhat_rows, d_out_rows = prob.rows(qhat, r0, r1), prob.rows(d_out, r0, r1)  # (B * Hkv, G * n, D)
-        p = prob.probs_from_tau(prob.logits(qhat_rows, kc, r0, r1, kend), tau[:, :, :, r0:r1])
+        z = prob.logits(qhat_rows, kc, r0, r1, kend)
+        if alpha > 2.0:
+            p = entmax(z, alpha=alpha, dim=-1, backend="reference")
+            if prob.any_empty:
+                p.masked_fill_(prob.empty[:, :, :, r0:r1], 0.0)
+        else:
+            p = prob.probs_from_tau(z, tau[:, :, :, r0:r1])
         dv[:, :kend].baddbmm_(p.view(-1, qhat_rows.shape[1], kend).transpose(-1, -2), d_out_rows)
         dp = torch.bmm(d_out_rows, vc[:, :kend].transpose(-1, -2)).view(p.shape)
         if alpha == 1.0:
             dz = dp.sub_(delta[:, :, :, r0:r1]).mul_(p)
+        elif alpha > 2.0:
+            dz = entmax_vjp(p.view(-1, kend), dp.view(-1, kend), alpha, False)[0].view(p.shape)
         else:
             u = p.pow_(2 - alpha) if alpha < 2 else torch.where(p > 0, p.pow(2 - alpha), 0.0)
             u_total = u.sum(-1, keepdim=True).clamp_(min=torch.finfo(prob.dtype).tiny)

@@ -307,7 +307,7 @@ def _dp_dalpha(p, alpha):
     return p * (big_b * (1.0 - a * log_p) - b * (1.0 - a * entropy_term)) / total_u
 
 
-def _vjp(p, grad, alpha, need_alpha):
+def entmax_vjp(p, grad, alpha, need_alpha):
     """Vector-Jacobian products on (R, n) rows: dx (R, n) and dalpha (R, 1) (None unless need_alpha).
 
     alpha is a float or (R, 1). Differentiable (out-of-place operations only): double backward works."""
@@ -366,7 +366,7 @@ def _(p, grad, alpha):
 @torch.library.custom_op("asentmax::entmax_bwd", mutates_args=())
 def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional[torch.Tensor], alpha: float,
                        need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: _vjp on the support of each row
+    """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: entmax_vjp on the support of each row
     (NaN counts as support), compacted into an (R, k) matrix when k (the largest support) is at most
     _COMPACT_FRACTION of a row, as the forward compacts its candidates."""
     alpha = alpha if alpha_rows is None else alpha_rows
@@ -374,12 +374,13 @@ def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional
     support = (p != 0).view(-1)
     flat_index, slots, _, k = _compaction(support, n_rows, n) if p.numel() else (None, None, None, n)
     if p.numel() == 0 or k > _COMPACT_FRACTION * n:  # gathering costs more than it saves
-        dx, dalpha = _vjp(p, grad, alpha, need_alpha)
+        dx, dalpha = entmax_vjp(p, grad, alpha, need_alpha)
     else:
         def compact(v):
             return v.new_zeros(n_rows * k).index_copy_(0, slots, v.view(-1).index_select(0, flat_index))
 
-        dx_c, dalpha = _vjp(compact(p).view(n_rows, k), compact(grad).view(n_rows, k), alpha, need_alpha)
+        dx_c, dalpha = entmax_vjp(compact(p).view(n_rows, k), compact(grad).view(n_rows, k), alpha,
+                                  need_alpha)
         dx = torch.zeros_like(p)
         dx.view(-1).index_copy_(0, flat_index, dx_c.view(-1).index_select(0, slots))
         dx.masked_fill_(torch.isnan(dx_c).any(1, keepdim=True), float("nan"))  # the whole NaN row
@@ -398,13 +399,13 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    """The custom backward ops; create_graph=True (grad mode on) takes _vjp itself (differentiable)."""
+    """The custom backward ops; create_graph=True (grad mode on) takes entmax_vjp itself (differentiable)."""
     p, alpha_rows = ctx.saved_tensors
     grad = grad.to(p.dtype)
     need_alpha = ctx.needs_input_grad[1]
     if torch.is_grad_enabled():  # fp16/bf16 p (the Triton path keeps x's dtype) in fp32
         work = compute_dtype(p.dtype)
-        dx, dalpha = _vjp(p.to(work), grad.to(work), ctx.alpha if alpha_rows is None else alpha_rows,
+        dx, dalpha = entmax_vjp(p.to(work), grad.to(work), ctx.alpha if alpha_rows is None else alpha_rows,
                           need_alpha)
         dx = dx.to(p.dtype)
     elif ctx.triton:
