@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
+
+from reproduce_paper import run_all  # the same side-by-side launcher
 
 # name -> flags added to `asentmax train --preset mqmtar`; the candidate causes of the plateau: the
 # initialisation of the beta/gamma projections, warm-up, learning rate, theta's offset delta, the
@@ -57,15 +56,12 @@ SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-hea
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
 
 
-def launch(name: str, flags: list[str], work: Path, steps: int, smoke: bool,
-           extra: list[str]) -> subprocess.Popen:
-    run_dir = work / name
-    args = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--run-dir", str(run_dir),
-            "--overwrite", "--no-progress", "--steps", str(steps), "--log-every", "25", "--val-every", "0",
+def train_command(name: str, flags: list[str], work: Path, steps: int, smoke: bool,
+                  extra: list[str]) -> list[str]:
+    """The `asentmax train` arguments of one run of the study."""
+    return ["train", "--preset", "mqmtar", "--run-dir", str(work / name), "--overwrite", "--no-progress",
+            "--steps", str(steps), "--log-every", "25", "--val-every", "0",
             "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + extra + flags
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log = open(work / f"{name}.log", "w")
-    return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def read_curve(run_dir: Path) -> list[tuple[int, float, float]]:
@@ -122,17 +118,9 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {k: v for k, v in STUDIES[args.study].items() if not args.only or k in args.only}
-    start = time.time()
     extra = args.train_flags.split()
-    children = {name: launch(name, flags, args.work, args.steps, args.smoke, extra)
-                for name, flags in runs.items()}
-    while time.time() - start < args.seconds and any(c.poll() is None for c in children.values()):
-        time.sleep(5)
-    for child in children.values():
-        if child.poll() is None:
-            child.terminate()
-    for child in children.values():
-        child.wait()
+    run_all({name: train_command(name, flags, args.work, args.steps, args.smoke, extra)
+             for name, flags in runs.items()}, args.work, "train", args.seconds)
     results = {}
     for name, flags in runs.items():
         curve = read_curve(args.work / name)

@@ -38,19 +38,20 @@ def compiled(model):
 
 
 def loss_and_grads(model, call, ids, mask=None):
+    """Logits of call(ids) and the gradient of every parameter (by name) of mean(logits^2)."""
     model.zero_grad()
     logits = call(ids, attention_mask=mask)
     logits.float().square().mean().backward()
-    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_same_training(model, call, ids, mask=None):
     eager_logits, eager_grads = loss_and_grads(model, model, ids, mask)
     logits, grads = loss_and_grads(model, call, ids, mask)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-5)
-    assert len(grads) == len(eager_grads)
-    for got, want in zip(grads, eager_grads, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert grads.keys() == eager_grads.keys()
+    for name, want in eager_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 CASES = [(name, "nape") for name in NAMES] + [("asentmax", p) for p in ("nope", "alibi", "rope")]

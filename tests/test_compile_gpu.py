@@ -14,6 +14,7 @@ from asentmax.nn import KVCache, ModelConfig, Transformer
 from asentmax.nn.generation import generate
 from asentmax.nn.normalisers import NAMES
 from conftest import randomize_temperatures
+from test_compile import loss_and_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 64
@@ -38,13 +39,6 @@ def compiled(model):
 def ids_of(batch, length, seed=1):
     return torch.randint(0, VOCAB, (batch, length), device="cuda",
                          generator=torch.Generator("cuda").manual_seed(seed))
-
-
-def loss_and_grads(model, call, ids):
-    model.zero_grad()
-    logits = call(ids)
-    logits.float().square().mean().backward()
-    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def assert_same_training(model, call, ids):
