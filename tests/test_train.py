@@ -350,3 +350,13 @@ def test_rng_state_from_a_host_with_more_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
     set_rng_state(rng_state())
     assert len(restored) == 1
+
+
+def test_git_commit_is_read_from_the_environment_when_set(monkeypatch):
+    """A tree copied to another machine keeps stale git metadata; ASENTMAX_GIT_COMMIT names the tree."""
+    from asentmax.runs import git_commit
+
+    monkeypatch.delenv("ASENTMAX_GIT_COMMIT", raising=False)
+    from_git = git_commit()
+    monkeypatch.setenv("ASENTMAX_GIT_COMMIT", "0123abc")
+    assert git_commit() == "0123abc" != from_git

@@ -52,7 +52,12 @@ class RunError(ValueError):
 # ---- provenance ----
 
 def git_commit() -> str:
-    """HEAD of the repository holding this file (+ '-dirty' with uncommitted changes), or 'unknown'."""
+    """HEAD of the repository holding this file (+ '-dirty' with uncommitted changes), or 'unknown'.
+
+    $ASENTMAX_GIT_COMMIT, when set, is returned instead: for a copy of a working tree whose git metadata
+    is not its own (e.g. a tree shipped to a remote GPU machine)."""
+    if os.environ.get("ASENTMAX_GIT_COMMIT"):
+        return os.environ["ASENTMAX_GIT_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
