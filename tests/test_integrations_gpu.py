@@ -1,7 +1,8 @@
 """GPU checks of the Hugging Face integration (run on the H200; skipped in CI): the Triton kernels under
-transformers (attn_implementation="entmax", bf16) agree with the fp64-accurate reference backend in fp32 on
-logits and gradients, left padding included; cached generation equals uncached generation; the package's
-model as AsentmaxForCausalLM and under lm_eval runs in bf16 on CUDA close to fp32."""
+transformers (attn_implementation="entmax") give logits and gradients as close to an fp64 run of the same
+weights as the reference backend does, in fp32 and bf16, left padding included; cached generation equals
+uncached generation; the package's model as AsentmaxForCausalLM and under lm_eval runs in bf16 on CUDA close
+to fp32."""
 
 from contextlib import contextmanager
 
@@ -24,7 +25,9 @@ VOCAB = 256
 LENGTH = 384
 
 
-def llama(dtype, backend="triton", alpha=1.5):
+def llama(dtype, backend="triton", alpha=1.5, device=DEVICE):
+    """The tiny Llama with seed-0 weights rounded to `dtype` (float64 after a narrower dtype: the same rounded
+    weights, computed exactly)."""
     hf.register()
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
@@ -32,7 +35,7 @@ def llama(dtype, backend="triton", alpha=1.5):
         bos_token_id=None, eos_token_id=None, entmax_alpha=alpha, entmax_backend=backend)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="entmax")
-    return model.to(device=DEVICE, dtype=dtype)
+    return model.to(device=device, dtype=dtype)
 
 
 @contextmanager
@@ -53,32 +56,66 @@ def counted_kernel_calls():
 
 
 def relative_error(a, b):
-    return float((a.float() - b.float()).norm() / b.float().norm())
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+GRAD_NAMES = ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+              "model.layers.0.self_attn.v_proj.weight", "model.embed_tokens.weight")
+# allowed error of the Triton run = FACTOR * (the reference backend's error in the same dtype) + FLOOR[dtype],
+# both relative to the fp64 run of the same rounded weights
+FACTOR = 1.5
+FLOOR = {torch.float32: 1e-4, HALF: 1e-2}
+
+
+def logits_and_grads(model, ids, mask, positions):
+    """(logits of the real tokens, {name: gradient} for GRAD_NAMES) of loss = mean logsumexp (in fp64)."""
+    real = mask.bool()
+    logits = model(ids, attention_mask=mask, position_ids=positions).logits
+    logits[real].double().logsumexp(-1).mean().backward()
+    grads = {name: model.get_parameter(name).grad.cpu() for name in GRAD_NAMES}
+    return {"logits": logits.detach()[real].cpu(), **grads}
+
+
+def backend_errors(alpha, dtype, device=DEVICE, length=LENGTH):
+    """Rows (dtype, quantity, reference error, Triton error, allowed) for one dtype: the tiny Llama in `dtype`
+    with the reference and the Triton backend, each relative to the fp64 reference run (on the CPU) of the
+    same rounded weights. Also checks the Triton kernels ran for the triton backend only."""
+    ids, mask, positions = left_padded([length, length - 57], length, VOCAB)
+    exact = logits_and_grads(llama(dtype, "reference", alpha, "cpu").double(), ids, mask, positions)
+    ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
+    runs = {}
+    for backend in ("reference", "triton"):
+        with counted_kernel_calls() as calls:
+            runs[backend] = logits_and_grads(llama(dtype, backend, alpha, device), ids, mask, positions)
+        assert bool(calls) == (backend == "triton"), f"{backend} backend: {len(calls)} Triton kernel calls"
+    rows = []
+    for quantity, r in exact.items():
+        ref_err, triton_err = (relative_error(runs[b][quantity], r) for b in ("reference", "triton"))
+        rows.append((dtype, quantity, ref_err, triton_err, FACTOR * ref_err + FLOOR[dtype]))
+    return rows
 
 
 @pytest.mark.parametrize("alpha", [1.5, 2.0])
 def test_kernels_match_the_reference_backend_logits_and_gradients(alpha):
-    """Same weights, only the attention backend differs: Triton vs the dense reference, in fp32 and bf16."""
-    ids, mask, positions = left_padded([LENGTH, LENGTH - 57], LENGTH, VOCAB, device=DEVICE)
-    real = mask.bool()
-    results = {}
-    for dtype in (torch.float32, HALF):
-        for backend in ("reference", "triton"):
-            model = llama(dtype, backend, alpha)
-            with counted_kernel_calls() as calls:
-                logits = model(ids, attention_mask=mask, position_ids=positions).logits
-                logits[real].float().logsumexp(-1).mean().backward()
-            assert bool(calls) == (backend == "triton")
-            grads = {n: p.grad for n, p in model.named_parameters()}
-            results[dtype, backend] = (logits.detach()[real], grads)
-    for dtype, logits_tol, grad_tol in ((torch.float32, 1e-4, 1e-3), (HALF, 3e-2, 8e-2)):
-        ref_logits, ref_grads = results[dtype, "reference"]
-        logits, grads = results[dtype, "triton"]
-        assert relative_error(logits, ref_logits) < logits_tol, dtype
-        for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
-                     "model.layers.0.self_attn.v_proj.weight", "model.embed_tokens.weight"):
-            assert torch.isfinite(grads[name].float()).all()
-            assert relative_error(grads[name], ref_grads[name]) < grad_tol, (dtype, name)
+    """Same weights, only the attention backend differs: logits and gradients of the Triton run are as close
+    to the fp64 run of the same rounded weights as the reference backend's run in the same dtype is (within
+    FACTOR, plus a floor of a few rounding units), in fp32 and bf16.
+
+    Why not Triton vs the reference directly: in bf16 neither is close to the exact answer. At alpha = 2
+    (sparsemax) a third of the rows have support 1 (zero Jacobian) and the Jacobian jumps by 1/|S| when a key
+    crosses the threshold; bf16 rounding of the activations moves keys across it (19% of the second layer's
+    rows change support size), so the bf16 reference's gradients are 0.33-0.39 (relative) from the fp64 run
+    of the same weights, the Triton run's 0.35-0.39 (no worse), and the two bf16 runs 0.23-0.26 from each
+    other: above any fixed tolerance that would still mean something at alpha = 1.5, where the bf16
+    reference is 0.10 from fp64. (Measured on the CPU: Triton interpreter, its bf16 tl.dot made to read
+    bf16 operands. fp32 errors are ~1e-5 for both backends.)"""
+    rows = [row for dtype in (torch.float32, HALF) for row in backend_errors(alpha, dtype)]
+    table = "\n".join(f"  {str(dtype):15} {quantity:40} reference {ref:.3e}  triton {err:.3e}  "
+                      f"allowed {allowed:.3e}{'' if err <= allowed else '  FAIL'}"
+                      for dtype, quantity, ref, err, allowed in rows)
+    print(table)
+    assert all(err <= allowed for *_, err, allowed in rows), \
+        f"alpha={alpha}: relative error vs the fp64 reference of the same weights\n{table}"
 
 
 def test_bf16_left_padding_equals_unpadded_rows():
