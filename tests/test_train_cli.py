@@ -250,3 +250,27 @@ def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, s
         assert torch.equal(a["model"][name], b["model"][name]), name
     logs = [[r["loss"] for r in _read_csv(d / "log.csv")] for d in (run, tmp_path / "straight")]
     assert logs[0] == logs[1] and len(logs[0]) == step + 3
+
+
+def test_a_repeated_sigterm_is_the_same_stop_request_and_ctrl_c_twice_aborts():
+    """GNU `timeout` delivers SIGTERM twice (to the child, then to its process group); the second copy
+    must not reach the previous handler (the default one kills a run while it writes its checkpoint).
+    A second SIGINT does reach it: Ctrl-C twice aborts at once."""
+    from asentmax.trainer import StopRequest
+
+    reached = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: reached.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with StopRequest() as request:
+            for _ in range(3):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the Python-level handler runs between the signals
+            assert request.signal_name == "SIGTERM" and reached == []
+            for _ in range(2):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            assert request.signal_name == "SIGINT" and reached == [signal.SIGINT]
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -396,8 +396,10 @@ def _row_text(row: dict) -> str:
 
 
 class StopRequest:
-    """Turns SIGINT / SIGTERM into a flag the loop reads after each step (main thread only). A second
-    signal gets the previous handler (Ctrl-C twice aborts at once)."""
+    """Turns SIGINT / SIGTERM into a flag the loop reads after each step (main thread only). After a
+    SIGINT the previous handlers are back (Ctrl-C twice aborts at once); a repeated SIGTERM is the same
+    request again, not an abort: GNU `timeout` delivers its signal twice, to the child and to its
+    process group, and the second copy must not kill a run that is writing its checkpoint."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -413,8 +415,9 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signal_name = signal.Signals(signum).name
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+        if signum == signal.SIGINT:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
