@@ -9,7 +9,8 @@ The kernels are wrapped as three custom ops of the `asentmax` namespace, so that
 as one opaque call (shapes from its fake implementation) instead of tracing the launchers:
   asentmax::attention_fwd     fused forward (attention_fwd.py), with the tensors the backward needs;
   asentmax::attention_bwd     fused backward (attention_bwd.py), the autograd formula of attention_fwd;
-  asentmax::attention_decode  forward only, split over the keys (attention_decode.py), for Nq <= 16.
+  asentmax::attention_decode  forward only, for Nq <= 16: one launch at short caches
+                              (attention_decode_short.py), split over the keys beyond (attention_decode.py).
 """
 
 import math
@@ -19,8 +20,8 @@ import triton
 from torch import Tensor
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, mode_of
-from asentmax.ops.triton.attention_decode import MAX_QUERIES, entmax_attention_decode
+from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, mode_of
+from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.types import AttentionAux
 
@@ -129,7 +130,7 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, q_scale_in))
-    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding: split over the keys, forward only
+    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
         out, tau, support = attention_decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
     else:
         out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
