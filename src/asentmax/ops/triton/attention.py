@@ -92,14 +92,17 @@ def _backward(ctx, d_out, *_):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("asentmax::attention_decode", mutates_args=())
-def attention_decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
-                     kpm: Tensor | None, alpha: float, scale: float, causal: bool
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+def _decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
+            kpm: Tensor | None, alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(out, tau, support) for Nq <= MAX_QUERIES, forward only; arguments as attention_fwd."""
     return entmax_attention_decode(q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal,
                                    slopes=slopes, q_scale=q_scale, kpm=kpm, tol=_TOL[q.dtype],
                                    max_iter=_MAX_NEWTON_PASSES)
+
+
+# Eager decoding calls _decode itself: at short caches the custom op's dispatch (about 15 us of host time a
+# call) would be a large part of a step. torch.compile sees the op.
+attention_decode = torch.library.custom_op("asentmax::attention_decode", _decode, mutates_args=())
 
 
 @attention_decode.register_fake
@@ -131,7 +134,8 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, q_scale_in))
     if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
-        out, tau, support = attention_decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
+        decode = attention_decode if torch.compiler.is_compiling() else _decode
+        out, tau, support = decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
     else:
         out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
                                                    needs_grad, return_aux)
