@@ -139,6 +139,28 @@ def test_decode_launcher_picks_path(monkeypatch, n_k, path):
     assert taken == [path]
 
 
+@pytest.mark.parametrize("n_q, most", [(1, 2), (4, 3)])
+def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
+    """A cache growing from n_q to SHORT_CACHE keys launches the one-launch kernel with at most `most`
+    compile-time configurations (constexprs and num_warps; the length-dependent ints are do_not_specialize),
+    not one per length or per power of two."""
+    from asentmax.ops.triton import attention_decode_short as short
+
+    configs = set()
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: configs.add(tuple(sorted(kwargs.items())))
+
+    monkeypatch.setattr(short, "_decode_short", Recorder())
+    q = torch.zeros(1, 2, n_q, 64)
+    for n_k in range(n_q, short.SHORT_CACHE + 1, 7):
+        k = torch.zeros(1, 2, n_k, 64)
+        short.entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
+                                            q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert 1 < len(configs) <= most
+
+
 def test_decode_workspace_limit():
     """The kernels index their workspace with int32: a larger problem is refused, not silently wrong."""
     from asentmax.ops.triton.attention_decode import entmax_attention_decode

@@ -8,7 +8,7 @@ their four launches, so here one program per (batch, head) does the whole step f
 1. stream K in BLOCK_N tiles: scores s = c * z into the program's rows of an fp32 scratch (-inf on hidden
    keys and on the padding up to a whole tile) and the row maxima;
 2. the threshold tau of each row by the bracketing passes of attention_fwd.py over the stored scores, held in
-   registers while rows x keys fits one SOLVE_TILE, else re-read from L2 (stored_rows_threshold), then 1 / Z;
+   registers while rows x keys fits a tile of 4096, else re-read from L2 (stored_rows_threshold), then 1 / Z;
 3. stream V: out = sum_j p_j v_j / Z, written in q's dtype.
 
 K and V are each read once. The stages hand their results to each other through the scratch behind a
@@ -31,7 +31,9 @@ from asentmax.ops.triton.attention_common import (
 )
 
 SHORT_CACHE = 4096  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
-_SOLVE_TILE = 4096  # most scores (rows x keys) the threshold passes hold in registers: 16 a thread at 8 warps
+# threshold tiles (scores, rows x keys, num_warps), 8 or 16 a thread: the smallest that holds the rows, else
+# the largest, re-read. Two sizes only, so a growing cache compiles at most three variants per Nq.
+_SOLVE_TILES = ((1024, 4), (4096, 8))
 _ALIGN = 32  # scratch regions start at multiples of 32 floats (128 bytes)
 
 
@@ -119,7 +121,8 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
     s_stride = triton.cdiv(n_k, block_n) * block_n
     rows = triton.next_power_of_2(n_q)
-    solve_block = min(triton.next_power_of_2(s_stride), _SOLVE_TILE // rows)
+    tile, warps = _SOLVE_TILES[0] if rows * s_stride <= _SOLVE_TILES[0][0] else _SOLVE_TILES[1]
+    solve_block = tile // rows
     n_rows = batch * heads * n_q
     row_region = triton.cdiv(n_rows, _ALIGN) * _ALIGN
     dev = q.device
@@ -138,6 +141,5 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
         RESIDENT=s_stride <= solve_block, CAUSAL=causal, HAS_ALIBI=slopes is not None,
         HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, MODE=mode,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=8 if rows * solve_block > 2048 else 4)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     return out, tau, support
