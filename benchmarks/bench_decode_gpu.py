@@ -2,12 +2,17 @@
 
 Times (medians of triton.testing.do_bench, L2 flushed before each call) of
 - ours: `entmax_attention(..., alpha, backend="triton")` under no_grad, the public call (argument checks
-  included), which takes the split-over-keys kernels of asentmax/ops/triton/attention_decode.py;
-- kernels: `entmax_attention_decode` called directly (the launcher alone, without the public call's checks);
+  included);
+- launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes the
+  one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys and
+  the split-over-keys kernels of attention_decode.py beyond;
+- short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
+  threshold belongs;
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads).
-Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16, D = 64 and 128,
-caches of 1K, 4K, 16K and 64K keys with q_len = 1, plus q_len = 4 and GQA (Hkv = 4) at 16K. As a check of
-the same code path on the GPU, each case also reports max |ours - SDPA| with alpha = 1 (softmax).
+Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
+with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4) at 1K and 4K, 8K (q_len 1), and as before
+16K and 64K (q_len 1), q_len 4 and GQA at 16K. As a check of the same code path on the GPU, each case also
+reports max |ours - SDPA| with alpha = 1 (softmax). About a minute on an H200, most of it compiling.
 
     PYTHONPATH=src python benchmarks/bench_decode_gpu.py --out results
 writes results/decode_gpu.json and results/decode_gpu.md.
@@ -18,13 +23,17 @@ import json
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
 
 # (B, H, Hkv, q_len, D, cache)
-CASES = ([(8, 16, 16, 1, dim, cache) for dim in (64, 128) for cache in (1024, 4096, 16384, 65536)]
+CASES = ([(8, 16, 16, nq, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096) for nq in (1, 4)]
+         + [(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (1024, 4096)]
+         + [(8, 16, 16, 1, dim, cache) for dim in (64, 128) for cache in (8192, 16384, 65536)]
          + [(8, 16, 16, 4, 64, 16384), (8, 16, 4, 1, 64, 16384)])
+BOTH_PATHS_UP_TO = 8192  # caches at which the short and split launchers are both timed
 
 
 def bench_case(b, h, hkv, nq, dim, cache, alpha):
@@ -32,51 +41,63 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
 
     from asentmax.ops.attention import entmax_attention
     from asentmax.ops.triton.attention_common import mode_of
-    from asentmax.ops.triton.attention_decode import entmax_attention_decode
+    from asentmax.ops.triton.attention_decode import (
+        SHORT_CACHE,
+        entmax_attention_decode,
+        entmax_attention_decode_split,
+    )
+    from asentmax.ops.triton.attention_decode_short import entmax_attention_decode_short
 
     q = torch.randn(b, h, nq, dim, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(b, hkv, cache, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    scale = dim ** -0.5
+    options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=False, slopes=None,
+                   q_scale=None, kpm=None, tol=3e-2, max_iter=40)
 
     def ours():
         return entmax_attention(q, k, v, alpha=alpha, causal=False, backend="triton")
 
-    def kernels():
-        return entmax_attention_decode(q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=False,
-                                       slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40)
-
     def sdpa():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != h)
 
-    def timed(fn):
-        return do_bench(fn, warmup=25, rep=200, return_mode="median")
+    def timed(launcher):
+        return do_bench(launcher, warmup=10, rep=60, return_mode="median")
 
     with torch.no_grad():
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
-        row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha, ours_ms=timed(ours),
-                   kernels_ms=timed(kernels), sdpa_ms=timed(sdpa), softmax_max_abs_diff=softmax_err)
+        row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
+                   path="short" if cache <= SHORT_CACHE else "split", ours_ms=timed(ours),
+                   launcher_ms=timed(lambda: entmax_attention_decode(q, k, v, **options)),
+                   sdpa_ms=timed(sdpa), softmax_max_abs_diff=softmax_err)
+        if cache <= BOTH_PATHS_UP_TO:
+            row["short_ms"] = timed(lambda: entmax_attention_decode_short(q, k, v, **options))
+            row["split_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, **options))
     row["ours_vs_sdpa"] = row["ours_ms"] / row["sdpa_ms"]
-    row["kernels_vs_sdpa"] = row["kernels_ms"] / row["sdpa_ms"]
+    row["launcher_vs_sdpa"] = row["launcher_ms"] / row["sdpa_ms"]
     print({key: round(val, 4) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
     return row
 
 
 def markdown(report):
     info = report["info"]
+
+    def ms(row, key):
+        return f"{row[key]:.4f}" if key in row else "-"
+
     lines = [f"# Entmax decoding vs SDPA on {info['gpu']} "
              f"(torch {info['torch']}, triton {info['triton']})", "",
-             f"Command: `{info['command']}`", "",
+             f"Command: `{info['command']}` ({info['seconds']:.0f} s)", "",
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
-             "flushed). ours = public entmax_attention call; kernels = the decode launcher alone. "
-             "softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
-             "| B | H | Hkv | q_len | D | cache | ours ms | kernels ms | SDPA ms | ours/SDPA | kernels/SDPA "
-             "| softmax abs diff |", "|---" * 12 + "|"]
+             "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
+             f"takes the one-launch kernel (path short) up to {info['short_cache']} keys, the split kernels "
+             "beyond; short / split = each launcher forced. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
+             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | short ms | split ms "
+             "| SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |", "|---" * 15 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
-                     f"{r['ours_ms']:.4f} | {r['kernels_ms']:.4f} | {r['sdpa_ms']:.4f} | "
-                     f"{r['ours_vs_sdpa']:.2f} | {r['kernels_vs_sdpa']:.2f} | "
-                     f"{r['softmax_max_abs_diff']:.2g} |")
+                     f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | {ms(r, 'short_ms')} | "
+                     f"{ms(r, 'split_ms')} | {r['sdpa_ms']:.4f} | {r['ours_vs_sdpa']:.2f} | "
+                     f"{r['launcher_vs_sdpa']:.2f} | {r['softmax_max_abs_diff']:.2g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -91,10 +112,14 @@ def main():
         sys.exit("bench_decode_gpu.py needs a CUDA device (none found); nothing was measured")
     import triton
 
+    from asentmax.ops.triton.attention_decode import SHORT_CACHE
+
     torch.manual_seed(0)
+    started = time.perf_counter()
     info = dict(command="PYTHONPATH=src python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
-                torch=torch.__version__, triton=triton.__version__, alpha=args.alpha)
+                torch=torch.__version__, triton=triton.__version__, alpha=args.alpha, short_cache=SHORT_CACHE)
     report = dict(info=info, rows=[bench_case(*case, alpha=args.alpha) for case in CASES])
+    info["seconds"] = time.perf_counter() - started
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_gpu.json"), "w") as fh:
         json.dump(report, fh, indent=1)

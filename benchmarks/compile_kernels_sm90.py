@@ -20,9 +20,9 @@ import tempfile
 
 import torch
 import triton
-from triton.backends.compiler import GPUTarget
+from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction, mangle_type
+from triton.runtime.jit import JITFunction, native_specialize_impl
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import block_config, mode_of
@@ -66,26 +66,37 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
     out, o2, tau, inv_z, _, tile_max, _ = entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40,
                                                               blocks=blocks, **options)
     entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
-    for cache in (n, 5000):  # one chunk; several chunks with a streamed threshold row and the reduce kernel
+    # decoding: the one-launch kernel (scores in registers at 4 and 8 warps, and re-read with 4 rows at 4096
+    # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel)
+    for n_q, cache in ((1, n), (1, 4096), (4, 4096), (1, 5000)):
         k_cache, v_cache = (torch.randn(batch, heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
-        entmax_attention_decode(q[:, :, :1], k_cache, v_cache, tol=3e-2, max_iter=40,
-                                **dict(options, q_scale=options["q_scale"][:, :, :1],
+        entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
+                                **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
                                        kpm=torch.ones(batch, cache, dtype=torch.uint8)))
 
 
 def compile_launch(fn, args, kwargs):
-    """Compile one recorded launch for sm_90; returns the compiled kernel."""
-    constexprs, signature = {}, {}
+    """Compile one recorded launch for sm_90 with the specialisation a GPU launch gives it (an int argument
+    equal to 1 becomes a constant, ints divisible by 16 and 16-byte aligned pointers are marked so, except
+    where the kernel says do_not_specialize), which decides vector widths and software pipelining; returns
+    the compiled kernel."""
+    constexprs, signature, attrs = {}, {}, {}
     for i, param in enumerate(fn.params):
         value = args[i] if i < len(args) else kwargs[param.name]
         if param.is_constexpr:
             constexprs[param.name] = value
             signature[param.name] = "constexpr"
-        else:
-            signature[param.name] = mangle_type(value)
+            continue
+        kind, spec = native_specialize_impl(BaseBackend, value, False, not param.do_not_specialize,
+                                            not param.do_not_specialize_on_alignment)
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[param.name] = spec
+        elif isinstance(spec, str):
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
     options = {name: kwargs[name] for name in ("num_warps", "num_stages") if name in kwargs}
-    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=TARGET,
-                          options=options)
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                          target=TARGET, options=options)
 
 
 def resource_usage(kernel):

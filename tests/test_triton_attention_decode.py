@@ -1,8 +1,10 @@
-"""The split-over-keys decoding kernels (asentmax.ops.triton.attention_decode, Nq <= 16, no gradients) vs the
-fp64 reference (docs/method.md section 3), on each of their code paths: one chunk (output written directly),
-several chunks (partial outputs reduced by a fourth kernel), a score row held in registers (<= 4096 keys)
-or streamed (> 4096). The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launcher
-allocates NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
+"""The decoding kernels (Nq <= 16, no gradients) vs the fp64 reference (docs/method.md section 3), on each of
+their code paths. Caches of <= SHORT_CACHE keys: the one-launch kernel (attention_decode_short.py) with its
+threshold tile in registers or re-read from memory (many query rows). Longer caches: the split-over-keys
+kernels (attention_decode.py): one chunk (output written directly), several chunks (partial outputs reduced
+by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). The interpreter
+tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate NaN-poisoned; the `gpu` ones
+repeat the check in bf16 at decoding sizes on a CUDA device.
 """
 
 import os
@@ -42,6 +44,7 @@ def inputs(b, h, hkv, nq, nk, d, dtype, seed=0, device="cpu"):
     q, k, v = (torch.randn(b, heads, n, d, generator=gen).to(device=device, dtype=dtype)
                for heads, n in ((h, nq), (hkv, nk), (hkv, nk)))
     mask = torch.rand(b, nk, generator=gen) > 0.3
+    mask[0, -1] = True  # batch 0 sees a key (a single-key cache would be masked out 30% of the time)
     if b > 1:
         mask[1] = False  # a batch whose rows have no visible key
     slopes = torch.tensor([1.0 / (i + 1) if i < h // 2 else 0.0 for i in range(h)]) * 0.01
@@ -79,12 +82,24 @@ def case_id(case):
     return f"a{case[0]}-B{case[2]}-H{case[3]}/{case[4]}-Nq{case[5]}-Nk{case[6]}-D{case[7]}-{str(case[8])[6:]}"
 
 
-CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras): chunks of 1024 keys
+ALL = ("key_padding_mask", "alibi_slopes", "q_scale")
+# bf16 runs on the GPU only (GPU_CASES): the triton 3.6 interpreter's tl.dot on bf16 operands returns garbage.
+CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with the mask: batch 1 sees no key
+    # one launch (Nk <= SHORT_CACHE = 4096); threshold tile rows x keys in registers up to 4096, else re-read
+    (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # a single key, GQA
+    (1.0, True, 2, 2, 1, 1, 17, 16, torch.float32, ("key_padding_mask", "q_scale")),  # softmax
+    (1.25, True, 1, 4, 4, 4, 17, 32, torch.float16, ("alibi_slopes", "q_scale")),  # causal offset, 4 rows
+    (2.0, False, 2, 2, 2, 3, 1000, 48, torch.float32, ("key_padding_mask", "alibi_slopes")),
+    (1.5, True, 2, 4, 1, 16, 1000, 64, torch.float16, ALL),  # 16 rows: re-read threshold tile, GQA 4
+    (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),
+    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),
+    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),
+    (1.5, True, 1, 2, 2, 4, 4096, 16, torch.float32, ("q_scale",)),  # the longest cache; 4 rows re-read
+    (1.0, False, 2, 2, 1, 1, 4096, 16, torch.float32, ("alibi_slopes", "key_padding_mask")),  # 4096 resident
+    # split over keys (Nk > SHORT_CACHE), chunks of 1024 keys
+    (1.25, True, 2, 2, 1, 2, 4097, 16, torch.float32, ALL),  # just past the one-launch path, GQA
     (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
     (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
-    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),  # 16 rows, 3 chunks
-    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),  # a 4096 block
-    (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),  # exactly one chunk
 ]
 
 
@@ -95,9 +110,10 @@ def test_decode_matches_reference(case):
 
 
 @interpreter
-def test_decode_rows_sum_to_one():
-    """v = 1: each output entry is sum_j p_j / Z over all chunks: 1 on rows with a visible key, else 0."""
-    q, k, v, options = inputs(2, 1, 1, 2, 4100, 16, torch.float32, seed=3)
+@pytest.mark.parametrize("n_k", [1000, 4100])
+def test_decode_rows_sum_to_one(n_k):
+    """v = 1: each output entry is sum_j p_j / Z over all keys: 1 on rows with a visible key, else 0."""
+    q, k, v, options = inputs(2, 1, 1, 2, n_k, 16, torch.float32, seed=3)
     with torch.no_grad():
         out, aux = entmax_attention(q, k, torch.ones_like(v), alpha=1.5, backend="triton", return_aux=True,
                                     key_padding_mask=options["key_padding_mask"])
@@ -105,6 +121,44 @@ def test_decode_rows_sum_to_one():
     assert empty.any() and (~empty).any()
     assert torch.allclose(out[~empty], torch.ones(()), atol=1e-4)
     assert (out[empty] == 0).all()
+
+
+@pytest.mark.parametrize("n_k, path", [(1, "short"), (4096, "short"), (4097, "split"), (40000, "split")])
+def test_decode_launcher_picks_path(monkeypatch, n_k, path):
+    """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys."""
+    from asentmax.ops.triton import attention_decode
+
+    assert attention_decode.SHORT_CACHE == 4096
+    taken = []
+    for name in ("short", "split"):
+        monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
+                            lambda *args, name=name, **kwargs: taken.append(name))
+    q, k = torch.empty(1, 2, 1, 16, device="meta"), torch.empty(1, 2, n_k, 16, device="meta")
+    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
+                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert taken == [path]
+
+
+@pytest.mark.parametrize("n_q, most", [(1, 2), (4, 3)])
+def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
+    """A cache growing from n_q to SHORT_CACHE keys launches the one-launch kernel with at most `most`
+    compile-time configurations (constexprs and num_warps; the length-dependent ints are do_not_specialize),
+    not one per length or per power of two."""
+    from asentmax.ops.triton import attention_decode_short as short
+
+    configs = set()
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: configs.add(tuple(sorted(kwargs.items())))
+
+    monkeypatch.setattr(short, "_decode_short", Recorder())
+    q = torch.zeros(1, 2, n_q, 64)
+    for n_k in range(n_q, short.SHORT_CACHE + 1, 7):
+        k = torch.zeros(1, 2, n_k, 64)
+        short.entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
+                                            q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert 1 < len(configs) <= most
 
 
 def test_decode_workspace_limit():
@@ -120,7 +174,7 @@ def test_decode_workspace_limit():
 
 GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_mask", "alibi_slopes"))
              for alpha in (1.0, 1.5, 1.25) for nq in (1, 4)
-             for nk, dim in ((1000, 64), (3000, 128), (20000, 64))]
+             for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))]
 
 
 @pytest.mark.gpu

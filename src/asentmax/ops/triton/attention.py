@@ -9,7 +9,8 @@ The kernels are wrapped as three custom ops of the `asentmax` namespace, so that
 as one opaque call (shapes from its fake implementation) instead of tracing the launchers:
   asentmax::attention_fwd     fused forward (attention_fwd.py), with the tensors the backward needs;
   asentmax::attention_bwd     fused backward (attention_bwd.py), the autograd formula of attention_fwd;
-  asentmax::attention_decode  forward only, split over the keys (attention_decode.py), for Nq <= 16.
+  asentmax::attention_decode  forward only, for Nq <= 16: one launch at short caches
+                              (attention_decode_short.py), split over the keys beyond (attention_decode.py).
 """
 
 import math
@@ -19,8 +20,8 @@ import triton
 from torch import Tensor
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, mode_of
-from asentmax.ops.triton.attention_decode import MAX_QUERIES, entmax_attention_decode
+from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, mode_of
+from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.types import AttentionAux
 
@@ -91,14 +92,17 @@ def _backward(ctx, d_out, *_):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-@torch.library.custom_op("asentmax::attention_decode", mutates_args=())
-def attention_decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
-                     kpm: Tensor | None, alpha: float, scale: float, causal: bool
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+def _decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
+            kpm: Tensor | None, alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(out, tau, support) for Nq <= MAX_QUERIES, forward only; arguments as attention_fwd."""
     return entmax_attention_decode(q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal,
                                    slopes=slopes, q_scale=q_scale, kpm=kpm, tol=_TOL[q.dtype],
                                    max_iter=_MAX_NEWTON_PASSES)
+
+
+# Eager decoding calls _decode itself: at short caches the custom op's dispatch (about 15 us of host time a
+# call) would be a large part of a step. torch.compile sees the op.
+attention_decode = torch.library.custom_op("asentmax::attention_decode", _decode, mutates_args=())
 
 
 @attention_decode.register_fake
@@ -129,8 +133,9 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, q_scale_in))
-    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding: split over the keys, forward only
-        out, tau, support = attention_decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
+    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
+        decode = attention_decode if torch.compiler.is_compiling() else _decode
+        out, tau, support = decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
     else:
         out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
                                                    needs_grad, return_aux)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 MODE_SOFTMAX, MODE_ENTMAX15, MODE_SPARSEMAX, MODE_GENERAL = 0, 1, 2, 3
+MAX_QUERIES = 16  # the decoding kernels (attention_decode.py, attention_decode_short.py) take Nq <= 16
 
 
 def mode_of(alpha):
@@ -215,6 +216,76 @@ def newton_step(t, f, g, hi, ok, two_minus_alpha, MODE: tl.constexpr):
         f_pow = tl.exp2(tl.log2(f) * two_minus_alpha)
     step = tl.where(ok & (g > 0), (f - f_pow) / g, 0.0)
     return tl.minimum(t + step, hi)
+
+
+@triton.jit
+def weight_sums(s, t, inv_am1, MODE: tl.constexpr):
+    """(sum_j p_j, #{p_j > 0}) per row of a score tile s (ROWS, BLOCK) at thresholds t (ROWS,) (softmax:
+    #{visible keys})."""
+    if MODE == 0:
+        p = tl.exp2(s - t[:, None])
+        live = s > float("-inf")
+    else:
+        p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
+        live = p > 0
+    return tl.sum(p, 1), tl.sum(live.to(tl.int32), 1)
+
+
+@triton.jit
+def stored_rows_threshold(s_rows, row_in, s_stride, m, inv_am1, two_minus_alpha, tol, max_iter,
+                          BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
+    """Threshold of score rows stored in memory (the decoding kernels' scratch), bracketing passes as in the
+    fused forward (bracket_update) until sum_j p_j at the lower bound is within tol of 1.
+
+    s_rows (ROWS, 1): pointers to rows of s_stride scores (-inf on hidden keys); row_in (ROWS, 1): the rows
+    that exist; m (ROWS,): the rows' maxima (-inf: no visible key). RESIDENT: a row fits in one BLOCK and is
+    loaded once into registers; otherwise every pass re-reads it in BLOCKs (from L2).
+    Returns (tau, 1 / Z, support size), each (ROWS,), Z = sum_j p_j at tau; +inf, 0, 0 on rows with no
+    visible key. Softmax (MODE 0): tau = max + log2 Z and 1 / Z = 1, so that exp2(s - tau) is normalised.
+    """
+    offs = tl.arange(0, BLOCK)[None, :]
+    ok = m > float("-inf")
+    m = tl.where(ok, m, 0.0)
+    if RESIDENT:
+        s_resident = tl.load(s_rows + offs, mask=row_in & (offs < s_stride), other=float("-inf"))
+    t = m
+    if MODE != 0:
+        t = m - 1.0
+        hi_t = m
+        it = 0
+        err = tol + 1.0
+        while (it < max_iter) & (err > tol):
+            d = (hi_t - t) * 0.25
+            zero = tl.zeros_like(t)
+            f0, f1, f2, f3, g0, g1, g2, g3 = zero, zero, zero, zero, zero, zero, zero, zero
+            if RESIDENT:
+                f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s_resident, t, d, inv_am1, f0, f1, f2, f3,
+                                                                 g0, g1, g2, g3, MODE)
+            else:
+                for start in range(0, s_stride, BLOCK):
+                    s = tl.load(s_rows + start + offs, mask=row_in & (start + offs < s_stride),
+                                other=float("-inf"))
+                    f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s, t, d, inv_am1, f0, f1, f2, f3, g0, g1,
+                                                                     g2, g3, MODE)
+            t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha,
+                                             MODE)
+            err = tl.max(excess, 0)
+            it += 1
+    if RESIDENT:
+        z, count = weight_sums(s_resident, t, inv_am1, MODE)
+    else:
+        z = tl.zeros_like(t)
+        count = tl.zeros_like(t).to(tl.int32)
+        for start in range(0, s_stride, BLOCK):
+            s = tl.load(s_rows + start + offs, mask=row_in & (start + offs < s_stride), other=float("-inf"))
+            z_part, count_part = weight_sums(s, t, inv_am1, MODE)
+            z += z_part
+            count += count_part
+    if MODE == 0:
+        t = t + tl.log2(z)
+        z = z * 0.0 + 1.0
+    return (tl.where(ok, t, float("inf")), tl.where(ok, 1.0 / tl.maximum(z, 1e-30), 0.0),
+            tl.where(ok, count, 0))
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Entmax attention for a few queries against a long key cache (decoding), split over the keys.
+"""Entmax attention for a few queries against a key cache (decoding): the launcher, and the split over keys.
 
 Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py. With
 Nq <= 16 the fused forward would give each (batch, head) a single program that streams the whole cache
@@ -13,9 +13,11 @@ several times. Here the work is split along the keys instead, so that K and V ar
    chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and
 4. reduce: one program per query row adds them and writes the output in q's dtype.
 
-At short caches decoding time is mostly fixed per-call cost, so the host side is kept to one fp32 workspace
-(the kernels' scratch, addressed by offsets), the three result tensors and these three or four launches.
-Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
+The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
+tensors and these three or four launches. At short caches that fixed cost still dominates, so
+entmax_attention_decode, the launcher, sends caches of at most SHORT_CACHE keys to the one-launch kernel of
+attention_decode_short.py instead. Forward only: the autograd wrapper uses the fused kernels when gradients
+are needed.
 """
 
 import torch
@@ -23,15 +25,15 @@ import triton
 import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
-    bracket_update,
-    candidate_stats,
+    MAX_QUERIES,
     entmax_power,
     load_tile,
     row_multiplier,
+    stored_rows_threshold,
     tile_logits,
 )
+from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
 
-MAX_QUERIES = 16  # decoding path for Nq <= MAX_QUERIES
 _BLOCK_M, _BLOCK_N, _CHUNK = MAX_QUERIES, 64, 1024
 _ROW_BLOCKS = ((1024, 4), (4096, 8))  # threshold kernel (BLOCK, num_warps): a row of <= 4096 scores stays
 # in registers, a longer one is streamed in blocks of 4096
@@ -78,36 +80,6 @@ def _decode_scores(
     tl.store(Work + max_offset + (pid_bh * n_q + offs_m) * n_chunks + pid_c, m, mask=row_in)
 
 
-@triton.jit
-def _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1, BLOCK: tl.constexpr, RESIDENT: tl.constexpr,
-                    MODE: tl.constexpr):
-    """candidate_stats summed over one score row: from registers (RESIDENT) or streamed in BLOCKs."""
-    zero = tl.zeros([1], tl.float32)
-    f0, f1, f2, f3, g0, g1, g2, g3 = zero, zero, zero, zero, zero, zero, zero, zero
-    if RESIDENT:
-        f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s_resident, t, d, inv_am1, f0, f1, f2, f3, g0, g1,
-                                                         g2, g3, MODE)
-    else:
-        offs = tl.arange(0, BLOCK)[None, :]
-        for start in range(0, s_stride, BLOCK):
-            s = tl.load(s_row + start + offs, mask=start + offs < s_stride, other=float("-inf"))
-            f0, f1, f2, f3, g0, g1, g2, g3 = candidate_stats(s, t, d, inv_am1, f0, f1, f2, f3, g0, g1, g2, g3,
-                                                             MODE)
-    return f0, f1, f2, f3, g0, g1, g2, g3
-
-
-@triton.jit
-def _row_weight_sums(s, t, inv_am1, MODE: tl.constexpr):
-    """(sum_j p_j, #{p_j > 0}) over a (1, BLOCK) tile of scores (softmax: #{visible keys})."""
-    if MODE == 0:
-        p = tl.exp2(s - t[:, None])
-        live = s > float("-inf")
-    else:
-        p = entmax_power(tl.maximum(s - t[:, None], 0.0), inv_am1, MODE)
-        live = p > 0
-    return tl.sum(p, 1), tl.sum(live.to(tl.int32), 1)
-
-
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])
 def _decode_threshold(
     Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
@@ -121,44 +93,13 @@ def _decode_threshold(
     for start in range(0, n_chunks, BLOCK):
         m_part = tl.maximum(m_part, tl.load(Work + max_offset + row * n_chunks + start + offs,
                                             mask=start + offs < n_chunks, other=float("-inf")))
-    m = tl.max(m_part, 1)  # (1,)
-    ok = m > float("-inf")
-    m = tl.where(ok, m, 0.0)
-    s_row = Work + row.to(tl.int64) * s_stride
-    s_resident = m_part  # only read when RESIDENT, then replaced by the whole row
-    if RESIDENT:
-        s_resident = tl.load(s_row + offs, mask=offs < s_stride, other=float("-inf"))
-    t = m
-    if MODE != 0:
-        t = m - 1.0
-        hi_t = m
-        it = 0
-        err = tol + 1.0
-        while (it < max_iter) & (err > tol):
-            d = (hi_t - t) * 0.25
-            f0, f1, f2, f3, g0, g1, g2, g3 = _row_pass_stats(s_row, s_resident, s_stride, t, d, inv_am1,
-                                                             BLOCK, RESIDENT, MODE)
-            t, hi_t, excess = bracket_update(t, hi_t, f0, f1, f2, f3, g0, g1, g2, g3, ok, two_minus_alpha,
-                                             MODE)
-            err = tl.max(excess, 0)
-            it += 1
-    if RESIDENT:
-        z, count = _row_weight_sums(s_resident, t, inv_am1, MODE)
-    else:
-        z = tl.zeros([1], tl.float32)
-        count = tl.zeros([1], tl.int32)
-        for start in range(0, s_stride, BLOCK):
-            s = tl.load(s_row + start + offs, mask=start + offs < s_stride, other=float("-inf"))
-            z_part, count_part = _row_weight_sums(s, t, inv_am1, MODE)
-            z += z_part
-            count += count_part
-    if MODE == 0:  # fold Z into tau: the output pass's p is then already normalised
-        t = t + tl.log2(z)
-        z = z * 0.0 + 1.0
     one = tl.arange(0, 1)
-    tl.store(Tau + row + one, tl.where(ok, t, float("inf")))
-    tl.store(Work + inv_z_offset + row + one, tl.where(ok, 1.0 / tl.maximum(z, 1e-30), 0.0))
-    tl.store(Support + row + one, tl.where(ok, count, 0))
+    s_row = Work + row.to(tl.int64) * s_stride + one[:, None]  # (1, 1)
+    t, inv_z, count = stored_rows_threshold(s_row, one[:, None] < 1, s_stride, tl.max(m_part, 1), inv_am1,
+                                            two_minus_alpha, tol, max_iter, BLOCK, RESIDENT, MODE)
+    tl.store(Tau + row + one, t)
+    tl.store(Work + inv_z_offset + row + one, inv_z)
+    tl.store(Support + row + one, count)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
@@ -226,10 +167,23 @@ def _aligned(n):
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
-    """Forward only, for Nq <= 16. Arguments as attention_fwd.entmax_attention_fwd.
+    """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
+    Caches of at most SHORT_CACHE keys take the one-launch kernel of attention_decode_short.py, longer ones
+    the split over the keys below. The one-launch kernel reads a (batch, head)'s whole cache in one program,
+    so its time grows with the cache at B * H programs, while the split path's fixed cost of four launches
+    dominates up to a few thousand keys (results/decode_gpu.md: 6-8x SDPA at 1K, 3-4x at 4K, 1.1-1.7x from
+    16K on). 4096 is also the longest score row a threshold pass keeps in registers in either path.
     """
+    launcher = entmax_attention_decode_short if k.shape[2] <= SHORT_CACHE else entmax_attention_decode_split
+    return launcher(q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes,
+                    q_scale=q_scale, kpm=kpm, tol=tol, max_iter=max_iter)
+
+
+def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
+                                  max_iter):
+    """entmax_attention_decode by the split-over-keys kernels (any cache length; the path for long caches)."""
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
     n_chunks = triton.cdiv(n_k, _CHUNK)

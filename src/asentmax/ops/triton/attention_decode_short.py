@@ -1,0 +1,145 @@
+"""Entmax attention for a few queries against a short key cache (decoding), the whole step in one launch.
+
+Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py:
+z = q_scale * scale * q.k - slope * |pos(r) - j|, p = alpha-entmax(z) (softmax when alpha = 1), out = p @ v.
+At caches of a few thousand keys the split-over-keys kernels of attention_decode.py spend most of a call on
+their four launches, so here one program per (batch, head) does the whole step for its Nq <= 16 rows:
+
+1. stream K in BLOCK_N tiles: scores s = c * z into the program's rows of an fp32 scratch (-inf on hidden
+   keys and on the padding up to a whole tile) and the row maxima;
+2. the threshold tau of each row by the bracketing passes of attention_fwd.py over the stored scores, held in
+   registers while rows x keys fits a tile of 4096, else re-read from L2 (stored_rows_threshold), then 1 / Z;
+3. stream V: out = sum_j p_j v_j / Z, written in q's dtype.
+
+K and V are each read once. The stages hand their results to each other through the scratch behind a
+barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the next power
+of two of Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode picks this path for
+caches of at most SHORT_CACHE keys.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from asentmax.ops.triton.attention_common import (
+    MAX_QUERIES,
+    entmax_power,
+    load_tile,
+    row_multiplier,
+    stored_rows_threshold,
+    tile_logits,
+)
+
+SHORT_CACHE = 4096  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
+# threshold tiles (scores, rows x keys, num_warps), 8 or 16 a thread: the smallest that holds the rows, else
+# the largest, re-read. Two sizes only, so a growing cache compiles at most three variants per Nq.
+_SOLVE_TILES = ((1024, 4), (4096, 8))
+_ALIGN = 32  # scratch regions start at multiples of 32 floats (128 bytes)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "s_stride", "max_iter"])
+def _decode_short(
+    Q, K, V, Out, Tau, Support, Work, QScale, Slopes, KPM,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn,
+    n_heads, group, n_q, n_k, s_stride, row_region, head_dim, scale, bias_mult, inv_am1, two_minus_alpha,
+    tol, max_iter,
+    ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Rows (pid, :n_q), pid = batch * n_heads + head. Scratch Work: row maxima at [row], 1 / Z at
+    [row_region + row], scores at [2 * row_region + row * s_stride + j], j < s_stride."""
+    pid = tl.program_id(0)
+    b = (pid // n_heads).to(tl.int64)
+    h = pid % n_heads
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_in = offs_m < n_q
+    d_in = offs_d < head_dim
+    rows = pid * n_q + offs_m
+    pos_m = offs_m + (n_k - n_q)
+    s_rows = Work + 2 * row_region + rows.to(tl.int64)[:, None] * s_stride
+
+    # 1. scores and row maxima
+    q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, False)
+    s_mult = row_multiplier(QScale, rows, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + pid) * bias_mult
+    k_base = K + b * skb + (h // group) * skh
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for start in range(0, n_k, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                        DOT_PRECISION)
+        m = tl.maximum(m, tl.max(s, 1))
+        tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])
+    tl.store(Work + rows, m, mask=row_in)
+    tl.debug_barrier()
+
+    # 2. thresholds, on a tile of ROWS rows
+    offs_r = tl.arange(0, ROWS)
+    r_in = offs_r < n_q
+    rows_r = pid * n_q + offs_r
+    tau, inv_z, count = stored_rows_threshold(
+        Work + 2 * row_region + rows_r.to(tl.int64)[:, None] * s_stride, r_in[:, None], s_stride,
+        tl.load(Work + rows_r, mask=r_in, other=float("-inf")), inv_am1, two_minus_alpha, tol, max_iter,
+        SOLVE_BLOCK, RESIDENT, MODE)
+    tl.store(Tau + rows_r, tau, mask=r_in)
+    tl.store(Support + rows_r, count, mask=r_in)
+    tl.store(Work + row_region + rows_r, inv_z, mask=r_in)
+    tl.debug_barrier()
+
+    # 3. output
+    tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
+    inv_z = tl.load(Work + row_region + rows, mask=row_in, other=0.0)
+    v_base = V + b * svb + (h // group) * svh
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, n_k, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
+        if MODE == 0:
+            p = tl.exp2(s - tau[:, None])
+        else:
+            p = entmax_power(tl.maximum(s - tau[:, None], 0.0), inv_am1, MODE)
+        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
+                    mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
+        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    out = (acc * inv_z[:, None]).to(Out.dtype.element_ty)
+    tl.store(Out + rows[:, None] * head_dim + offs_d[None, :], out, mask=row_in[:, None] & d_in[None, :])
+
+
+def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
+                                  max_iter):
+    """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
+    and result as attention_decode.entmax_attention_decode."""
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    block_d = max(16, triton.next_power_of_2(dim))
+    block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
+    s_stride = triton.cdiv(n_k, block_n) * block_n
+    rows = triton.next_power_of_2(n_q)
+    tile, warps = _SOLVE_TILES[0] if rows * s_stride <= _SOLVE_TILES[0][0] else _SOLVE_TILES[1]
+    solve_block = tile // rows
+    n_rows = batch * heads * n_q
+    row_region = triton.cdiv(n_rows, _ALIGN) * _ALIGN
+    dev = q.device
+    work = torch.empty(2 * row_region + n_rows * s_stride, device=dev, dtype=torch.float32)
+    out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
+    tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
+    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
+    _decode_short[(batch * heads,)](
+        q, k, v, out, tau, support, work, q_scale if q_scale is not None else tau,
+        slopes if slopes is not None else tau, kpm if kpm is not None else support,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        heads, heads // k.shape[1], n_q, n_k, s_stride, row_region, dim, scale,
+        1.4426950408889634 if mode == 0 else alpha - 1.0, 1.0 if mode == 0 else 1.0 / (alpha - 1.0),
+        2.0 - alpha, tol, max_iter,
+        ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
+        RESIDENT=s_stride <= solve_block, CAUSAL=causal, HAS_ALIBI=slopes is not None,
+        HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, MODE=mode,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
+    return out, tau, support
