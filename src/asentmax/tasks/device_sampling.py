@@ -11,9 +11,9 @@ Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered dr
 replacement from the tables, block positions as a uniformly random subset of the items, queries
 uniform with replacement. Draws without replacement are random keys + top-k: every table entry (or
 item) gets an i.i.d. uniform float64 key and a row takes the entries of its k smallest keys, smallest
-first, which is exactly a uniformly random ordered k-subset (keys tie with probability < k * n / 2**53
-per row). The random numbers themselves differ from numpy's, so this path gives other batches than the
-CPU path (whose outputs `make demo` pins).
+first, which is exactly a uniformly random ordered k-subset (a tie between keys, the only way to bias
+it, has probability about k * n / 2**53 per row of n entries). The random numbers themselves differ
+from numpy's, so this path gives other batches than the CPU path (whose outputs `make demo` pins).
 
 Determinism. The batch of (seed, rank, step) is a pure function of that triple and the device type:
 the host generator `asentmax.data.step_generator(seed, rank, step)` picks the bucket and a 63-bit
@@ -27,12 +27,14 @@ where a dimension cannot stay symbolic torch.compile still compiles at most one 
 
 Layout (asentmax.tasks.base): tokens = <bos> source <sep> target <eos>, input_ids = tokens[:-1],
 labels = tokens[1:] where the next token is a target token or <eos>, IGNORE_INDEX elsewhere; the
-pad is PAD. Everything in a row that depends only on its length (specials, blanks, query markers,
-padding, which labels are scored) comes from `asentmax.data.collate` of placeholder examples, one per
-length of the bucket, made once (`_Layout`); a batch looks up its rows' lengths there and scatters the
-random tokens into place, so rows decode with `Task.encode`'s rules by construction
-(tests/test_device_sampling.py checks it). Memory: that table holds about 8 * (bucket lengths) *
-3 * width bytes per bucket (14 KB for the MQMTAR preset's buckets).
+pad is PAD. A batch starts from its rows' fixed tokens (specials, blanks, query markers, padding,
+IGNORE_INDEX where nothing is scored) and scatters its random tokens into place. MQMTAR's fixed tokens
+come from `asentmax.data.collate` of one placeholder example of the bucket's shortest length, shifted
+by each row's length (all that follows the context moves with L); Copy/Reverse/Sort rows start from
+<bos> and padding and scatter <sep> and <eos> with their symbols. Rows decode with `Task.encode`'s
+rules (tests/test_device_sampling.py checks every row against collate). The constants kept per bucket
+are O(width) (a few KB at the presets); a batch's largest temporary is MQMTAR's keys, 16 bytes per
+table entry and row (82 MB at batch 512).
 
 On CUDA, `training_batches` draws each batch one step ahead on a side stream, so these kernels run
 beside the previous training step.
@@ -200,14 +202,13 @@ class _MQMTARSampler:
         bucket, table_size, device = self.buckets[index], self.task.table_size, self.device
         n_pairs, n_items = bucket.n_pairs, bucket.n_items
         row = torch.randint(0, bucket.n_lengths, (batch_size,), generator=generator, device=device)
-        keys = torch.rand(batch_size, 2 * table_size + n_items, generator=generator, device=device,
-                          dtype=torch.float64)
         # keys and values: independent uniformly random ordered draws without replacement from the tables
-        drawn = _smallest_keys(keys[:, : 2 * table_size].view(batch_size, 2, table_size), n_pairs)
-        words = self.words[self.table, drawn]  # (B, 2, K, 3); a row uses its first P pairs
+        keys = torch.rand(batch_size, 2, table_size, generator=generator, device=device, dtype=torch.float64)
+        words = self.words[self.table, _smallest_keys(keys, n_pairs)]  # (B, 2, K, 3); a row uses P of them
         # block places: a uniformly random P-subset of the L - 5 P items in increasing order; the j-th
         # block starts at its item index + 5 j (as in MQMTARTask._generate)
-        items = keys[:, 2 * table_size :].masked_fill_(bucket.masked_items[row], 2.0)
+        items = torch.rand(batch_size, n_items, generator=generator, device=device, dtype=torch.float64)
+        items = items.masked_fill_(bucket.masked_items[row], 2.0)
         items = torch.where(bucket.unused[row], bucket.unused_starts, _smallest_keys(items, n_pairs))
         starts = items.sort(dim=1).values.view(batch_size, 1, n_pairs, 1)
         asked = _uniform_below(bucket.pairs[row], (batch_size, 1, self.task.n_queries), generator)
