@@ -23,6 +23,9 @@ from asentmax.data import (
 from asentmax.tasks import SEP, Example, get_task
 from asentmax.tasks.device_sampling import (
     DeviceBatchSampler,
+    _candidates,
+    _DistinctDraws,
+    _failure_log2,
     _smallest_keys,
     has_device_sampler,
     training_batches,
@@ -273,6 +276,47 @@ def test_smallest_keys_are_uniform_ordered_draws_without_replacement():
         assert chisquare(observed[observed > 0]).pvalue > 1e-3
     last = torch.bincount(drawn[counts == 6][:, 5], minlength=6).numpy()
     assert chisquare(last).pvalue > 1e-3
+
+
+def fewer_distinct_probability(population, draws, k):
+    """Exact P(fewer than k distinct values among `draws` i.i.d. uniform draws from range(population)),
+    from the chain of the number of distinct values seen so far."""
+    seen = np.zeros(draws + 1)
+    seen[0] = 1.0
+    for _ in range(draws):
+        seen = seen * np.arange(draws + 1) / population + np.roll(seen * (population - np.arange(draws + 1))
+                                                                     / population, 1)
+    return seen[:k].sum()
+
+
+@pytest.mark.parametrize("population", [12, 50, 400])
+def test_failure_bound_bounds_the_exact_probability(population):
+    for k in (1, 2, 3, 5, 8):
+        for draws in range(k, 3 * k + 6):
+            exact = fewer_distinct_probability(population, draws, k)
+            assert exact <= 2 ** _failure_log2(population, draws, k) * (1 + 1e-9), (k, draws)
+
+
+@pytest.mark.parametrize("population, k", [(10_000, 8), (10_000, 1), (65_536, 30), (400, 2)])
+def test_candidates_are_the_fewest_draws_that_meet_the_bound(population, k):
+    draws = _candidates(population, k)
+    assert k <= draws <= population**0.5 and _failure_log2(population, draws, k) < -64
+    assert draws == k or _failure_log2(population, draws - 1, k) >= -64
+
+
+def test_distinct_draws_from_candidates_are_uniform_ordered_pairs():
+    """Population 400, k = 2: the first two distinct values of 16 i.i.d. draws (candidates path). Over 20000
+    rows: always distinct, the first uniform (40 bins), the second before or after it equally often, their
+    difference modulo 400 uniform over 1..399 (21 bins), chi-square against uniform."""
+    draw = _DistinctDraws(400, 2, torch.device("cpu"))
+    assert draw.candidates == 16
+    drawn = draw(20000, torch.Generator().manual_seed(0)).numpy()
+    assert drawn.shape == (20000, 2) and (drawn[:, 0] != drawn[:, 1]).all()
+    assert chisquare(histogram(drawn[:, 0] // 10, 40)).pvalue > 1e-3
+    before = int((drawn[:, 1] < drawn[:, 0]).sum())
+    assert chisquare([before, 20000 - before]).pvalue > 1e-3
+    assert chisquare(histogram(((drawn[:, 1] - drawn[:, 0]) % 400 - 1) // 19, 21)).pvalue > 1e-3
+    assert _DistinctDraws(10, 8, torch.device("cpu")).candidates == 0  # small tables: keys over them all
 
 
 def mqmtar_tables(task, examples, length):

@@ -1,6 +1,6 @@
 """Training batches drawn with torch on the training device (arXiv:2506.16640, section 3 tasks), for
-MQMTAR, Copy, Reverse and Sort: a whole batch is about twenty tensor operations whatever the batch size
-and length (none loops over positions, pairs or rows, and none waits for the device), so the GPU never
+MQMTAR, Copy, Reverse and Sort: a whole batch is 10-30 tensor operations whatever the batch size and
+length (none loops over positions, pairs or rows, and none waits for the device), so the GPU never
 waits for Python-level sampling (the per-example numpy path in asentmax.data.training_batch draws about
 4-10K samples/s on one CPU core; the paper's MQMTAR preset needs 40K+).
 
@@ -9,11 +9,14 @@ numpy sampler (`Task.sample`): the same length law (a bucket picked with probabi
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
 replacement from the tables, block positions as a uniformly random subset of the items, queries
-uniform with replacement. Draws without replacement are random keys + top-k: every table entry (or
-item) gets an i.i.d. uniform float64 key and a row takes the entries of its k smallest keys, smallest
-first, which is exactly a uniformly random ordered k-subset (a tie between keys, the only way to bias
-it, has probability about k * n / 2**53 per row of n entries). The random numbers themselves differ
-from numpy's, so this path gives other batches than the CPU path (whose outputs `make demo` pins).
+uniform with replacement. An ordered draw of k of n entries without replacement is the first k
+distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws that
+hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
+words), or, where c would exceed sqrt(n) (block places, small tables), the entries with the k smallest
+of n i.i.d. uniform float64 keys, smallest first; both are exactly uniformly random ordered k-subsets
+(by symmetry), but for those 2**-64 failures and for key ties (probability about k * n / 2**53 per
+row). The random numbers themselves differ from numpy's, so this path gives other batches than the CPU
+path (whose outputs `make demo` pins).
 
 Determinism. The batch of (seed, rank, step) is a pure function of that triple and the device type:
 the host generator `asentmax.data.step_generator(seed, rank, step)` picks the bucket and a 63-bit
@@ -33,8 +36,7 @@ come from `asentmax.data.collate` of one placeholder example of the bucket's sho
 by each row's length (all that follows the context moves with L); Copy/Reverse/Sort rows start from
 <bos> and padding and scatter <sep> and <eos> with their symbols. Rows decode with `Task.encode`'s
 rules (tests/test_device_sampling.py checks every row against collate). The constants kept per bucket
-are O(width) (a few KB at the presets); a batch's largest temporary is MQMTAR's keys, 16 bytes per
-table entry and row (82 MB at batch 512).
+are O(width) (a few KB at the presets).
 
 On CUDA, `training_batches` draws each batch one step ahead on a side stream, so these kernels run
 beside the previous training step.
@@ -46,6 +48,9 @@ reach the GPU through pinned memory without blocking the host.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import numpy as np
 import torch
@@ -69,6 +74,57 @@ def _smallest_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
     (entries that must not be drawn set to 2.0) the first j of them are a uniformly random ordered draw
     without replacement of j of the other entries, for every j <= their number."""
     return keys.topk(k, dim=-1, largest=False, sorted=True).indices
+
+
+def _failure_log2(population: int, draws: int, k: int) -> float:
+    """log2 of a bound on P(fewer than k distinct values among `draws` i.i.d. uniform draws from
+    range(population)): draw i repeats an earlier value with probability < p = (draws - 1) / population
+    whatever came before, so the repeats are dominated by Binomial(draws, p), and fewer than k distinct
+    values take m = draws - k + 1 repeats: P <= comb(draws, m) p**m."""
+    m, p = draws - k + 1, (draws - 1) / population
+    if p == 0:
+        return -math.inf
+    return (math.lgamma(draws + 1) - math.lgamma(m + 1) - math.lgamma(k)) / math.log(2) + m * math.log2(p)
+
+
+@functools.lru_cache(maxsize=None)
+def _candidates(population: int, k: int) -> int:
+    """The fewest i.i.d. uniform draws from range(population) that hold k distinct values except with
+    probability < 2**-64, or 0 when that takes more than sqrt(population) draws (the k smallest of
+    `population` keys are then the cheaper draw)."""
+    draws = k
+    while draws * draws <= population:
+        if _failure_log2(population, draws, k) < -64:
+            return draws
+        draws += 1
+    return 0
+
+
+class _DistinctDraws:
+    """Uniformly random ordered draws of k distinct items of range(population), one per row. Either the
+    first k distinct values of c i.i.d. uniform draws, in the order they first appear (exactly uniform
+    whenever there are k of them, by symmetry; c = _candidates(population, k) makes that fail with
+    probability < 2**-64: 16 draws for 8 of the 10,000 MQMTAR words), or, when c would exceed
+    sqrt(population), the entries of the k smallest of `population` i.i.d. float64 keys."""
+
+    def __init__(self, population: int, k: int, device: torch.device):
+        self.population, self.k, self.device = population, k, device
+        self.candidates = candidates = _candidates(population, k)
+        if candidates:
+            self.earlier = torch.ones(candidates, candidates, dtype=torch.bool).tril(-1).to(device)  # i < j
+            position = torch.arange(candidates, device=device)
+            self.first_seen, self.seen_again = position, position + candidates
+
+    def __call__(self, rows: int, generator) -> torch.Tensor:
+        if not self.candidates:
+            keys = torch.rand(rows, self.population, generator=generator, device=self.device,
+                              dtype=torch.float64)
+            return _smallest_keys(keys, self.k)
+        draws = torch.randint(0, self.population, (rows, self.candidates), generator=generator,
+                              device=self.device)
+        repeated = ((draws.unsqueeze(-1) == draws.unsqueeze(-2)) & self.earlier).any(dim=-1)
+        first = _smallest_keys(torch.where(repeated, self.seen_again, self.first_seen), self.k)
+        return draws.gather(1, first)
 
 
 def _laid_out(rows: torch.Tensor, width: int, positions, tokens) -> Batch:
@@ -169,6 +225,7 @@ class _MQMTARBucket:
         self.column_base, self.column_floor = (torch.as_tensor(a, dtype=torch.long).to(device)
                                                for a in (base, floor))
         self.pairs = torch.as_tensor(pairs).to(device)
+        self.draw_words = _DistinctDraws(task.table_size, self.n_pairs, device)  # keys, values
         self.masked_items = torch.as_tensor(np.arange(self.n_items) >= items.reshape(-1, 1)).to(device)
         self.unused = torch.as_tensor(np.arange(self.n_pairs) >= pairs.reshape(-1, 1)).to(device)
         pair = np.arange(self.n_pairs)
@@ -199,12 +256,12 @@ class _MQMTARSampler:
         return self.buckets[index].width
 
     def batch(self, index: int, batch_size: int, generator) -> Batch:
-        bucket, table_size, device = self.buckets[index], self.task.table_size, self.device
+        bucket, device = self.buckets[index], self.device
         n_pairs, n_items = bucket.n_pairs, bucket.n_items
         row = torch.randint(0, bucket.n_lengths, (batch_size,), generator=generator, device=device)
         # keys and values: independent uniformly random ordered draws without replacement from the tables
-        keys = torch.rand(batch_size, 2, table_size, generator=generator, device=device, dtype=torch.float64)
-        words = self.words[self.table, _smallest_keys(keys, n_pairs)]  # (B, 2, K, 3); a row uses P of them
+        drawn = bucket.draw_words(2 * batch_size, generator).view(batch_size, 2, n_pairs)
+        words = self.words[self.table, drawn]  # (B, 2, K, 3); a row uses its first P pairs
         # block places: a uniformly random P-subset of the L - 5 P items in increasing order; the j-th
         # block starts at its item index + 5 j (as in MQMTARTask._generate)
         items = torch.rand(batch_size, n_items, generator=generator, device=device, dtype=torch.float64)
