@@ -140,8 +140,8 @@ class _SequenceBucket:
     column 0 and PAD / IGNORE_INDEX everywhere else, and then its scattered slots: source symbol i at
     input column 1 + i, target symbol i at input column L + 2 + i and label column L + 1 + i (for Reverse
     source symbol i goes to target place L - 1 - i instead), <sep> at input column L + 1, <eos> at label
-    column 2 L + 1. Slot k lands on column base[k] + slope[k] * l, or on the sink column 2 width when
-    first_unused[k] >= l (symbol i >= L)."""
+    column 2 L + 1. Slot k lands on column base[k] + slope[k] * l, or, when first_unused[k] >= l (symbol
+    i >= L), on the sink column 2 width, whose content is dropped."""
 
     def __init__(self, task: RandomSequenceTask, bucket: tuple[int, int], device: torch.device):
         lo, hi = bucket
