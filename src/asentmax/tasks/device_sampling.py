@@ -120,8 +120,8 @@ class _DistinctDraws:
             keys = torch.rand(rows, self.population, generator=generator, device=self.device,
                               dtype=torch.float64)
             return _smallest_keys(keys, self.k)
-        draws = torch.randint(0, self.population, (rows, self.candidates), generator=generator,
-                              device=self.device)
+        draws = torch.randint(0, 2**62, (rows, self.candidates), generator=generator, device=self.device)
+        draws = draws % self.population  # as _uniform_below: randint over a small range is 32-bit modulo
         repeated = ((draws.unsqueeze(-1) == draws.unsqueeze(-2)) & self.earlier).any(dim=-1)
         first = _smallest_keys(torch.where(repeated, self.seen_again, self.first_seen), self.k)
         return draws.gather(1, first)
