@@ -3,6 +3,9 @@ target the independent solvers of test_tasks_solvers accept, re-encode to the CP
 follow the CPU sampler's distribution (two-sample chi-square tests), and are a pure function of
 (seed, rank, step)."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -20,11 +23,14 @@ from asentmax.data import (
 from asentmax.tasks import SEP, Example, get_task
 from asentmax.tasks.device_sampling import (
     DeviceBatchSampler,
-    _draws_without_replacement,
+    _candidates,
+    _DistinctDraws,
+    _failure_log2,
+    _smallest_keys,
     has_device_sampler,
     training_batches,
 )
-from asentmax.tasks.mqmtar import COLON, QUERY
+from asentmax.tasks.mqmtar import COLON, QUERY, pairs_for_length
 from test_tasks_solvers import parse_mqmtar
 
 PAPER_TASKS = ("mqmtar", "copy", "reverse", "sort")
@@ -52,18 +58,26 @@ def solve(task, example):
         return sorted(example.source)
     length = len(example.source) - 3 * task.n_queries
     pairs, _, asked = parse_mqmtar(example.source, length, task.n_queries)
-    assert len(pairs) == max(1, 2 * length // 15)
+    assert len(pairs) == pairs_for_length(length, task.table_size)
     keys, values = set(map(tuple, task.keys.tolist())), set(map(tuple, task.values.tolist()))
     assert set(pairs) <= keys and set(pairs.values()) <= values and len(set(pairs.values())) == len(pairs)
     return [token for key in asked for token in (QUERY, *pairs[key])]
 
 
-@pytest.mark.parametrize("name", PAPER_TASKS)
-def test_rows_decode_to_valid_examples_in_the_cpu_layout(name):
-    task = get_task(name)
-    sampler = DeviceBatchSampler(task, BUCKETS, "cpu")
+VARIANTS = [(name, {}, BUCKETS) for name in PAPER_TASKS] + [
+    ("mqmtar", dict(table_size=8, n_queries=7), BUCKETS),  # P = 8 at L = 64: every word, in random order
+    ("mqmtar", dict(table_size=3, n_queries=1), length_buckets(6, 40, 3)),  # P capped at the table size
+    ("sort", dict(n_symbols=3), length_buckets(1, 9, 2)),
+]
+
+
+@pytest.mark.parametrize("name, options, buckets", VARIANTS)
+def test_rows_decode_to_valid_examples_in_the_cpu_layout(name, options, buckets):
+    task = get_task(name, **options)
+    sampler = DeviceBatchSampler(task, buckets, "cpu")
     for step in range(6):
         batch = sampler.batch(seed=1, rank=0, step=step, batch_size=16)
+        assert batch.input_ids.is_contiguous() and batch.labels.is_contiguous()
         examples = decode_rows(task, batch)
         for example in examples:
             assert example.target == solve(task, example)
@@ -159,8 +173,15 @@ def test_mqmtar_statistics_follow_the_cpu_law(length):
     cpu = mqmtar_statistics(task, cpu_examples(task, 2000, length), length)
     device = mqmtar_statistics(task, device_examples(task, 2000, length), length)
     for column, what in enumerate(("first block start", "last block start", "first key's table bin",
-                                   "asked pair", "distinct asked pairs")):
+                                   "asked pair")):
         assert_same_law(histogram(cpu[:, column], length), histogram(device[:, column], length), what)
+    # queries with replacement: the number of distinct pairs asked against its exact law (every tuple of
+    # asked pairs equally likely); this sample of the CPU sampler happens to sit in the tail (p ~ 2e-4)
+    n_pairs, n_queries = pairs_for_length(length, task.table_size), task.n_queries
+    exact = np.bincount([len(set(asked)) for asked in itertools.product(range(n_pairs), repeat=n_queries)],
+                        minlength=n_queries + 1)[1:]
+    observed = histogram(device[:, 4], n_queries + 1)[1:]
+    assert chisquare(observed, exact * len(device) / exact.sum()).pvalue > 1e-3
 
 
 @pytest.mark.gpu
@@ -235,20 +256,114 @@ def test_cuda_training_batches_drawn_ahead_on_a_side_stream_are_the_steps_batche
         assert torch.equal(sums, sampler.batch(seed=1, rank=0, step=step, batch_size=32).input_ids.sum(1))
 
 
-def test_draws_without_replacement_are_uniform_ordered_tuples():
-    """Small population, so every ordered pair can be counted: rows hold distinct items, -1 after the
-    row's count, and the first two items are uniform over the 6 * 5 ordered pairs (chi-square against
-    uniform, from 30000 rows of mixed counts)."""
+def test_smallest_keys_are_uniform_ordered_draws_without_replacement():
+    """Small population, so every ordered draw can be counted: with the entries past a row's count masked
+    (key 2.0, as the sampler masks the items a row does not have), the row's first `count` indices are
+    distinct allowed entries, and over 30000 rows of mixed counts the first two are uniform over the
+    count * (count - 1) ordered pairs, the last of a full draw uniform (chi-square against uniform)."""
     generator = torch.Generator().manual_seed(0)
     counts = torch.tensor([2, 3, 6] * 10000)
-    drawn = _draws_without_replacement(counts, 6, 6, generator)
+    keys = torch.rand(counts.shape[0], 6, generator=generator, dtype=torch.float64)
+    keys = keys.masked_fill(torch.arange(6) >= counts.view(-1, 1), 2.0)
+    drawn = _smallest_keys(keys, 6)
     for count in (2, 3, 6):
         rows = drawn[counts == count]
-        assert (rows[:, count:] == -1).all() and (rows[:, :count] >= 0).all()
+        assert (rows[:, :count] < count).all()
         assert all(len(set(row[:count])) == count for row in rows.tolist())
-    pair_index = drawn[:, 0] * 6 + drawn[:, 1]
-    observed = torch.bincount(pair_index, minlength=36).numpy()
-    assert (observed[[i * 7 for i in range(6)]] == 0).all()  # never the same item twice
-    assert chisquare(observed[observed > 0]).pvalue > 1e-3
-    last = torch.bincount(drawn[counts == 6][:, 5], minlength=6).numpy()  # the last of a full draw
+        pair_index = rows[:, 0] * count + rows[:, 1]
+        observed = torch.bincount(pair_index, minlength=count * count).numpy()
+        assert (observed[[i * (count + 1) for i in range(count)]] == 0).all()  # never the same item twice
+        assert chisquare(observed[observed > 0]).pvalue > 1e-3
+    last = torch.bincount(drawn[counts == 6][:, 5], minlength=6).numpy()
     assert chisquare(last).pvalue > 1e-3
+
+
+def fewer_distinct_probability(population, draws, k):
+    """Exact P(fewer than k distinct values among `draws` i.i.d. uniform draws from range(population)),
+    from the chain of the number of distinct values seen so far."""
+    seen = np.zeros(draws + 1)
+    seen[0] = 1.0
+    for _ in range(draws):
+        seen = seen * np.arange(draws + 1) / population + np.roll(seen * (population - np.arange(draws + 1))
+                                                                     / population, 1)
+    return seen[:k].sum()
+
+
+@pytest.mark.parametrize("population", [12, 50, 400])
+def test_failure_bound_bounds_the_exact_probability(population):
+    for k in (1, 2, 3, 5, 8):
+        for draws in range(k, 3 * k + 6):
+            exact = fewer_distinct_probability(population, draws, k)
+            assert exact <= 2 ** _failure_log2(population, draws, k) * (1 + 1e-9), (k, draws)
+
+
+@pytest.mark.parametrize("population, k", [(10_000, 8), (10_000, 1), (65_536, 30), (400, 2)])
+def test_candidates_are_the_fewest_draws_that_meet_the_bound(population, k):
+    draws = _candidates(population, k)
+    assert k <= draws <= population**0.5 and _failure_log2(population, draws, k) < -64
+    assert draws == k or _failure_log2(population, draws - 1, k) >= -64
+
+
+def test_distinct_draws_from_candidates_are_uniform_ordered_pairs():
+    """Population 400, k = 2: the first two distinct values of 16 i.i.d. draws (candidates path). Over 20000
+    rows: always distinct, the first uniform (40 bins), the second before or after it equally often, their
+    difference modulo 400 uniform over 1..399 (21 bins), chi-square against uniform."""
+    draw = _DistinctDraws(400, 2, torch.device("cpu"))
+    assert draw.candidates == 16
+    drawn = draw(20000, torch.Generator().manual_seed(0)).numpy()
+    assert drawn.shape == (20000, 2) and (drawn[:, 0] != drawn[:, 1]).all()
+    assert chisquare(histogram(drawn[:, 0] // 10, 40)).pvalue > 1e-3
+    before = int((drawn[:, 1] < drawn[:, 0]).sum())
+    assert chisquare([before, 20000 - before]).pvalue > 1e-3
+    assert chisquare(histogram(((drawn[:, 1] - drawn[:, 0]) % 400 - 1) // 19, 21)).pvalue > 1e-3
+    assert _DistinctDraws(10, 8, torch.device("cpu")).candidates == 0  # small tables: keys over them all
+
+
+def mqmtar_tables(task, examples, length):
+    """(examples, P) key-table and value-table indices of each example's pairs, in context order."""
+    key_index = {tuple(w): i for i, w in enumerate(task.keys.tolist())}
+    value_index = {tuple(w): i for i, w in enumerate(task.values.tolist())}
+    rows = [parse_mqmtar(example.source, length, task.n_queries)[0] for example in examples]
+    return (np.array([[key_index[key] for key in pairs] for pairs in rows]),
+            np.array([[value_index[value] for value in pairs.values()] for pairs in rows]))
+
+
+def test_mqmtar_keys_and_values_are_uniform_ordered_draws_from_small_tables():
+    """Table of 10 words, L = 64 so P = 8 pairs: each block's key (and value) is uniform over the table,
+    the two words a sample leaves out are uniform over the 45 pairs, and a block's key and value are
+    independent (chi-square against uniform; duplicates would fail parse_mqmtar and the distinctness
+    check)."""
+    task = get_task("mqmtar", table_size=10)
+    keys, values = mqmtar_tables(task, device_examples(task, 4000, 64), 64)
+    for drawn in (keys, values):
+        assert all(len(set(row)) == 8 for row in drawn.tolist())
+        for block in range(8):
+            assert chisquare(histogram(drawn[:, block], 10)).pvalue > 1e-3, f"block {block}"
+        left_out = [sum(2**i for i in set(range(10)) - set(row)) for row in drawn.tolist()]
+        counts = np.unique(left_out, return_counts=True)[1]
+        assert len(counts) == 45 and chisquare(counts).pvalue > 1e-3
+    assert chisquare(histogram(keys[:, 3] * 10 + values[:, 3], 100)).pvalue > 1e-3
+
+
+def test_mqmtar_draws_the_whole_key_and_value_tables_uniformly():
+    """Every key and value of 2000 samples (16000 draws each) binned by table index into 50 bins of 200
+    entries: uniform (chi-square); a draw that favoured a part of the 10,000-entry tables would fail."""
+    task = get_task("mqmtar")
+    keys, values = mqmtar_tables(task, device_examples(task, 2000, 64), 64)
+    for drawn in (keys, values):
+        assert chisquare(histogram(drawn.reshape(-1) // 200, 50)).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("length, n_pairs, n_items", [(23, 3, 8), (15, 2, 5)])
+def test_mqmtar_block_places_are_a_uniform_subset_of_the_items(length, n_pairs, n_items):
+    """The blocks' item indices (start - 5 j) are a uniformly random n_pairs-subset of the n_items items
+    (chi-square of the subset counts against uniform over all C(n_items, n_pairs) subsets)."""
+    task = get_task("mqmtar", table_size=10)  # small tables: the places do not depend on them
+    subsets = []
+    for example in device_examples(task, 6000, length):
+        starts = np.flatnonzero(np.array(example.source[:length]) == COLON) - 2
+        assert len(starts) == n_pairs
+        subsets.append(tuple(starts - (6 - 1) * np.arange(n_pairs)))
+    names, counts = np.unique(np.array(subsets), axis=0, return_counts=True)
+    assert len(counts) == math.comb(n_items, n_pairs) and (names >= 0).all() and (names < n_items).all()
+    assert chisquare(counts).pvalue > 1e-3

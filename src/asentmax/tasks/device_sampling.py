@@ -1,15 +1,22 @@
 """Training batches drawn with torch on the training device (arXiv:2506.16640, section 3 tasks), for
-MQMTAR, Copy, Reverse and Sort: a whole batch is a few dozen tensor operations, so the GPU never waits
-for Python-level sampling (the per-example numpy path in asentmax.data.training_batch draws about 4-10K
-samples/s on one CPU core; the paper's MQMTAR preset needs 40K+).
+MQMTAR, Copy, Reverse and Sort: a whole batch is 10-30 tensor operations whatever the batch size and
+length (none loops over positions, pairs or rows, and none waits for the device), so the GPU never
+waits for Python-level sampling (the per-example numpy path in asentmax.data.training_batch draws about
+4-10K samples/s on one CPU core; the paper's MQMTAR preset needs 40K+).
 
 Same distribution, different stream. Every example has exactly the distribution of the task's own
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
-replacement from the tables (Floyd's algorithm, then a random order), block positions as a uniformly
-random subset of the items, queries uniform with replacement. The random numbers themselves differ from
-numpy's, so this path gives other batches than the CPU path (whose outputs `make demo` pins).
+replacement from the tables, block positions as a uniformly random subset of the items, queries
+uniform with replacement. An ordered draw of k of n entries without replacement is the first k
+distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws that
+hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
+words), or, where c would exceed sqrt(n) (block places, small tables), the entries with the k smallest
+of n i.i.d. uniform float64 keys, smallest first; both are exactly uniformly random ordered k-subsets
+(by symmetry), but for those 2**-64 failures and for key ties (probability about k * n / 2**53 per
+row). The random numbers themselves differ from numpy's, so this path gives other batches than the CPU
+path (whose outputs `make demo` pins).
 
 Determinism. The batch of (seed, rank, step) is a pure function of that triple and the device type:
 the host generator `asentmax.data.step_generator(seed, rank, step)` picks the bucket and a 63-bit
@@ -21,6 +28,16 @@ of its longest sample, minus one), so a run sees only `len(buckets)` input shape
 compiled graph (sequence length dynamic, asentmax.trainer.compiled_for_training) serves them all, and
 where a dimension cannot stay symbolic torch.compile still compiles at most one graph per bucket.
 
+Layout (asentmax.tasks.base): tokens = <bos> source <sep> target <eos>, input_ids = tokens[:-1],
+labels = tokens[1:] where the next token is a target token or <eos>, IGNORE_INDEX elsewhere; the
+pad is PAD. A batch starts from its rows' fixed tokens (specials, blanks, query markers, padding,
+IGNORE_INDEX where nothing is scored) and scatters its random tokens into place. MQMTAR's fixed tokens
+come from `asentmax.data.collate` of one placeholder example of the bucket's shortest length, shifted
+by each row's length (all that follows the context moves with L); Copy/Reverse/Sort rows start from
+<bos> and padding and scatter <sep> and <eos> with their symbols. Rows decode with `Task.encode`'s
+rules (tests/test_device_sampling.py checks every row against collate). The constants kept per bucket
+are O(width) (a few KB at the presets).
+
 On CUDA, `training_batches` draws each batch one step ahead on a side stream, so these kernels run
 beside the previous training step.
 
@@ -28,18 +45,18 @@ Which path a run takes: `training_batches(..., sampling=...)`: "auto" (the defau
 on CUDA for the four tasks above and the numpy path elsewhere (so CPU runs and `make demo` keep their
 batches); "device" forces it (CPU included, e.g. for tests), "host" forces the numpy path, whose batches
 reach the GPU through pinned memory without blocking the host.
-
-Layout (asentmax.tasks.base): tokens = <bos> source <sep> target <eos>, input_ids = tokens[:-1],
-labels = tokens[1:] where the next token is a target token or <eos>, IGNORE_INDEX elsewhere; the
-pad is PAD, so a row decodes with `Task.encode`'s rules (tests/test_device_sampling.py checks this).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+
+import numpy as np
 import torch
 
-from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, pick_bucket, step_generator, training_batch
-from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, Task
+from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, collate, pick_bucket, step_generator, training_batch
+from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, Example, Task
 from asentmax.tasks.mqmtar import BLANK, BLOCK_TOKENS, COLON, QUERY, MQMTARTask, pairs_for_length
 from asentmax.tasks.sequence import CopyTask, RandomSequenceTask, ReverseTask, SortTask
 
@@ -52,102 +69,212 @@ def _uniform_below(bound: torch.Tensor, shape, generator) -> torch.Tensor:
     return draws % bound.view(-1, *([1] * (len(shape) - 1)))
 
 
-def _draws_without_replacement(counts: torch.Tensor, population: int, width: int, generator) -> torch.Tensor:
-    """(rows, width) long: row i starts with a uniformly random ordered draw of counts[i] <= width distinct
-    items of range(population) (the rest of the row is -1). Floyd's algorithm gives a uniform subset (for
-    j = population - count, ..., population - 1: t uniform in [0, j]; take j if t is already taken, else
-    t), then a uniformly random permutation orders it: O(width^2) small tensor operations, whatever the
-    population."""
-    rows, device = counts.shape[0], counts.device
-    chosen = torch.full((rows, width), -1, dtype=torch.long, device=device)
-    for column in range(width):
-        active = column < counts
-        top = (population - counts + column).clamp(max=population - 1)  # j of Floyd's algorithm
-        t = _uniform_below(top + 1, (rows,), generator)
-        taken = (chosen[:, :column] == t.view(-1, 1)).any(dim=1)
-        chosen[:, column] = torch.where(active, torch.where(taken, top, t), -1)
-    order = torch.rand(rows, width, generator=generator, device=device, dtype=torch.float64)
-    order = order.masked_fill(torch.arange(width, device=device) >= counts.view(-1, 1), 2.0).argsort(dim=1)
-    return chosen.gather(1, order)
+def _smallest_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k smallest entries along the last dim, smallest first. With i.i.d. uniform keys
+    (entries that must not be drawn set to 2.0) the first j of them are a uniformly random ordered draw
+    without replacement of j of the other entries, for every j <= their number."""
+    return keys.topk(k, dim=-1, largest=False, sorted=True).indices
 
 
-def _reversed(source, lengths, position, n_symbols):
-    return source.gather(1, (lengths.view(-1, 1) - 1 - position).clamp(min=0))
+def _failure_log2(population: int, draws: int, k: int) -> float:
+    """log2 of a bound on P(fewer than k distinct values among `draws` i.i.d. uniform draws from
+    range(population)): draw i repeats an earlier value with probability < p = (draws - 1) / population
+    whatever came before, so the repeats are dominated by Binomial(draws, p), and fewer than k distinct
+    values take m = draws - k + 1 repeats: P <= comb(draws, m) p**m."""
+    m, p = draws - k + 1, (draws - 1) / population
+    if p == 0:
+        return -math.inf
+    return (math.lgamma(draws + 1) - math.lgamma(m + 1) - math.lgamma(k)) / math.log(2) + m * math.log2(p)
 
 
-def _sorted(source, lengths, position, n_symbols):
-    past_end = position >= lengths.view(-1, 1)  # pushed past every symbol, so they sort last
-    return source.masked_fill(past_end, FIRST_SYMBOL + n_symbols).sort(dim=1).values
+@functools.lru_cache(maxsize=None)
+def _candidates(population: int, k: int) -> int:
+    """The fewest i.i.d. uniform draws from range(population) that hold k distinct values except with
+    probability < 2**-64, or 0 when that takes more than sqrt(population) draws (the k smallest of
+    `population` keys are then the cheaper draw)."""
+    draws = k
+    while draws * draws <= population:
+        if _failure_log2(population, draws, k) < -64:
+            return draws
+        draws += 1
+    return 0
 
 
-_TRANSFORMS = {CopyTask: lambda source, *_: source, ReverseTask: _reversed, SortTask: _sorted}
+class _DistinctDraws:
+    """Uniformly random ordered draws of k distinct items of range(population), one per row. Either the
+    first k distinct values of c i.i.d. uniform draws, in the order they first appear (exactly uniform
+    whenever there are k of them, by symmetry; c = _candidates(population, k) makes that fail with
+    probability < 2**-64: 16 draws for 8 of the 10,000 MQMTAR words), or, when c would exceed
+    sqrt(population), the entries of the k smallest of `population` i.i.d. float64 keys."""
+
+    def __init__(self, population: int, k: int, device: torch.device):
+        self.population, self.k, self.device = population, k, device
+        self.candidates = candidates = _candidates(population, k)
+        if candidates:
+            self.earlier = torch.ones(candidates, candidates, dtype=torch.bool).tril(-1).to(device)  # i < j
+            position = torch.arange(candidates, device=device)
+            self.first_seen, self.seen_again = position, position + candidates
+
+    def __call__(self, rows: int, generator) -> torch.Tensor:
+        if not self.candidates:
+            keys = torch.rand(rows, self.population, generator=generator, device=self.device,
+                              dtype=torch.float64)
+            return _smallest_keys(keys, self.k)
+        draws = torch.randint(0, 2**62, (rows, self.candidates), generator=generator, device=self.device)
+        draws = draws % self.population  # as _uniform_below: randint over a small range is 32-bit modulo
+        repeated = ((draws.unsqueeze(-1) == draws.unsqueeze(-2)) & self.earlier).any(dim=-1)
+        first = _smallest_keys(torch.where(repeated, self.seen_again, self.first_seen), self.k)
+        return draws.gather(1, first)
+
+
+def _laid_out(rows: torch.Tensor, width: int, positions, tokens) -> Batch:
+    """The batch whose rows (B, columns) hold input ids in columns [0, width), labels in [width, 2 width)
+    and a sink after them, once tokens[i] (B, n_i) are scattered at the columns positions[i] (B, n_i)."""
+    for where, what in zip(positions, tokens, strict=True):
+        rows.scatter_(1, where, what)
+    return Batch(rows[:, :width].contiguous(), rows[:, width : 2 * width].contiguous())
+
+
+class _SequenceBucket:
+    """Copy / Reverse / Sort constants of one bucket. A row of length L = lo + l has <bos> in input
+    column 0 and PAD / IGNORE_INDEX everywhere else, and then its scattered slots: source symbol i at
+    input column 1 + i, target symbol i at input column L + 2 + i and label column L + 1 + i (for Reverse
+    source symbol i goes to target place L - 1 - i instead), <sep> at input column L + 1, <eos> at label
+    column 2 L + 1. Slot k lands on column base[k] + slope[k] * l, or, when first_unused[k] >= l (symbol
+    i >= L), on the sink column 2 width, whose content is dropped."""
+
+    def __init__(self, task: RandomSequenceTask, bucket: tuple[int, int], device: torch.device):
+        lo, hi = bucket
+        self.hi, self.n_lengths = hi, hi - lo + 1
+        width = self.width = 2 * hi + 2
+        sink = 2 * width
+        symbol = np.arange(hi)
+        if isinstance(task, ReverseTask):  # 2 L + 1 - i
+            target, target_slope = 2 * lo + 1 - symbol, np.full(hi, 2)
+        else:  # L + 2 + i
+            target, target_slope = lo + 2 + symbol, np.ones(hi, dtype=np.int64)
+        base = np.concatenate([1 + symbol, target, width - 1 + target, [lo + 1, width + 2 * lo + 1]])
+        slope = np.concatenate([np.zeros(hi, dtype=np.int64), target_slope, target_slope, [1, 2]])
+        first_unused = np.concatenate([np.tile(symbol - lo, 3), [-1, -1]])
+        self.base, self.slope, self.first_unused = (torch.as_tensor(a).to(device)
+                                                    for a in (base, slope, first_unused))
+        self.sink = torch.tensor(sink, device=device)
+        self.specials = torch.tensor([[SEP, EOS]], device=device)
+        background = torch.cat([torch.full((width,), PAD_ID), torch.full((width,), IGNORE_INDEX),
+                                torch.full((1,), PAD_ID)])
+        background[0] = BOS
+        self.background = background.view(1, -1).to(device)
+        self.past_end_symbol = FIRST_SYMBOL + task.n_symbols
 
 
 class _SequenceSampler:
     """Copy / Reverse / Sort: `length` uniform symbols; the target is the task's transform of them."""
 
-    def __init__(self, task: RandomSequenceTask, device: torch.device):
+    def __init__(self, task: RandomSequenceTask, buckets: list[tuple[int, int]], device: torch.device):
         self.task, self.device = task, device
-        self.transform = _TRANSFORMS[type(task)]
+        self.buckets = [_SequenceBucket(task, bucket, device) for bucket in buckets]
 
-    def widths(self, max_length: int) -> tuple[int, int]:
-        return max_length, max_length
+    def width(self, index: int) -> int:
+        return self.buckets[index].width
 
-    def draw(self, lengths: torch.Tensor, max_length: int, generator):
-        n_symbols = self.task.n_symbols
-        source = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + n_symbols, (lengths.shape[0], max_length),
+    def batch(self, index: int, batch_size: int, generator) -> Batch:
+        bucket, task = self.buckets[index], self.task
+        row = torch.randint(0, bucket.n_lengths, (batch_size, 1), generator=generator, device=self.device)
+        source = torch.randint(FIRST_SYMBOL, FIRST_SYMBOL + task.n_symbols, (batch_size, bucket.hi),
                                generator=generator, device=self.device)
-        position = torch.arange(max_length, device=self.device)
-        return source, lengths, self.transform(source, lengths, position, n_symbols), lengths
+        unused = bucket.first_unused >= row  # (B, slots)
+        target = source
+        if isinstance(task, SortTask):  # symbols past the end pushed past every symbol, so they sort last
+            target = source.masked_fill(unused[:, : bucket.hi], bucket.past_end_symbol).sort(dim=1).values
+        tokens = torch.cat([source, target, target, bucket.specials.expand(batch_size, -1)], dim=1)
+        positions = torch.where(unused, bucket.sink, torch.addcmul(bucket.base, row, bucket.slope))
+        return _laid_out(bucket.background.repeat(batch_size, 1), bucket.width, [positions], [tokens])
+
+
+class _MQMTARBucket:
+    """MQMTAR constants of one bucket (lengths L = lo + l, P = pairs_for_length(L) <= K blocks, L - 5 P
+    <= M items). A row's fixed tokens are template[max(column_base - l, column_floor)]: the template holds
+    <bos>, a blank, then everything collate puts after the context of a row of length lo (query markers,
+    <sep>, the target's markers, padding), then that row's labels from column lo on, so that they shift
+    with L. Scattered: block j starting at context index c (input column c + 1) holds `k1 k2 :` then
+    `v1 v2 _`; query q's key `k1 k2` is at input column L + 2 + 3 q, the target's `v1 v2` at
+    L + 3 Q + 3 + 3 q and their labels one column earlier; the unused tokens go to distinct sink columns
+    from 2 width on."""
+
+    def __init__(self, task: MQMTARTask, bucket: tuple[int, int], device: torch.device):
+        lo, hi = bucket
+        n_queries, n_lengths = task.n_queries, hi - lo + 1
+        length = np.arange(lo, hi + 1)
+        pairs = np.array([pairs_for_length(int(n), task.table_size) for n in length])
+        items = length - (BLOCK_TOKENS - 1) * pairs
+        self.n_lengths, self.n_pairs, self.n_items = n_lengths, int(pairs.max()), int(items.max())
+        marked = [QUERY, BLANK, BLANK] * n_queries  # BLANK: where the key / value tokens are scattered
+        shortest = collate(task, [Example([BLANK] * lo + marked, marked)])
+        width = self.width = hi + 6 * n_queries + 2
+        # sink columns: 2 width + r Q + q (+ l) for the query rows' third tokens, then 6 j from `unused_start`
+        self.unused_start = 2 * width + 3 * n_queries + n_lengths
+        columns = self.unused_start + 6 * self.n_pairs + 1
+        padding = hi - lo
+        inputs = [BOS, BLANK, *shortest.input_ids[0, lo + 1 :].tolist(), *[PAD_ID] * padding]
+        labels = [IGNORE_INDEX, *shortest.labels[0, lo:].tolist(), *[IGNORE_INDEX] * padding]
+        self.template = torch.tensor(inputs + labels + [PAD_ID], device=device)
+        column = np.arange(width)
+        base = np.concatenate([column + 1 - lo, len(inputs) + column + 1 - lo, np.zeros(columns - 2 * width)])
+        floor = np.concatenate([np.minimum(column, 1), np.full(width, len(inputs)),
+                                np.full(columns - 2 * width, len(inputs) + len(labels))])
+        self.column_base, self.column_floor = (torch.as_tensor(a, dtype=torch.long).to(device)
+                                               for a in (base, floor))
+        self.pairs = torch.as_tensor(pairs).to(device)
+        self.draw_words = _DistinctDraws(task.table_size, self.n_pairs, device)  # keys, values
+        self.masked_items = torch.as_tensor(np.arange(self.n_items) >= items.reshape(-1, 1)).to(device)
+        self.unused = torch.as_tensor(np.arange(self.n_pairs) >= pairs.reshape(-1, 1)).to(device)
+        pair = np.arange(self.n_pairs)
+        self.unused_starts = torch.as_tensor(self.unused_start + pair).to(device)  # sorted + 5 j: 6 j apart
+        offset, part = np.arange(3), np.arange(2).reshape(-1, 1, 1)
+        block = (BLOCK_TOKENS - 1) * pair.reshape(-1, 1) + 1 + 3 * part + offset  # (2, K, 3)
+        self.block_offsets = torch.as_tensor(block[None]).to(device)
+        query, part = np.arange(n_queries).reshape(-1, 1), np.arange(3).reshape(-1, 1, 1)
+        first = np.array([2, 3 * n_queries + 3, width + 3 * n_queries + 2]).reshape(-1, 1, 1)
+        queries = np.where(offset < 2, lo + first + 3 * query + offset, 2 * width + n_queries * part + query)
+        self.query_offsets = torch.as_tensor(queries[None]).to(device)  # (1, 3, Q, 3), plus l
 
 
 class _MQMTARSampler:
     """MQMTAR (asentmax.tasks.mqmtar): P = pairs_for_length(L) blocks `k1 k2 : v1 v2 _` at uniformly random
     non-overlapping places in a blank context of L tokens, then n_queries queries `? k1 k2`."""
 
-    def __init__(self, task: MQMTARTask, device: torch.device):
+    def __init__(self, task: MQMTARTask, buckets: list[tuple[int, int]], device: torch.device):
         self.task, self.device = task, device
-        self.keys = torch.as_tensor(task.keys, dtype=torch.long).to(device)
-        self.values = torch.as_tensor(task.values, dtype=torch.long).to(device)
+        words = [np.concatenate([table, np.full((task.table_size, 1), last)], axis=1)
+                 for table, last in ((task.keys, COLON), (task.values, BLANK))]
+        self.words = torch.as_tensor(np.stack(words)).to(device)  # (2, table_size, 3): `k1 k2 :`, `v1 v2 _`
+        self.table = torch.arange(2, device=device).view(1, 2, 1)
+        self.query_tables = torch.tensor([0, 1, 1], device=device).view(1, 3, 1)  # keys, values, labels
+        self.buckets = [_MQMTARBucket(task, bucket, device) for bucket in buckets]
 
-    def widths(self, max_length: int) -> tuple[int, int]:
-        return self.task.source_length(max_length), 3 * self.task.n_queries
+    def width(self, index: int) -> int:
+        return self.buckets[index].width
 
-    def draw(self, lengths: torch.Tensor, max_length: int, generator):
-        task, device = self.task, self.device
-        n_rows, n_queries = lengths.shape[0], task.n_queries
-        n_pairs = ((2 * lengths) // 15).clamp(1, task.table_size)  # pairs_for_length, per row
-        max_pairs = pairs_for_length(max_length, task.table_size)
-        pair = torch.arange(max_pairs, device=device)
-        used = pair < n_pairs.view(-1, 1)  # (B, max_pairs): the row's first P blocks are real
+    def batch(self, index: int, batch_size: int, generator) -> Batch:
+        bucket, device = self.buckets[index], self.device
+        n_pairs, n_items = bucket.n_pairs, bucket.n_items
+        row = torch.randint(0, bucket.n_lengths, (batch_size,), generator=generator, device=device)
         # keys and values: independent uniformly random ordered draws without replacement from the tables
-        drawn = _draws_without_replacement(n_pairs.repeat(2), task.table_size, max_pairs, generator)
-        drawn = drawn.clamp(min=0)  # the unused -1 entries of short rows become any valid (ignored) index
-        keys, values = self.keys[drawn[:n_rows]], self.values[drawn[n_rows:]]
-
-        # Block places: a uniformly random P-subset of the (free blanks + P) items, in increasing order;
-        # the j-th block starts at its item index + 5 j (as in MQMTARTask._generate).
-        n_items = lengths - (BLOCK_TOKENS - 1) * n_pairs
-        item_keys = torch.rand(n_rows, max_length, generator=generator, device=device, dtype=torch.float64)
-        item_keys = item_keys.masked_fill(torch.arange(max_length, device=device) >= n_items.view(-1, 1), 2.0)
-        chosen = item_keys.argsort(dim=1)[:, :max_pairs].masked_fill(~used, max_length)
-        starts = chosen.sort(dim=1).values + (BLOCK_TOKENS - 1) * pair
-        block = torch.stack([keys[..., 0], keys[..., 1], torch.full_like(keys[..., 0], COLON),
-                             values[..., 0], values[..., 1]], dim=-1)  # (B, max_pairs, 5)
-        offsets = torch.arange(BLOCK_TOKENS - 1, device=device)
-        where = (starts.unsqueeze(-1) + offsets).masked_fill(~used.unsqueeze(-1), max_length)
-        source_width = task.source_length(max_length)
-        source = torch.full((n_rows, source_width + 1), BLANK, dtype=torch.long, device=device)  # +1: sink
-        source.scatter_(1, where.flatten(1), block.flatten(1))
-
-        asked = _uniform_below(n_pairs, (n_rows, n_queries), generator)
-        marker = torch.full((n_rows, n_queries, 1), QUERY, dtype=torch.long, device=device)
-        queries = torch.cat([marker, keys.gather(1, asked.unsqueeze(-1).expand(-1, -1, 2))], dim=-1)
-        target = torch.cat([marker, values.gather(1, asked.unsqueeze(-1).expand(-1, -1, 2))], dim=-1)
-        query_places = lengths.view(-1, 1) + torch.arange(3 * n_queries, device=device)
-        source.scatter_(1, query_places, queries.flatten(1))
-        target_lengths = torch.full_like(lengths, 3 * n_queries)
-        return source[:, :source_width], lengths + 3 * n_queries, target.flatten(1), target_lengths
+        drawn = bucket.draw_words(2 * batch_size, generator).view(batch_size, 2, n_pairs)
+        words = self.words[self.table, drawn]  # (B, 2, K, 3); a row uses its first P pairs
+        # block places: a uniformly random P-subset of the L - 5 P items in increasing order; the j-th
+        # block starts at its item index + 5 j (as in MQMTARTask._generate)
+        items = torch.rand(batch_size, n_items, generator=generator, device=device, dtype=torch.float64)
+        items = items.masked_fill_(bucket.masked_items[row], 2.0)
+        items = torch.where(bucket.unused[row], bucket.unused_starts, _smallest_keys(items, n_pairs))
+        starts = items.sort(dim=1).values.view(batch_size, 1, n_pairs, 1)
+        asked = _uniform_below(bucket.pairs[row], (batch_size, 1, self.task.n_queries), generator)
+        batch_rows = torch.arange(batch_size, device=device).view(-1, 1, 1)
+        asked_words = words[batch_rows, self.query_tables, asked]  # (B, 3, Q, 3)
+        positions = [(starts + bucket.block_offsets).flatten(1), (row.view(-1, 1, 1, 1) +
+                                                                 bucket.query_offsets).flatten(1)]
+        rows = bucket.template[(bucket.column_base - row.view(-1, 1)).clamp(min=bucket.column_floor)]
+        return _laid_out(rows, bucket.width, positions, [words.flatten(1), asked_words.flatten(1)])
 
 
 _SAMPLERS = {MQMTARTask: _MQMTARSampler, CopyTask: _SequenceSampler, ReverseTask: _SequenceSampler,
@@ -157,29 +284,6 @@ _SAMPLERS = {MQMTARTask: _MQMTARSampler, CopyTask: _SequenceSampler, ReverseTask
 def has_device_sampler(task: Task) -> bool:
     """True when `task` has a torch batch sampler (MQMTAR, Copy, Reverse, Sort)."""
     return type(task) in _SAMPLERS
-
-
-def lay_out(source, source_lengths, target, target_lengths, width: int) -> Batch:
-    """Next-token batch of `<bos> source <sep> target <eos>` rows padded to `width` input tokens.
-
-    source (B, S) / target (B, T) long hold each row's first source_lengths[i] / target_lengths[i]
-    tokens (the rest is ignored); width must be >= max(source_lengths + target_lengths) + 2."""
-    position = torch.arange(width + 1, device=source.device)
-    s_len, t_len = source_lengths.view(-1, 1), target_lengths.view(-1, 1)
-    from_source = source.gather(1, (position - 1).clamp(0, source.shape[1] - 1).expand(source.shape[0], -1))
-    target_index = (position - s_len - 2).clamp(0, target.shape[1] - 1)
-    from_target = target.gather(1, target_index)
-    tokens = torch.full_like(from_source, PAD_ID)
-    tokens = torch.where(position == s_len + t_len + 2, EOS, tokens)
-    tokens = torch.where((position >= s_len + 2) & (position < s_len + 2 + t_len), from_target, tokens)
-    tokens = torch.where(position == s_len + 1, SEP, tokens)
-    tokens = torch.where((position >= 1) & (position <= s_len), from_source, tokens)
-    tokens = torch.where(position == 0, BOS, tokens)
-    scored = (position[:width] >= s_len + 1) & (position[:width] <= s_len + t_len + 1)
-    labels = torch.where(scored, tokens[:, 1:], IGNORE_INDEX)
-    # <eos> is never an input token (the CPU layout drops it too)
-    input_ids = tokens[:, :width].masked_fill(position[:width] == s_len + t_len + 2, PAD_ID)
-    return Batch(input_ids, labels)
 
 
 class DeviceBatchSampler:
@@ -193,21 +297,18 @@ class DeviceBatchSampler:
         for lo, _ in buckets:
             task.check_length(lo)
         self.task, self.buckets, self.device = task, list(buckets), torch.device(device)
-        self.sampler = _SAMPLERS[type(task)](task, self.device)
+        self.sampler = _SAMPLERS[type(task)](task, self.buckets, self.device)
         self.generator = torch.Generator(device=self.device)
 
     def width(self, bucket: tuple[int, int]) -> int:
         """Input width of every batch of `bucket`: the encoded length of its longest sample minus one."""
-        source_width, target_width = self.sampler.widths(bucket[1])
-        return source_width + target_width + 2
+        return self.sampler.width(self.buckets.index(bucket))
 
     def batch(self, *, seed: int, rank: int, step: int, batch_size: int) -> Batch:
         rng = step_generator(seed, rank, step)
-        lo, hi = self.buckets[pick_bucket(rng, self.buckets)]
+        index = pick_bucket(rng, self.buckets)
         self.generator.manual_seed(int(rng.integers(_SEED_BOUND)))
-        lengths = torch.randint(lo, hi + 1, (batch_size,), generator=self.generator, device=self.device)
-        parts = self.sampler.draw(lengths, hi, self.generator)
-        return lay_out(*parts, self.width((lo, hi)))
+        return self.sampler.batch(index, batch_size, self.generator)
 
 
 SAMPLING_MODES = ("auto", "device", "host")
