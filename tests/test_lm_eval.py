@@ -1,6 +1,7 @@
 """LM evaluation: windowed perplexity against token-by-token scoring through the KV cache, needle prompts
-(exact length, the needle's value in the prompt, the answer exact), exact-match scoring with oracle and
-wrong readers, and the dispersion statistics (asentmax.lm.evaluate / needles)."""
+(exact length, the needle's value in the prompt, the answer exact), exact-match scoring of a copying
+oracle and of a wrong one through the real generate, batched needle generation against one prompt at a
+time, and the dispersion statistics (asentmax.lm.evaluate / needles)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from asentmax.lm.needles import (
 from asentmax.lm.report import markdown
 from asentmax.lm.tokenizer import DOC_ID, LMTokenizer
 from asentmax.nn import KVCache, Transformer, lm_tiny
+from asentmax.nn.generation import generate
+from conftest import randomize_temperatures
 
 pytest.importorskip("tokenizers")
 
@@ -114,34 +117,111 @@ def test_needle_prompts(data, task):
         builder.sample(task, 10, rng)
 
 
-class _Reader(torch.nn.Module):
-    """A stand-in model whose greedy completion is the needle's value read from the prompt (shifted by
-    `offset` when given, to be wrong)."""
+def _copy_next(context: list[int]) -> int:
+    """The token that followed the latest earlier occurrence of the longest suffix of `context`."""
+    best, following = 0, 0
+    for j in range(len(context) - 1):
+        matched = 0
+        while matched <= j and context[j - matched] == context[len(context) - 1 - matched]:
+            matched += 1
+        if matched and matched >= best:
+            best, following = matched, context[j + 1]
+    return following
 
-    def __init__(self, tokenizer, task, offset=0):
+
+class _CopyModel(torch.nn.Module):
+    """An oracle LM that retrieves by exact copying (an ideal induction head): its next token is the one that
+    followed the longest earlier match of the context's suffix, plus `shift` (nonzero: always wrong). It
+    keeps its tokens in the KV cache, so asentmax.nn.generation.generate drives it exactly as it drives the
+    Transformer (prefill, then one cached token per step; padded prompts realigned and masked)."""
+
+    def __init__(self, vocab_size: int, shift: int = 0):
         super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.tokenizer, self.task, self.offset = tokenizer, task, offset
+        self.weight = torch.nn.Parameter(torch.zeros(1))  # where retrieval_accuracy reads the device
+        self.vocab_size, self.shift = vocab_size, shift
 
-    def generate(self, prompts, max_new_tokens):
-        rows = []
-        for prompt in prompts.tolist():
-            value = int(_needle_value(self.tokenizer.decode(prompt[1:]), self.task)) + self.offset
-            ids = self.tokenizer.encode(f" {value}. And more text")[:max_new_tokens]
-            rows.append(prompt + ids + [0] * (max_new_tokens - len(ids)))
-        return torch.tensor(rows)
+    def forward(self, input_ids, attention_mask=None, cache=None):
+        real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask
+        ids, mask = input_ids, real
+        if cache is not None:
+            ids, mask = (x[:, 0, :, 0] for x in cache.update(0, input_ids[:, None, :, None],
+                                                              real[:, None, :, None]))
+        logits = torch.zeros(*input_ids.shape, self.vocab_size, dtype=torch.float64)
+        for row in range(input_ids.shape[0]):
+            following = _copy_next(ids[row][mask[row]].tolist())
+            logits[row, -1, (following + self.shift) % self.vocab_size] = 1.0
+        return logits
+
+    def generate(self, input_ids, max_new_tokens, **kwargs):
+        return generate(self, input_ids, max_new_tokens, **kwargs)
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_exact_match_scoring(data, task):
+def test_copying_oracle_scores_100_and_a_wrong_one_0(data, task):
+    """The scoring path of the evaluation (prompts, batched generate with its KV cache, the completion's
+    span, decoding, exact match) credits a model that copies the needle and nothing else; 6 prompts in
+    batches of 4 (a short last batch)."""
     tokenizer, documents = data
     builder = NeedleBuilder(tokenizer, np.concatenate(documents))
     length = builder.min_length(task) + 20
-    right = retrieval_accuracy(_Reader(tokenizer, task), builder, task, length, n_samples=6, seed=0,
-                               batch_size=4)
-    wrong = retrieval_accuracy(_Reader(tokenizer, task, 1), builder, task, length, n_samples=6, seed=0,
-                               batch_size=4)
+    right, wrong = (retrieval_accuracy(_CopyModel(tokenizer.vocab_size, shift), builder, task, length,
+                                       n_samples=6, seed=0, batch_size=4) for shift in (0, 1))
     assert right["accuracy"] == 100.0 and wrong["accuracy"] == 0.0 and right["samples"] == 6
+    for example in right["examples"]:  # the completion is the value, then the needle's text goes on
+        assert example["completion"].startswith(f" {example['answer']}.")
+    # prompts of different lengths, left padded in one batch: each row still copies its own needle
+    rng = np.random.default_rng(1)
+    samples = [builder.sample(task, n, rng) for n in (length, length + 13, length + 40)]
+    width = length + 40
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        ids[row, width - len(sample.prompt):] = torch.from_numpy(sample.prompt)
+        mask[row, width - len(sample.prompt):] = True
+    out = _CopyModel(tokenizer.vocab_size).generate(ids, 10, attention_mask=mask)
+    for row, sample in enumerate(samples):
+        assert leading_digits(tokenizer.decode(out[row, width:].tolist())) == sample.answer
+
+
+@pytest.mark.parametrize("preset", [dict(attention="asentmax", position="nape"),
+                                    dict(attention="softmax", position="rope")], ids=["asentmax", "rope"])
+def test_batched_needle_generation_equals_one_at_a_time(data, preset):
+    """retrieval_accuracy's batched greedy completions of a Transformer equal one-prompt-at-a-time decoding
+    and the argmax of a full uncached forward; so do prompts of different lengths left padded in one batch
+    (fp64, random weights with nonzero temperature parameters)."""
+    tokenizer, documents = data
+    builder = NeedleBuilder(tokenizer, np.concatenate(documents))
+    torch.manual_seed(0)
+    model = Transformer(lm_tiny(tokenizer.vocab_size, init_std=0.2, **preset)).double().eval()
+    randomize_temperatures(model)
+    task, new = "niah_1", 6
+    length = builder.min_length(task) + 30
+
+    def alone(prompt: np.ndarray) -> list[int]:
+        out = model.generate(torch.from_numpy(prompt)[None], new)
+        full = model(out)[0, len(prompt) - 1:-1].argmax(-1)
+        assert full.tolist() == out[0, len(prompt):].tolist()
+        return out[0, len(prompt):].tolist()
+
+    result = retrieval_accuracy(model, builder, task, length, n_samples=3, seed=0, batch_size=3,
+                                max_new_tokens=new)
+    rng = np.random.default_rng([0, TASKS.index(task), length])  # the prompts retrieval_accuracy drew
+    for example in result["examples"]:
+        sample = builder.sample(task, length, rng)
+        assert sample.answer == example["answer"]
+        assert tokenizer.decode(alone(sample.prompt)) == example["completion"]
+    rng = np.random.default_rng(2)
+    samples = [builder.sample(name, n, rng) for name, n in (("niah_1", length), ("passkey", length + 25),
+                                                            ("niah_2", length + 9))]
+    width = max(len(s.prompt) for s in samples)
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        ids[row, width - len(sample.prompt):] = torch.from_numpy(sample.prompt)
+        mask[row, width - len(sample.prompt):] = True
+    out = model.generate(ids, new, attention_mask=mask)
+    for row, sample in enumerate(samples):
+        assert out[row, width:].tolist() == alone(sample.prompt)
 
 
 def test_leading_digits():
