@@ -1,24 +1,21 @@
 """GPU checks of torch.compile (run on the H200; skipped elsewhere): with Inductor and the Triton kernels
 as custom ops, torch.compile(model, fullgraph=True) equals eager for every normaliser and position, in
 training (forward and every gradient, fp32) and in KV-cache greedy decoding; the number of compiled graphs
-across three lengths stays bounded; and a decoding step makes no host synchronisation. SSMax's former
-plain-torch q_scale (test_ssmax_product_form, expected to fail) shows what asentmax.ops.ssmax works around.
+across three lengths stays bounded; and a decoding step makes no host synchronisation. SSMax's training
+parity is a strict expected failure: Inductor's CUDA code gives the gradient of its s wrong on the H200
+(torch 2.11; results/gpu_tests_session4.md, results/gpu_tests_session5.md), so nn/normalisers.py marks it
+compiles=False; the test turns into an error when a torch version fixes it.
 
 Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_compile_gpu.py
-SSMax only (< 1 min): PYTHONPATH=src python -m pytest -q -m gpu --runxfail --tb=line tests/test_compile_gpu.py
-                      -k "training_equals_eager and ssmax and (nope or nape) or product_form"
 """
 
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
-from torch._inductor import config as inductor_config
 
 from asentmax.nn import KVCache, ModelConfig, Transformer
 from asentmax.nn.generation import generate
 from asentmax.nn.normalisers import NAMES
-from asentmax.nn.temperature import SSMaxTemperature, _with_unscaled_heads
-from asentmax.ops.entmax import compute_dtype
 from conftest import randomize_temperatures
 from test_compile import assert_same_gradients, loss_and_grads
 
@@ -54,37 +51,18 @@ def assert_same_training(model, call, ids):
     assert_same_gradients(grads, eager_grads, 1e-2)
 
 
+INDUCTOR_SSMAX_BUG = pytest.mark.xfail(
+    strict=True, reason="Inductor's CUDA code (torch 2.11) gives SSMax's s a wrong gradient: "
+    "results/gpu_tests_session5.md")
+
+
 @pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("attention", NAMES)
+@pytest.mark.parametrize("attention", [pytest.param(n, marks=INDUCTOR_SSMAX_BUG) if n == "ssmax" else n
+                                       for n in NAMES])
 def test_compiled_training_equals_eager(attention, position):
     model = cuda_model(attention, position)
     call, counter = compiled(model)
     assert_same_training(model, call, ids_of(4, 130))
-    assert counter.frame_count == 1
-
-
-def product_forward(self, x, n_keys):
-    """SSMaxTemperature.forward before asentmax.ops.ssmax: q_scale as a plain torch product, so that the
-    gradient of s is a reduction inside the compiled backward graph."""
-    dtype = compute_dtype(x.dtype)
-    log_n = torch.log(n_keys.to(dtype) + 1.0)[:, None, :]  # (B, 1, T)
-    return _with_unscaled_heads(self.delta + self.s.to(dtype)[None, :, None] * log_n, self.n_heads)
-
-
-@pytest.mark.parametrize("mix_order_reduction", [
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=False, reason="Inductor (torch 2.11, H200) got the gradient of s wrong")),
-    pytest.param(False, marks=pytest.mark.xfail(
-        strict=False, reason="diagnostic: passes if Inductor's mix-order reduction is the culprit")),
-], ids=["mix-order-on", "mix-order-off"])
-def test_ssmax_product_form(mix_order_reduction, monkeypatch):
-    """The pre-op SSMax forward compiled: every gradient, s included, against eager (--runxfail shows the
-    failure). The op form, the one the model uses, is test_compiled_training_equals_eager[ssmax-*]."""
-    monkeypatch.setattr(SSMaxTemperature, "forward", product_forward)
-    model = cuda_model("ssmax", "nope")
-    call, counter = compiled(model)
-    with inductor_config.patch({"triton.mix_order_reduction": mix_order_reduction}):
-        assert_same_training(model, call, ids_of(4, 130))
     assert counter.frame_count == 1
 
 

@@ -16,9 +16,8 @@ Fields:
   label        the method's name in the paper's tables;
   compiles     False: torch.compile with Inductor is known to give this normaliser wrong gradients, so
                training runs it eagerly unless compiling is forced (SSMax: the gradient of its per-head s
-               came out wrong on the H200 with torch 2.11, results/gpu_tests_session4.md; s's gradient is
-               now the custom op of asentmax.ops.ssmax, to be confirmed on the GPU by
-               tests/test_compile_gpu.py before this is set to True).
+               came out wrong on the H200 with torch 2.11, results/gpu_tests_session4.md and
+               results/gpu_tests_session5.md; not reproduced by Inductor's CPU code).
 
 To add a normaliser, add one entry to NORMALISERS (and tests). A new family needs its weights in
 `Normaliser.probabilities` and its kernel choice in nn/attention.py.

@@ -3,8 +3,7 @@
 ASEntmax: theta_hi = delta + beta_hi * log(n_i + 1) ^ gamma_hi,
           beta_hi = softplus(w_beta_h . x_i + b_beta_h),  gamma_hi = s * tanh(w_gamma_h . x_i + b_gamma_h),
           x_i the block's normed input, n_i the number of keys query i sees, s the gamma range.
-SSMax:    theta_hi = s_h * log(n_i + 1)  ("plain") or delta + s_h * log(n_i + 1)  ("delta"), s_h learned;
-          computed by the custom op asentmax.ops.ssmax.ssmax_q_scale (why: that module's docstring).
+SSMax:    theta_hi = s_h * log(n_i + 1)  ("plain") or delta + s_h * log(n_i + 1)  ("delta"), s_h learned.
 Only the scaled heads get a temperature (the last H/2 under NAPE); the other heads get theta = 1.
 Theta is computed in fp32 (fp64 when the input is fp64) and returned as (B, H, T): the `q_scale` of
 asentmax.ops.attention.entmax_attention (that name from here down to the kernels). Which normaliser gets
@@ -21,7 +20,6 @@ from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import scaled_head_count
 from asentmax.ops.entmax import compute_dtype
-from asentmax.ops.ssmax import ssmax_q_scale
 
 
 def _with_unscaled_heads(theta_scaled: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -86,7 +84,9 @@ class SSMaxTemperature(nn.Module):
 
     def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_model) (only its dtype is used), n_keys (B, T) -> theta (B, H, T)."""
-        theta = ssmax_q_scale(self.s.to(compute_dtype(x.dtype)), n_keys, self.delta)  # (B, m, T)
+        dtype = compute_dtype(x.dtype)
+        log_n = torch.log(n_keys.to(dtype) + 1.0)[:, None, :]  # (B, 1, T)
+        theta = self.delta + self.s.to(dtype)[None, :, None] * log_n
         return _with_unscaled_heads(theta, self.n_heads)
 
 
