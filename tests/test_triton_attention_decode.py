@@ -85,19 +85,19 @@ def case_id(case):
 ALL = ("key_padding_mask", "alibi_slopes", "q_scale")
 # bf16 runs on the GPU only (GPU_CASES): the triton 3.6 interpreter's tl.dot on bf16 operands returns garbage.
 CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with the mask: batch 1 sees no key
-    # one launch (Nk <= SHORT_CACHE = 4096); threshold tile rows x keys in registers up to 4096, else re-read
+    # one launch (Nk <= SHORT_CACHE = 2048); threshold tile rows x keys in registers up to 4096, else re-read
     (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # a single key, GQA
     (1.0, True, 2, 2, 1, 1, 17, 16, torch.float32, ("key_padding_mask", "q_scale")),  # softmax
     (1.25, True, 1, 4, 4, 4, 17, 32, torch.float16, ("alibi_slopes", "q_scale")),  # causal offset, 4 rows
     (2.0, False, 2, 2, 2, 3, 1000, 48, torch.float32, ("key_padding_mask", "alibi_slopes")),
     (1.5, True, 2, 4, 1, 16, 1000, 64, torch.float16, ALL),  # 16 rows: re-read threshold tile, GQA 4
     (1.75, True, 1, 2, 2, 7, 1024, 16, torch.float32, ()),
-    (1.25, True, 1, 2, 1, 16, 2050, 100, torch.float16, ("q_scale", "alibi_slopes")),
-    (2.0, False, 2, 1, 1, 3, 3000, 48, torch.float32, ("key_padding_mask", "q_scale")),
-    (1.5, True, 1, 2, 2, 4, 4096, 16, torch.float32, ("q_scale",)),  # the longest cache; 4 rows re-read
-    (1.0, False, 2, 2, 1, 1, 4096, 16, torch.float32, ("alibi_slopes", "key_padding_mask")),  # 4096 resident
+    (1.25, True, 1, 2, 1, 16, 2047, 100, torch.float16, ("q_scale", "alibi_slopes")),
+    (2.0, False, 2, 1, 1, 3, 1999, 48, torch.float32, ("key_padding_mask", "q_scale")),
+    (1.5, True, 1, 2, 2, 4, 2048, 16, torch.float32, ("q_scale",)),  # the longest cache; 4 rows re-read
+    (1.0, False, 2, 2, 1, 1, 2048, 16, torch.float32, ("alibi_slopes", "key_padding_mask")),  # resident
     # split over keys (Nk > SHORT_CACHE), chunks of 1024 keys
-    (1.25, True, 2, 2, 1, 2, 4097, 16, torch.float32, ALL),  # just past the one-launch path, GQA
+    (1.25, True, 2, 2, 1, 2, 2049, 16, torch.float32, ALL),  # just past the one-launch path, GQA
     (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
     (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
 ]
@@ -123,12 +123,12 @@ def test_decode_rows_sum_to_one(n_k):
     assert (out[empty] == 0).all()
 
 
-@pytest.mark.parametrize("n_k, path", [(1, "short"), (4096, "short"), (4097, "split"), (40000, "split")])
+@pytest.mark.parametrize("n_k, path", [(1, "short"), (2048, "short"), (2049, "split"), (40000, "split")])
 def test_decode_launcher_picks_path(monkeypatch, n_k, path):
     """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys."""
     from asentmax.ops.triton import attention_decode
 
-    assert attention_decode.SHORT_CACHE == 4096
+    assert attention_decode.SHORT_CACHE == 2048
     taken = []
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",

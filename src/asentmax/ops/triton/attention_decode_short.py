@@ -30,7 +30,7 @@ from asentmax.ops.triton.attention_common import (
     tile_logits,
 )
 
-SHORT_CACHE = 4096  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
+SHORT_CACHE = 2048  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
 # threshold tiles (scores, rows x keys, num_warps), 8 or 16 a thread: the smallest that holds the rows, else
 # the largest, re-read. Two sizes only, so a growing cache compiles at most three variants per Nq.
 _SOLVE_TILES = ((1024, 4), (4096, 8))
