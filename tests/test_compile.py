@@ -8,6 +8,9 @@ autograd registrations) without Inductor's C++ code generation, which would take
 the GPU file tests/test_compile_gpu.py compiles with Inductor.
 """
 
+import logging
+from contextlib import contextmanager
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -115,6 +118,31 @@ def test_compiled_ssmax_gradients_equal_eager(position, backend):
         assert sum(name.endswith("temperature.s") for name in grads) == 2
         assert_same_gradients(grads, eager_grads, 2e-5)
     assert counter.frame_count == 1
+
+
+@contextmanager
+def recompile_reasons():
+    """Collects dynamo's recompilation messages (the guard that failed, with the user's line), so that a
+    graph-count assertion can say why each extra graph was compiled."""
+    messages = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("torch._dynamo.guards.__recompiles")
+    torch._logging.set_logs(recompiles=True)
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        torch._logging.set_logs()
+
+
+def test_recompile_reasons_are_collected():
+    model = make_model("softmax", "nape").eval()
+    call, _ = compiled(model)
+    with recompile_reasons() as reasons:
+        generate(call, torch.randint(0, VOCAB, (2, 5)), 3)
+    assert any("cache" in reason for reason in reasons), reasons
 
 
 @pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
