@@ -211,3 +211,13 @@ def test_eval_on_cuda_without_a_gpu_is_one_line(trained_run, tmp_path, capsys, m
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--device cuda" in err and "CUDA" in err, err
     assert _snapshot(trained_run) == before and not list(tmp_path.iterdir())
+
+
+def test_compare_names_a_copied_run_by_where_it_is_now(trained_run, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "copied_elsewhere"
+    shutil.copytree(trained_run, copy)
+    assert main(["compare", str(trained_run), str(copy), "--output-dir", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "compare.md").read_text()
+    assert f"ours ({trained_run.name})" in table and "ours (copied_elsewhere)" in table, table

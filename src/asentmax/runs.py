@@ -163,17 +163,20 @@ def _evaluation_problem(data: dict) -> str | None:
 
 def load_evaluation(path: Path | str) -> dict:
     """An evaluation result (eval.json, or a run directory holding one); RunError (one line naming the
-    file) when it is missing, not JSON or not shaped like what `asentmax eval` writes."""
+    file) when it is missing, not JSON or not shaped like what `asentmax eval` writes. Read from a run
+    directory, its run_dir is that directory, so a run copied or moved since it was evaluated is named
+    where it is (an eval.json given by path keeps its recorded run_dir: `eval --output` writes elsewhere)."""
     path = Path(path)
+    run_dir = None
     if path.suffix != ".json":
-        path = path / f"{EVAL_NAME}.json"
+        run_dir, path = path, path / f"{EVAL_NAME}.json"
     if not path.exists():
         raise RunError(f"no evaluation at {path} (run `asentmax eval` first)")
     data = read_json(path, "evaluation")
     problem = _evaluation_problem(data)
     if problem:
         raise RunError(f"{path} is not an asentmax evaluation ({problem}); re-run `asentmax eval --fresh`")
-    return data
+    return data if run_dir is None else {**data, "run_dir": str(run_dir)}
 
 
 # ---- checkpoints ----
