@@ -58,9 +58,9 @@ SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-hea
 
 def train_command(name: str, flags: list[str], work: Path, steps: int, smoke: bool,
                   extra: list[str]) -> list[str]:
-    """The `asentmax train` arguments of one run of the study."""
+    """The `asentmax train` arguments of one run of the study (at the paper's batch 128 unless named)."""
     return ["train", "--preset", "mqmtar", "--run-dir", str(work / name), "--overwrite", "--no-progress",
-            "--steps", str(steps), "--log-every", "25", "--val-every", "0",
+            "--batch-size", "128", "--steps", str(steps), "--log-every", "25", "--val-every", "0",
             "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + extra + flags
 
 
