@@ -14,7 +14,8 @@ Median microseconds per call (under no_grad, as bench_decode_gpu.py) of
 - launcher: asentmax.ops.triton.attention_decode.entmax_attention_decode alone.
 
     PYTHONPATH=src python benchmarks/bench_attention_host.py --out results
-    PYTHONPATH=src python benchmarks/bench_attention_host.py --before-src /tmp/old/src --out results
+    PYTHONPATH=src python benchmarks/bench_attention_host.py --before-src /tmp/old/src \
+        --before-label 86cb561 --out results
 With --before-src the same measurement also runs in subprocesses importing asentmax from that directory
 (e.g. an older checkout), rounds interleaved with this tree's (the machine is shared), and the table shows
 both. Writes results/attention_host_cpu.json and results/attention_host_cpu.md.
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -108,6 +110,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="directory for attention_host_cpu.{json,md}")
     parser.add_argument("--before-src", default=None, help="src/ of an older checkout to compare with")
+    parser.add_argument("--before-label", default=None, help="what --before-src is (a commit)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per tree")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
@@ -129,9 +132,11 @@ def main():
                                   if key.endswith("_us") else rounds[0][label][key])
                             for key in rounds[0][label]} for label in rounds[0]}
              for name, rounds in runs.items()}
+    if args.before_label:
+        trees["before"] = f"{trees['before']} ({args.before_label})"
     record = dict(trees=trees, rounds=args.rounds, calls=args.calls, repeats=args.repeats,
                   torch=torch.__version__, python=platform.python_version(), machine=platform.processor()
-                  or platform.machine(), command=" ".join(sys.argv), results=table)
+                  or platform.machine(), command=shlex.join(sys.argv), results=table)
     print(json.dumps(table, indent=1))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
