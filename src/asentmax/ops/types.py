@@ -86,17 +86,19 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     by one (_check_qkv_kinds), so that every error is the one the first failing check gives.
     """
     tensor = torch.Tensor
-    if not (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)
-            and q.dim() == 4 and k.dim() == 4 and v.dim() == 4
-            and q.dtype in FLOAT_DTYPES and k.dtype == q.dtype and v.dtype == q.dtype):
+    if not (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)):
+        _check_qkv_kinds(q, k, v)
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape  # (each .shape builds a torch.Size: read once)
+    dtype = q.dtype
+    if not (len(q_shape) == 4 and len(k_shape) == 4 and len(v_shape) == 4 and dtype in FLOAT_DTYPES
+            and k.dtype == dtype and v.dtype == dtype):
         _check_qkv_kinds(q, k, v)
     device = q.device
     if k.device != device or v.device != device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    batch, heads, n_q, dim = q.shape
-    k_shape = k.shape
-    if k_shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    batch, heads, n_q, dim = q_shape
+    if k_shape != v_shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and {tuple(v_shape)}")
     k_batch, kv_heads, n_k, k_dim = k_shape
     if k_batch != batch:
         raise ValueError(f"batch sizes differ: q has {batch}, k/v have {k_batch}")
