@@ -246,3 +246,20 @@ def test_kernel_slopes_made_once_per_dtype():
     assert fp64.dtype == torch.float64 and torch.equal(fp64[1], ctx.slopes)
     rope = Transformer(tiny_config("entmax", "rope"))
     assert rope._context(torch.zeros(1, 4, dtype=torch.long), None, None).kernel_slopes(torch.float32) is None
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
+def test_shared_log_n_keys_gives_the_modules_theta(attention):
+    """The log(n_i + 1) that AttentionContext computes once per call for every layer gives each temperature
+    module exactly the theta it computes from n_keys by itself."""
+    model = Transformer(tiny_config(attention, "nope", n_layers=2))
+    randomise_temperature(model, 5)
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    mask = torch.tensor([[False, True, True, True, True, True]] * 2)
+    ctx: AttentionContext = model._context(ids, mask, None)
+    log_n = ctx.log_n_keys(torch.float32)
+    assert ctx.log_n_keys(torch.float32) is log_n and log_n.shape == (2, 1, 6)
+    x = torch.randn(2, 6, 32)
+    for block in model.blocks:
+        temperature = block.attn.temperature
+        assert torch.equal(temperature(x, ctx.n_keys, log_n), temperature(x, ctx.n_keys))
