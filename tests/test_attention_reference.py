@@ -100,6 +100,12 @@ BAD_INPUTS = [
     pytest.param(lambda q, k, v: dict(q=q[0]), "4-D", id="q-3d"),
     pytest.param(lambda q, k, v: dict(q=q.long()), "floating", id="q-int"),
     pytest.param(lambda q, k, v: dict(k=k.double(), v=v.double()), "dtype", id="dtype-mismatch"),
+    pytest.param(lambda q, k, v: dict(v=v.half()), "one dtype", id="v-dtype-mismatch"),
+    pytest.param(lambda q, k, v: dict(v=v.long()), "v must be a floating", id="v-int"),
+    pytest.param(lambda q, k, v: dict(k=k[0], v=v[0]), "k must be 4-D", id="k-3d"),
+    pytest.param(lambda q, k, v: dict(k=k.to("meta"), v=v.to("meta")), "one device", id="kv-device-mismatch"),
+    pytest.param(lambda q, k, v: dict(q_scale=torch.ones(2, 4, 5, device="meta")), "q_scale is on meta",
+                 id="qscale-device-mismatch"),
     pytest.param(lambda q, k, v: dict(v=v[:, :, :-1]), "same shape", id="kv-shape-mismatch"),
     pytest.param(lambda q, k, v: dict(k=k[:1], v=v[:1]), "batch", id="batch-mismatch"),
     pytest.param(lambda q, k, v: dict(k=k[..., :4], v=v[..., :4]), "head_dim", id="dim-mismatch"),
@@ -135,6 +141,10 @@ def test_non_tensor_and_non_number_raise_type_error():
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="q"):
         entmax_attention(q.tolist(), k, v)
+    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
+        entmax_attention(q, k, v.tolist())
+    with pytest.raises(TypeError, match="scale"):
+        entmax_attention(q, k, v, scale="0.5")
     with pytest.raises(TypeError, match="alpha"):
         entmax_attention(q, k, v, alpha="1.5")
 

@@ -231,3 +231,35 @@ def test_nape_head_split_in_context():
     theta = model.blocks[0].attn.temperature(torch.randn(1, 4, 32), ctx.n_keys)
     assert theta[:, :4].eq(1.0).all() and theta[:, 4:].gt(1.0).all()
     assert ctx.n_keys.tolist() == [[1, 2, 3, 4]]
+
+
+def test_kernel_slopes_made_once_per_dtype():
+    """The (B, H) slopes handed to entmax_attention: ctx.slopes per batch row in the asked dtype, one tensor
+    per dtype shared by every layer of the call, none without ALiBi."""
+    model = Transformer(tiny_config("asentmax", "nape", n_heads=8, n_kv_heads=None))
+    ctx: AttentionContext = model._context(torch.zeros(3, 4, dtype=torch.long), None, None)
+    fp32 = ctx.kernel_slopes(torch.float32)
+    assert fp32.dtype == torch.float32 and fp32.shape == (3, 8) and fp32.is_contiguous()
+    torch.testing.assert_close(fp32, ctx.slopes.float().expand(3, 8), rtol=0, atol=0)
+    assert ctx.kernel_slopes(torch.float32) is fp32
+    fp64 = ctx.kernel_slopes(torch.float64)
+    assert fp64.dtype == torch.float64 and torch.equal(fp64[1], ctx.slopes)
+    rope = Transformer(tiny_config("entmax", "rope"))
+    assert rope._context(torch.zeros(1, 4, dtype=torch.long), None, None).kernel_slopes(torch.float32) is None
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
+def test_shared_log_n_keys_gives_the_modules_theta(attention):
+    """The log(n_i + 1) that AttentionContext computes once per call for every layer gives each temperature
+    module exactly the theta it computes from n_keys by itself."""
+    model = Transformer(tiny_config(attention, "nope", n_layers=2))
+    randomise_temperature(model, 5)
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    mask = torch.tensor([[False, True, True, True, True, True]] * 2)
+    ctx: AttentionContext = model._context(ids, mask, None)
+    log_n = ctx.log_n_keys(torch.float32)
+    assert ctx.log_n_keys(torch.float32) is log_n and log_n.shape == (2, 1, 6)
+    x = torch.randn(2, 6, 32)
+    for block in model.blocks:
+        temperature = block.attn.temperature
+        assert torch.equal(temperature(x, ctx.n_keys, log_n), temperature(x, ctx.n_keys))

@@ -148,6 +148,28 @@ def test_alibi_needs_contiguous_tokens_with_cache():
         model(torch.ones(1, 1, dtype=torch.long), cache=cache)
 
 
+def test_alibi_contiguity_checked_once_per_padded_prompt(monkeypatch):
+    """The check (a host sync) runs on the left-padded prompt and on a step that brings its own mask, not
+    on decoding steps that only append real tokens to rows known to end with one."""
+    from asentmax.nn import model as model_module
+
+    calls = []
+    check = model_module._check_contiguous
+    monkeypatch.setattr(model_module, "_check_contiguous",
+                        lambda mask: calls.append(mask.shape) or check(mask))
+    model = make_model("entmax", "nape")
+    cache = KVCache()
+    model(torch.ones(2, 4, dtype=torch.long), attention_mask=torch.tensor([[False, True, True, True]] * 2),
+          cache=cache)
+    for _ in range(3):
+        model(torch.ones(2, 1, dtype=torch.long), cache=cache)
+    assert calls == [(2, 4)]
+    model(torch.ones(2, 1, dtype=torch.long), attention_mask=torch.tensor([[True], [False]]), cache=cache)
+    assert calls == [(2, 4), (2, 8)]
+    with pytest.raises(ValueError, match="contiguous"):  # row 1 now ends with padding: checked again
+        model(torch.ones(2, 1, dtype=torch.long), cache=cache)
+
+
 def test_bad_forward_inputs():
     model = make_model("softmax", "nope")
     with pytest.raises(ValueError, match="input_ids"):

@@ -29,7 +29,7 @@ from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import apply_rotary
 from asentmax.nn.stats import AttentionStats, attention_stats
-from asentmax.nn.temperature import make_temperature
+from asentmax.nn.temperature import log_key_counts, make_temperature
 from asentmax.ops.attention import entmax_attention
 from asentmax.ops.entmax import compute_dtype
 
@@ -50,6 +50,8 @@ class AttentionContext:
     slopes: torch.Tensor | None  # (H,) float64 ALiBi slope per head (0 = NoPE head), None = no bias
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (B, 1, T, D) when RoPE
     _additive: dict = field(default_factory=dict)
+    _kernel_slopes: dict = field(default_factory=dict)
+    _log_n_keys: dict = field(default_factory=dict)
 
     @property
     def n_new(self) -> int:
@@ -83,6 +85,23 @@ class AttentionContext:
                 bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, T, Nk)
             self._additive[dtype] = torch.where(visible, bias, float("-inf"))  # a scalar: no host copy
         return self._additive[dtype]
+
+    def log_n_keys(self, dtype: torch.dtype) -> torch.Tensor:
+        """temperature.log_key_counts(n_keys, dtype), (B, 1, T), computed once per forward call for every
+        layer's temperature module."""
+        if dtype not in self._log_n_keys:
+            self._log_n_keys[dtype] = log_key_counts(self.n_keys, dtype)
+        return self._log_n_keys[dtype]
+
+    def kernel_slopes(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The slopes as entmax_attention's kernels read them, (B, H) contiguous in `dtype`, made once per
+        forward call for every layer (a decoding step would otherwise convert and expand them per layer)."""
+        if self.slopes is None:
+            return None
+        if dtype not in self._kernel_slopes:
+            batch = self.positions.shape[0]
+            self._kernel_slopes[dtype] = self.slopes.to(dtype).expand(batch, -1).contiguous()
+        return self._kernel_slopes[dtype]
 
     def sdpa_mask_elements(self, n_heads: int) -> int:
         """Size of the explicit mask sdpa_mask would build (0 when SDPA needs none)."""
@@ -149,7 +168,8 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, Hkv, Nk, D)
-        q_scale = None if self.temperature is None else self.temperature(x, ctx.n_keys)  # (B, H, T)
+        q_scale = None if self.temperature is None else self.temperature(
+            x, ctx.n_keys, ctx.log_n_keys(compute_dtype(x.dtype)))  # (B, H, T)
 
         norm = self.normaliser
         if norm.family == "topk":
@@ -159,10 +179,8 @@ class Attention(nn.Module):
         elif norm.sdpa and ctx.sdpa_suits(cfg.n_heads):
             out = self._sdpa(q, k, v, q_scale, ctx)
         else:
-            slopes = ctx.slopes
-            if slopes is not None:
-                slopes = slopes.to(device=q.device, dtype=compute_dtype(q.dtype))
-            out = entmax_attention(q, k, v, alpha=norm.alpha(cfg.alpha), causal=True, alibi_slopes=slopes,
+            out = entmax_attention(q, k, v, alpha=norm.alpha(cfg.alpha), causal=True,
+                                   alibi_slopes=ctx.kernel_slopes(compute_dtype(q.dtype)),
                                    q_scale=q_scale, key_padding_mask=ctx.key_padding_mask,
                                    backend=cfg.attention_backend)
 

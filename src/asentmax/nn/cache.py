@@ -17,6 +17,9 @@ class KVCache:
         self.values: list[torch.Tensor] = []
         self.key_mask: torch.Tensor | None = None  # (B, S) bool, None = all real
         self.n_real: torch.Tensor | None = None  # (B,) long, None while empty
+        # True when key_mask was checked contiguous (ALiBi) and each row's last slot is real or the row empty:
+        # appending real tokens keeps it contiguous, so a decoding step needs no check (a host sync)
+        self.contiguous_to_end = False
 
     @property
     def length(self) -> int:
@@ -33,7 +36,9 @@ class KVCache:
             self.values[layer] = torch.cat([self.values[layer], v], dim=2)
         return self.keys[layer], self.values[layer]
 
-    def commit(self, key_mask: torch.Tensor | None, n_real: torch.Tensor):
-        """Record the mask of all slots (after this step's tokens) and the real-token counts."""
+    def commit(self, key_mask: torch.Tensor | None, n_real: torch.Tensor, contiguous_to_end: bool = False):
+        """Record the mask of all slots (after this step's tokens), the real-token counts and whether the
+        mask is known to be contiguous up to each row's last slot."""
         self.key_mask = key_mask
         self.n_real = n_real
+        self.contiguous_to_end = contiguous_to_end

@@ -171,10 +171,14 @@ class Transformer(nn.Module):
             if device not in self._slopes_on:
                 self._slopes_on[device] = self.alibi_slopes.to(device)
             slopes = self._slopes_on[device]
+        contiguous_to_end = False
         if slopes is not None and key_mask is not None and not torch.compiler.is_compiling():
-            _check_contiguous(key_mask)  # a host sync: checked in eager mode only
+            if attention_mask is None and cache is not None and cache.contiguous_to_end:
+                contiguous_to_end = True  # real tokens appended to rows that were: nothing to check
+            else:
+                contiguous_to_end = _check_contiguous(key_mask)  # a host sync: checked in eager mode only
         if cache is not None:
-            cache.commit(key_mask, previous + counts[:, -1])
+            cache.commit(key_mask, previous + counts[:, -1], contiguous_to_end)
         rotary = None
         if self.rotary is not None:
             rotary = self.rotary.cos_sin(positions, compute_dtype(self.embed.weight.dtype))
@@ -183,13 +187,19 @@ class Transformer(nn.Module):
                                 rotary=rotary)
 
 
-def _check_contiguous(key_mask: torch.Tensor):
-    """ALiBi uses slot distances: they equal token distances only if each row's real tokens are contiguous."""
+def _check_contiguous(key_mask: torch.Tensor) -> bool:
+    """ALiBi uses slot distances: they equal token distances only if each row's real tokens are contiguous.
+    ValueError when they are not; else True when every row with real tokens ends with one (its last slot),
+    as after left padding, which the next steps' real tokens then extend."""
     n = key_mask.shape[1]
     slots = torch.arange(n, device=key_mask.device)
     first = torch.where(key_mask, slots, n).amin(1)
     last = torch.where(key_mask, slots, -1).amax(1)
     count = key_mask.sum(1)
-    if bool(((last - first + 1 != count) & (count > 0)).any()):
+    real = count > 0
+    gapped, open_end = torch.stack([((last - first + 1 != count) & real).any(),
+                                    ((last != n - 1) & real).any()]).tolist()  # one host sync for both
+    if gapped:
         raise ValueError("with ALiBi/NAPE positions the real tokens of each row must be contiguous across "
                          "the cache and the new tokens (pad on the left before decoding, as generate() does)")
+    return not open_end

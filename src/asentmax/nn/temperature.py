@@ -22,6 +22,12 @@ from asentmax.nn.positions import scaled_head_count
 from asentmax.ops.entmax import compute_dtype
 
 
+def log_key_counts(n_keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """n_keys (B, T) -> log(n_i + 1) as (B, 1, T) in `dtype`, >= log 2 > 0: the factor of both modules.
+    AttentionContext.log_n_keys computes it once per forward call and hands it to every layer."""
+    return torch.log(n_keys.to(dtype) + 1.0)[:, None, :]
+
+
 def _with_unscaled_heads(theta_scaled: torch.Tensor, n_heads: int) -> torch.Tensor:
     """(B, m, T) temperatures of the last m heads -> (B, H, T) with theta = 1 on the first H - m heads."""
     b, m, t = theta_scaled.shape
@@ -63,10 +69,13 @@ class ASEntmaxTemperature(nn.Module):
         beta, gamma = F.softplus(beta_logit), self.gamma_range * torch.tanh(gamma_logit)
         return beta.transpose(1, 2), gamma.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
-        """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T)."""
+    def forward(self, x: torch.Tensor, n_keys: torch.Tensor,
+                log_n: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model) normed block input, n_keys (B, T) keys visible per query -> theta (B, H, T).
+        log_n: log_key_counts(n_keys, compute_dtype(x.dtype)) when the caller already has it."""
         beta, gamma = self.beta_gamma(x)
-        log_n = torch.log(n_keys.to(beta.dtype) + 1.0)[:, None, :]  # (B, 1, T), >= log 2 > 0
+        if log_n is None:
+            log_n = log_key_counts(n_keys, beta.dtype)
         theta = self.delta + beta * log_n.pow(gamma)
         return _with_unscaled_heads(theta, self.n_heads)
 
@@ -82,10 +91,13 @@ class SSMaxTemperature(nn.Module):
     def reset_parameters(self):
         nn.init.constant_(self.s, self.initial_s)
 
-    def forward(self, x: torch.Tensor, n_keys: torch.Tensor) -> torch.Tensor:
-        """x (B, T, d_model) (only its dtype is used), n_keys (B, T) -> theta (B, H, T)."""
+    def forward(self, x: torch.Tensor, n_keys: torch.Tensor,
+                log_n: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, d_model) (only its dtype is used), n_keys (B, T), log_n as ASEntmaxTemperature's ->
+        theta (B, H, T)."""
         dtype = compute_dtype(x.dtype)
-        log_n = torch.log(n_keys.to(dtype) + 1.0)[:, None, :]  # (B, 1, T)
+        if log_n is None:
+            log_n = log_key_counts(n_keys, dtype)
         theta = self.delta + self.s.to(dtype)[None, :, None] * log_n
         return _with_unscaled_heads(theta, self.n_heads)
 

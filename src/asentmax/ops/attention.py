@@ -45,7 +45,7 @@ def choose_backend(backend: str, q: torch.Tensor, alpha: float) -> str:
     backend's BackendSupport. ValueError when "triton" is asked for and cannot run."""
     if backend == "auto":
         backend = "triton" if q.is_cuda and _triton_available() else "chunked"
-    if backend == "triton" and not _triton_available():
+    elif backend == "triton" and not _triton_available():
         raise ValueError("backend='triton' needs the triton package and a CUDA device "
                          "(or TRITON_INTERPRET=1)")
     if _SUPPORT[backend].refusal(alpha, q.shape[-1], q.dtype) is not None:
@@ -77,11 +77,12 @@ def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slope
     alpha, scale = validate_attention_args(
         q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
         key_padding_mask=key_padding_mask, backend=backend, return_aux=return_aux)
-    options = dict(alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
-                   key_padding_mask=key_padding_mask, return_aux=return_aux)
     backend = choose_backend(backend, q, alpha)
-    if backend == "reference":
-        return reference.reference_entmax_attention(q, k, v, **options)
-    if backend == "chunked":
-        return chunked.chunked_entmax_attention(q, k, v, **options)
-    return triton_backend.triton_entmax_attention(q, k, v, **options)
+    if backend == "triton":
+        run = triton_backend.triton_entmax_attention
+    elif backend == "chunked":
+        run = chunked.chunked_entmax_attention
+    else:
+        run = reference.reference_entmax_attention
+    return run(q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
+               key_padding_mask=key_padding_mask, return_aux=return_aux)

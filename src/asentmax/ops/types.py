@@ -63,12 +63,8 @@ def _check_tensor(name, x, shape_options, dtypes, device):
         raise ValueError(f"{name} is on {x.device} but q is on {device}")
 
 
-def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
-                            backend, return_aux):
-    """Check every argument of `entmax_attention`; return (alpha: float, scale: float).
-
-    Raises ValueError (TypeError for non-tensors / non-numbers) naming the offending argument.
-    """
+def _check_qkv_kinds(q, k, v):
+    """Raise the error for the first of q, k, v that is not a 4-D floating tensor, then for mixed dtypes."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -78,16 +74,36 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
             raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {x.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.device != q.device or v.device != q.device:
+
+
+def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
+                            backend, return_aux):
+    """Check every argument of `entmax_attention`; return (alpha: float, scale: float).
+
+    Raises ValueError (TypeError for non-tensors / non-numbers) naming the offending argument. Written for
+    a decoding step, where this runs once per layer and token: the common case (three 4-D tensors of one
+    floating dtype, a float alpha) is tested at once, and only a failing call goes through the checks one
+    by one (_check_qkv_kinds), so that every error is the one the first failing check gives.
+    """
+    tensor = torch.Tensor
+    if not (isinstance(q, tensor) and isinstance(k, tensor) and isinstance(v, tensor)):
+        _check_qkv_kinds(q, k, v)
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape  # (each .shape builds a torch.Size: read once)
+    dtype = q.dtype
+    if not (len(q_shape) == 4 and len(k_shape) == 4 and len(v_shape) == 4 and dtype in FLOAT_DTYPES
+            and k.dtype == dtype and v.dtype == dtype):
+        _check_qkv_kinds(q, k, v)
+    device = q.device
+    if k.device != device or v.device != device:
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    batch, heads, n_q, dim = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != batch:
-        raise ValueError(f"batch sizes differ: q has {batch}, k/v have {k.shape[0]}")
-    if k.shape[3] != dim:
-        raise ValueError(f"head_dim differs: q has {dim}, k/v have {k.shape[3]}")
-    kv_heads, n_k = k.shape[1], k.shape[2]
+    batch, heads, n_q, dim = q_shape
+    if k_shape != v_shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and {tuple(v_shape)}")
+    k_batch, kv_heads, n_k, k_dim = k_shape
+    if k_batch != batch:
+        raise ValueError(f"batch sizes differ: q has {batch}, k/v have {k_batch}")
+    if k_dim != dim:
+        raise ValueError(f"head_dim differs: q has {dim}, k/v have {k_dim}")
     if kv_heads == 0 or heads % kv_heads != 0:
         raise ValueError(f"q heads ({heads}) must be a multiple of k/v heads ({kv_heads}) (GQA)")
     if n_q == 0 or n_k == 0 or dim == 0:
@@ -96,9 +112,10 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
         raise ValueError(f"query length ({n_q}) must not exceed key length ({n_k}): queries are the "
                          "last Nq positions of the key sequence")
 
-    if isinstance(alpha, bool) or not isinstance(alpha, Real):
-        raise TypeError(f"alpha must be a real number >= 1, got {type(alpha).__name__}")
-    alpha = float(alpha)
+    if type(alpha) is not float:
+        if isinstance(alpha, bool) or not isinstance(alpha, Real):
+            raise TypeError(f"alpha must be a real number >= 1, got {type(alpha).__name__}")
+        alpha = float(alpha)
     if not (math.isfinite(alpha) and 1.0 <= alpha <= ALPHA_MAX):
         raise ValueError(f"alpha must lie in [1, {ALPHA_MAX:g}] (1 = softmax; the range alpha-entmax "
                          f"supports), got {alpha}")
@@ -106,18 +123,19 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(dim)
-    elif isinstance(scale, bool) or not isinstance(scale, Real):
-        raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
+    else:
+        if isinstance(scale, bool) or not isinstance(scale, Real):
+            raise TypeError(f"scale must be None or a real number, got {type(scale).__name__}")
+        scale = float(scale)
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be finite, got {scale}")
 
     if alibi_slopes is not None:
-        _check_tensor("alibi_slopes", alibi_slopes, [(heads,), (batch, heads)], FLOAT_DTYPES, q.device)
+        _check_tensor("alibi_slopes", alibi_slopes, [(heads,), (batch, heads)], FLOAT_DTYPES, device)
     if q_scale is not None:
-        _check_tensor("q_scale", q_scale, [(batch, heads, n_q)], FLOAT_DTYPES, q.device)
+        _check_tensor("q_scale", q_scale, [(batch, heads, n_q)], FLOAT_DTYPES, device)
     if key_padding_mask is not None:
-        _check_tensor("key_padding_mask", key_padding_mask, [(batch, n_k)], (torch.bool,), q.device)
+        _check_tensor("key_padding_mask", key_padding_mask, [(batch, n_k)], (torch.bool,), device)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     if not isinstance(return_aux, bool):

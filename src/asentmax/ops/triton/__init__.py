@@ -5,10 +5,12 @@
 - `is_available()`: triton importable and (CUDA available or TRITON_INTERPRET=1).
 - `triton_entmax_attention(...)`: fused entmax attention (attention.py: the torch custom ops
   asentmax::attention_fwd / attention_bwd / attention_decode over the kernels of attention_fwd.py,
-  attention_bwd.py and attention_decode.py), the `triton` backend of `entmax_attention`.
+  attention_bwd.py and attention_decode.py), the `triton` backend of `entmax_attention`; imported on
+  first use.
 - `entmax_rows`: the row-wise entmax kernel (its own module).
 """
 
+import functools
 import importlib.util
 import os
 
@@ -19,8 +21,10 @@ from asentmax.ops.types import BackendSupport
 SUPPORT = BackendSupport(max_alpha=2.0, max_head_dim=256)
 
 
+@functools.cache
 def is_available():
-    """True when the triton package is importable and it can run (a CUDA device, or the interpreter)."""
+    """True when the triton package is importable and it can run (a CUDA device, or the interpreter).
+    Decided once per process: triton itself reads TRITON_INTERPRET when the kernels are defined."""
     if importlib.util.find_spec("triton") is None:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -30,10 +34,13 @@ def is_available():
     return torch.cuda.is_available()
 
 
-def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
-                            return_aux):
-    """Fused entmax attention; see asentmax.ops.attention.entmax_attention for every argument."""
-    from asentmax.ops.triton.attention import triton_entmax_attention as run
+def __getattr__(name):
+    """`triton_entmax_attention`, imported from attention.py on first use (it needs triton) and then kept
+    as this package's attribute, so that later calls (one per layer and token when decoding) pay no import
+    and no extra call."""
+    if name != "triton_entmax_attention":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from asentmax.ops.triton.attention import triton_entmax_attention
 
-    return run(q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
-               key_padding_mask=key_padding_mask, return_aux=return_aux)
+    globals()[name] = triton_entmax_attention
+    return triton_entmax_attention

@@ -16,11 +16,10 @@ as one opaque call (shapes from its fake implementation) instead of tracing the 
 import math
 
 import torch
-import triton
 from torch import Tensor
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, mode_of
+from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, cdiv, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.types import AttentionAux
@@ -55,7 +54,7 @@ def _(q, k, v, q_scale, slopes, kpm, alpha, scale, causal, write_o2, write_suppo
     return (torch.empty_like(q), q.new_empty((*rows, dim) if write_o2 else (0,), **f32),
             q.new_empty(rows, **f32), q.new_empty(rows, **f32),
             q.new_empty(rows if write_support else (0,), dtype=torch.int32),
-            q.new_empty((*rows[:2], triton.cdiv(n_q, block_m), triton.cdiv(k.shape[2], block_n)), **f32))
+            q.new_empty((*rows[:2], cdiv(n_q, block_m), cdiv(k.shape[2], block_n)), **f32))
 
 
 @torch.library.custom_op("asentmax::attention_bwd", mutates_args=())
@@ -118,28 +117,34 @@ def _unit_last_stride(x):
 
 def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
                             return_aux):
-    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`."""
+    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`.
+
+    Host work is kept to what a call needs (decoding runs this once per layer and token): conversions and
+    copies only where an argument is not already in the kernels' form, the mask reinterpreted as uint8 in
+    place (a view: bool is one byte of 0 or 1), no `.to` of a result already in q's dtype."""
     in_dtype = q.dtype
     if in_dtype == torch.float64:
         q, k, v = q.float(), k.float(), v.float()
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
-    batch, heads = q.shape[:2]
+    batch, heads, n_q, _ = q.shape
     slopes = None
     if alibi_slopes is not None:
-        slopes = alibi_slopes.detach().float().expand(batch, heads).contiguous()
-    q_scale_in = q_scale
-    if q_scale is not None:
+        slopes = alibi_slopes.detach()
+        if slopes.dim() == 1 or slopes.dtype != torch.float32 or not slopes.is_contiguous():
+            slopes = slopes.float().expand(batch, heads).contiguous()
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+        q_scale is not None and q_scale.requires_grad))
+    if q_scale is not None and (q_scale.dtype != torch.float32 or not q_scale.is_contiguous()):
         q_scale = q_scale.float().contiguous()
-    kpm = None if key_padding_mask is None else key_padding_mask.to(torch.uint8).contiguous()
-    needs_grad = torch.is_grad_enabled() and any(
-        x is not None and x.requires_grad for x in (q, k, v, q_scale_in))
-    if q.shape[2] <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
+    kpm = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
+    if n_q <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
         decode = attention_decode if torch.compiler.is_compiling() else _decode
         out, tau, support = decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
     else:
         out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
                                                    needs_grad, return_aux)
-    out = out.to(in_dtype)
+    if out.dtype != in_dtype:
+        out = out.to(in_dtype)
     if not return_aux:
         return out
     tau = tau.detach()

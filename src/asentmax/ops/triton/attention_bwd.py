@@ -19,12 +19,14 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     causal_key_end,
+    cdiv,
     entmax_power,
     entmax_slope,
     full_tiles,
     live_range,
     load_tile,
     logits_from_dot,
+    next_power_of_2,
     row_multiplier,
     tile_logits,
 )
@@ -231,7 +233,7 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
     kv_heads, n_k = k.shape[1], k.shape[2]
     group = heads // kv_heads
     block_m, block_n, num_warps, num_stages = blocks
-    n_qb, n_kb = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
+    n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
     do = do.contiguous()
@@ -243,7 +245,7 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
     dq_scale = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32) if q_scale is not None \
         else None
     dummy = tau
-    block_d = max(16, triton.next_power_of_2(dim))
+    block_d = max(16, next_power_of_2(dim))
     common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=block_d == dim, MODE=mode,
                   CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
                   HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

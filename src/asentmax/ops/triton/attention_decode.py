@@ -26,8 +26,10 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     MAX_QUERIES,
+    cdiv,
     entmax_power,
     load_tile,
+    next_power_of_2,
     row_multiplier,
     stored_rows_threshold,
     tile_logits,
@@ -163,7 +165,7 @@ def _decode_reduce(Work, Out, partial_offset, n_chunks, head_dim, BLOCK_C: tl.co
 
 
 def _aligned(n):
-    return triton.cdiv(n, _ALIGN) * _ALIGN
+    return cdiv(n, _ALIGN) * _ALIGN
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
@@ -187,10 +189,10 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     """entmax_attention_decode by the split-over-keys kernels (any cache length; the path for long caches)."""
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
-    n_chunks = triton.cdiv(n_k, _CHUNK)
+    n_chunks = cdiv(n_k, _CHUNK)
     s_stride = n_chunks * _CHUNK  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
-    block_d = max(16, triton.next_power_of_2(dim))
+    block_d = max(16, next_power_of_2(dim))
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
     # workspace: scores (n_rows, s_stride) | chunk maxima (n_rows, n_chunks) | 1 / Z (n_rows,)
@@ -212,7 +214,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     _decode_scores[(n_chunks, batch * heads)](
         q, k, work, q_scale if q_scale is not None else tau, slopes if slopes is not None else tau,
         kpm if kpm is not None else support,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        *q.stride()[:3], *k.stride()[:3],
         heads, group, n_q, n_k, n_chunks, s_stride, max_offset, dim, scale, c,
         CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
@@ -222,7 +224,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
         BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
     _decode_output[(n_chunks, batch * heads)](
-        v, work, tau, out, v.stride(0), v.stride(1), v.stride(2),
+        v, work, tau, out, *v.stride()[:3],
         heads, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, dim, inv_am1,
         CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, MODE=mode,
         SINGLE_CHUNK=n_chunks == 1, DOT_PRECISION=precision, num_warps=4)

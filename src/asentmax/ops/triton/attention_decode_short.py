@@ -23,8 +23,10 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     MAX_QUERIES,
+    cdiv,
     entmax_power,
     load_tile,
+    next_power_of_2,
     row_multiplier,
     stored_rows_threshold,
     tile_logits,
@@ -116,15 +118,15 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
     and result as attention_decode.entmax_attention_decode."""
     batch, heads, n_q, dim = q.shape
-    n_k = k.shape[2]
-    block_d = max(16, triton.next_power_of_2(dim))
+    _, kv_heads, n_k, _ = k.shape
+    block_d = max(16, next_power_of_2(dim))
     block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
-    s_stride = triton.cdiv(n_k, block_n) * block_n
-    rows = triton.next_power_of_2(n_q)
+    s_stride = cdiv(n_k, block_n) * block_n
+    rows = next_power_of_2(n_q)
     tile, warps = _SOLVE_TILES[0] if rows * s_stride <= _SOLVE_TILES[0][0] else _SOLVE_TILES[1]
     solve_block = tile // rows
     n_rows = batch * heads * n_q
-    row_region = triton.cdiv(n_rows, _ALIGN) * _ALIGN
+    row_region = cdiv(n_rows, _ALIGN) * _ALIGN
     dev = q.device
     work = torch.empty(2 * row_region + n_rows * s_stride, device=dev, dtype=torch.float32)
     out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
@@ -133,9 +135,8 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     _decode_short[(batch * heads,)](
         q, k, v, out, tau, support, work, q_scale if q_scale is not None else tau,
         slopes if slopes is not None else tau, kpm if kpm is not None else support,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        heads, heads // k.shape[1], n_q, n_k, s_stride, row_region, dim, scale,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        heads, heads // kv_heads, n_q, n_k, s_stride, row_region, dim, scale,
         1.4426950408889634 if mode == 0 else alpha - 1.0, 1.0 if mode == 0 else 1.0 / (alpha - 1.0),
         2.0 - alpha, tol, max_iter,
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,

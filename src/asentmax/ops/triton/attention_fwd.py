@@ -25,6 +25,7 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     causal_key_end,
+    cdiv,
     dot_split,
     entmax_power,
     entmax_slope,
@@ -32,6 +33,7 @@ from asentmax.ops.triton.attention_common import (
     live_range,
     load_tile,
     newton_step,
+    next_power_of_2,
     row_multiplier,
     tile_logits,
 )
@@ -277,8 +279,8 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
     block_m, block_n, num_warps, num_stages = blocks
-    n_qb, n_kb = triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n)
-    block_d = max(16, triton.next_power_of_2(dim))
+    n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
+    block_d = max(16, next_power_of_2(dim))
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
     dev = q.device
