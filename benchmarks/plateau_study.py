@@ -13,7 +13,7 @@ a model that has learned the retrieval is far below 0.1). Writes under --out:
 Usage (one H200):  PYTHONPATH=src python benchmarks/plateau_study.py --out $OUT/plateau --seconds 480
 CPU scale (a small model, many seeds; results/paper/plateau/cpu_scale.md), two runs at a time:
                    PYTHONPATH=src python benchmarks/plateau_study.py --study cpu --out /tmp/cpu \
-                       --work /tmp/cpu_runs --steps 4000 --parallel 2 --seconds 100000 --escape-loss 0.15
+                       --work /tmp/cpu_runs --steps 1500 --parallel 2 --seconds 100000 --escape-loss 0.5
 CPU smoke test:    PYTHONPATH=src python benchmarks/plateau_study.py --out /tmp/p --seconds 20 --smoke
 """
 
@@ -54,6 +54,14 @@ STUDIES = {
                                         "--temperature-lr-scale", "0.1"] for s in (0, 2, 3)},
         "softmax_seed2": ["--attention", "softmax", "--seed", "2"],
     },
+    # next on the GPU (results/paper/plateau/cpu_scale.md, not yet run): is entmax's stall rate ASEntmax's
+    # (sparse attention in general), and does a denser alpha (1.25) let the stalled seeds 0 and 2 escape?
+    "sparsity": {
+        **{f"entmax_seed{s}": ["--attention", "entmax", "--seed", str(s)] for s in range(4)},
+        **{f"asentmax_alpha1.25_seed{s}": ["--attention", "asentmax", "--seed", str(s), "--alpha", "1.25"]
+           for s in range(4)},
+        "softmax_seed0": ["--attention", "softmax", "--seed", "0"],
+    },
     # the same question at CPU scale (STUDY_FLAGS["cpu"]), where seeds are cheap: is the escape a lottery
     # of ASEntmax's seed that softmax does not play, and is entmax (no temperature) like ASEntmax?
     "cpu": {f"{method}_seed{s}": ["--attention", method, "--seed", str(s)]
@@ -63,8 +71,8 @@ STUDIES = {
 # the cpu study's model and data (results/paper/plateau/cpu_scale.md): a small NAPE model on one CPU core
 # per run, so that many seeds are cheap; added to every run of that study after the preset
 STUDY_FLAGS = {"cpu": ["--device", "cpu", "--sampling", "host", "--d-model", "128", "--n-layers", "2",
-                       "--n-heads", "4", "--d-ff", "256", "--batch-size", "32", "--min-length", "16",
-                       "--max-length", "32", "--lr", "1e-3", "--warmup-steps", "200"]}
+                       "--n-heads", "4", "--d-ff", "256", "--batch-size", "32", "--min-length", "8",
+                       "--max-length", "24", "--lr", "1e-3", "--warmup-steps", "200", "--min-lr-ratio", "1"]}
 SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64",
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
 
