@@ -65,7 +65,7 @@ STUDIES = {
     # the same question at CPU scale (STUDY_FLAGS["cpu"]), where seeds are cheap: is the escape a lottery
     # of ASEntmax's seed that softmax does not play, and is entmax (no temperature) like ASEntmax?
     "cpu": {f"{method}_seed{s}": ["--attention", method, "--seed", str(s)]
-            for s in range(4) for method in ("softmax", "asentmax")}
+            for s in range(8) for method in ("softmax", "asentmax")}
            | {f"entmax_seed{s}": ["--attention", "entmax", "--seed", str(s)] for s in range(4)},
 }
 # the cpu study's model and data (results/paper/plateau/cpu_scale.md): a small NAPE model on one CPU core
