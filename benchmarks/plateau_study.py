@@ -11,6 +11,9 @@ a model that has learned the retrieval is far below 0.1). Writes under --out:
     plateau.png    training loss against step, one line per run
 
 Usage (one H200):  PYTHONPATH=src python benchmarks/plateau_study.py --out $OUT/plateau --seconds 480
+CPU scale (a small model, many seeds; results/paper/plateau/cpu_scale.md), two runs at a time:
+                   PYTHONPATH=src python benchmarks/plateau_study.py --study cpu --out /tmp/cpu \
+                       --work /tmp/cpu_runs --steps 1500 --parallel 2 --seconds 100000 --escape-loss 0.5
 CPU smoke test:    PYTHONPATH=src python benchmarks/plateau_study.py --out /tmp/p --seconds 20 --smoke
 """
 
@@ -51,7 +54,25 @@ STUDIES = {
                                         "--temperature-lr-scale", "0.1"] for s in (0, 2, 3)},
         "softmax_seed2": ["--attention", "softmax", "--seed", "2"],
     },
+    # next on the GPU (results/paper/plateau/cpu_scale.md, not yet run): is entmax's stall rate ASEntmax's
+    # (sparse attention in general), and does a denser alpha (1.25) let the stalled seeds 0 and 2 escape?
+    "sparsity": {
+        **{f"entmax_seed{s}": ["--attention", "entmax", "--seed", str(s)] for s in range(4)},
+        **{f"asentmax_alpha1.25_seed{s}": ["--attention", "asentmax", "--seed", str(s), "--alpha", "1.25"]
+           for s in range(4)},
+        "softmax_seed0": ["--attention", "softmax", "--seed", "0"],
+    },
+    # the same question at CPU scale (STUDY_FLAGS["cpu"]), where seeds are cheap: is the escape a lottery
+    # of ASEntmax's seed that softmax does not play, and is entmax (no temperature) like ASEntmax?
+    "cpu": {f"{method}_seed{s}": ["--attention", method, "--seed", str(s)]
+            for s in range(8) for method in ("softmax", "asentmax")}
+           | {f"entmax_seed{s}": ["--attention", "entmax", "--seed", str(s)] for s in range(4)},
 }
+# the cpu study's model and data (results/paper/plateau/cpu_scale.md): a small NAPE model on one CPU core
+# per run, so that many seeds are cheap; added to every run of that study after the preset
+STUDY_FLAGS = {"cpu": ["--device", "cpu", "--sampling", "host", "--d-model", "128", "--n-layers", "2",
+                       "--n-heads", "4", "--d-ff", "256", "--batch-size", "32", "--min-length", "8",
+                       "--max-length", "24", "--lr", "1e-3", "--warmup-steps", "200", "--min-lr-ratio", "1"]}
 SMOKE_FLAGS = ["--device", "cpu", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64",
                "--batch-size", "8", "--min-length", "6", "--max-length", "12"]
 
@@ -62,6 +83,14 @@ def train_command(name: str, flags: list[str], work: Path, steps: int, smoke: bo
     return ["train", "--preset", "mqmtar", "--run-dir", str(work / name), "--overwrite", "--no-progress",
             "--batch-size", "128", "--steps", str(steps), "--log-every", "25", "--val-every", "0",
             "--checkpoint-every", str(steps)] + (SMOKE_FLAGS if smoke else []) + extra + flags
+
+
+def run_in_groups(commands: dict[str, list[str]], work: Path, seconds: float, parallel: int | None) -> None:
+    """run_all over `parallel` runs at a time (all at once when None); `seconds` bounds each group."""
+    names = list(commands)
+    size = parallel or len(names)
+    for i in range(0, len(names), size):
+        run_all({n: commands[n] for n in names[i:i + size]}, work, "train", seconds)
 
 
 def read_curve(run_dir: Path) -> list[tuple[int, float, float]]:
@@ -92,7 +121,7 @@ def plot(results: dict, path: Path) -> None:
             baseline = not name.startswith("asentmax")
             ax.plot(steps, losses, label=name, lw=1.2, ls="--" if baseline else "-")
     ax.set_yscale("log")
-    ax.set_xlabel("step (batch 128 unless named)")
+    ax.set_xlabel("step")
     ax.set_ylabel("training loss per target token")
     ax.set_title("MQMTAR: leaving the loss plateau")
     ax.legend(fontsize=8)
@@ -114,13 +143,19 @@ def main() -> int:
     parser.add_argument("--escape-loss", type=float, default=0.3)
     parser.add_argument("--smoke", action="store_true", help="tiny CPU runs (tests the script)")
     parser.add_argument("--train-flags", default="", help="extra `asentmax train` flags for every run")
+    parser.add_argument("--parallel", type=int, help="runs at a time (default: all at once)")
+    parser.add_argument("--no-run", action="store_true",
+                        help="train nothing: tabulate and plot the runs already in --work")
     args = parser.parse_args()
+    if args.parallel is not None and args.parallel < 1:
+        parser.error(f"--parallel must be >= 1, got {args.parallel}")
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {k: v for k, v in STUDIES[args.study].items() if not args.only or k in args.only}
-    extra = args.train_flags.split()
-    run_all({name: train_command(name, flags, args.work, args.steps, args.smoke, extra)
-             for name, flags in runs.items()}, args.work, "train", args.seconds)
+    extra = STUDY_FLAGS.get(args.study, []) + args.train_flags.split()
+    if not args.no_run:
+        run_in_groups({name: train_command(name, flags, args.work, args.steps, args.smoke, extra)
+                       for name, flags in runs.items()}, args.work, args.seconds, args.parallel)
     results = {}
     for name, flags in runs.items():
         curve = read_curve(args.work / name)
@@ -132,8 +167,10 @@ def main() -> int:
     (args.out / "plateau.json").write_text(json.dumps({"command": command, "seconds": args.seconds,
                                                         "escape_loss": args.escape_loss,
                                                         "runs": results}, indent=1) + "\n")
+    together = (f"{args.parallel} runs at a time, each group stopped after" if args.parallel else
+                "All runs side by side on one device for")
     lines = [f"# MQMTAR plateau study ({args.study})", "", f"Command: `{command}`", "",
-             f"All runs side by side on one device for {args.seconds:.0f} s; escape = first logged step with "
+             f"{together} {args.seconds:.0f} s; escape = first logged step with "
              f"training loss < {args.escape_loss}.", "",
              "| run | flags | steps reached | steps/s | escape step | last loss |",
              "|---|---|---|---|---|---|"]
