@@ -161,12 +161,14 @@ def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
     assert 1 < len(configs) <= most
 
 
-def test_decode_workspace_limit():
-    """The kernels index their workspace with int32: a larger problem is refused, not silently wrong."""
+@pytest.mark.parametrize("batch, n_k", [(64, 40000), (2048, 2048)], ids=["split", "short"])
+def test_decode_workspace_limit(batch, n_k):
+    """The kernels index their workspace with int32: a larger problem is refused, not silently wrong, on
+    both paths."""
     from asentmax.ops.triton.attention_decode import entmax_attention_decode
 
-    q = torch.empty(64, 64, 16, 64, device="meta")
-    k = torch.empty(64, 64, 40000, 64, device="meta")
+    q = torch.empty(batch, 64, 16, 64, device="meta")
+    k = torch.empty(batch, 64, n_k, 64, device="meta")
     with pytest.raises(ValueError, match="exceeds 2\\^31"):
         entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
                                 q_scale=None, kpm=None, tol=1e-3, max_iter=40)

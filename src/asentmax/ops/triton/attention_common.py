@@ -9,6 +9,7 @@ Names: the per-query inverse temperature (the paper's theta) is `q_scale` in Pyt
 in the kernels; z_mult = scale * q_scale is the factor of q.k in z, s_mult = c * z_mult its factor in s.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -26,6 +27,39 @@ def cdiv(n, d):
 def next_power_of_2(n):
     """The smallest power of two >= n, for ints n >= 1."""
     return 1 << (n - 1).bit_length()
+
+
+# Threshold passes of the decoding kernels over stored score rows: (BLOCK, num_warps), 8 or 16 scores a
+# thread. The smallest tile that holds the scores keeps them in registers, else the largest streams them;
+# two sizes only, so a growing cache compiles few variants.
+THRESHOLD_TILES = ((1024, 4), (4096, 8))
+WORKSPACE_ALIGN = 32  # workspace regions start at multiples of 32 floats (128 bytes)
+
+
+def threshold_tile(n_scores):
+    """(BLOCK, num_warps) of THRESHOLD_TILES for a pass over `n_scores` stored scores."""
+    small, large = THRESHOLD_TILES
+    return small if n_scores <= small[0] else large
+
+
+def aligned(n):
+    """n floats rounded up to a whole WORKSPACE_ALIGN region."""
+    return cdiv(n, WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+
+def decode_buffers(q, workspace_floats):
+    """(fp32 workspace, out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32, support (B, H, Nq) int32) of a
+    decoding launcher. The kernels index the workspace with int32 (fewer registers than int64), so a larger
+    one is refused (ValueError), not silently wrong."""
+    if workspace_floats >= 2**31:
+        raise ValueError(f"decoding workspace of {workspace_floats} floats (batch * heads * q_len * cache) "
+                         "exceeds 2^31; split the batch")
+    batch, heads, n_q, dim = q.shape
+    dev = q.device
+    return (torch.empty(workspace_floats, device=dev, dtype=torch.float32),
+            torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype),
+            torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32),
+            torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32))
 
 
 def mode_of(alpha):

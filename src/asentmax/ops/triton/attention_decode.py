@@ -26,20 +26,20 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     MAX_QUERIES,
+    aligned,
     cdiv,
+    decode_buffers,
     entmax_power,
     load_tile,
     next_power_of_2,
     row_multiplier,
     stored_rows_threshold,
+    threshold_tile,
     tile_logits,
 )
 from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
 
 _BLOCK_M, _BLOCK_N, _CHUNK = MAX_QUERIES, 64, 1024
-_ROW_BLOCKS = ((1024, 4), (4096, 8))  # threshold kernel (BLOCK, num_warps): a row of <= 4096 scores stays
-# in registers, a longer one is streamed in blocks of 4096
-_ALIGN = 32  # workspace regions start at multiples of 32 floats (128 bytes)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
@@ -164,10 +164,6 @@ def _decode_reduce(Work, Out, partial_offset, n_chunks, head_dim, BLOCK_C: tl.co
     tl.store(Out + row * head_dim + offs_d, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=d_in)
 
 
-def _aligned(n):
-    return cdiv(n, _ALIGN) * _ALIGN
-
-
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
@@ -198,17 +194,10 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     # workspace: scores (n_rows, s_stride) | chunk maxima (n_rows, n_chunks) | 1 / Z (n_rows,)
     # | partial outputs (n_rows, n_chunks, dim), the last only with more than one chunk
     max_offset = n_rows * s_stride
-    inv_z_offset = max_offset + _aligned(n_rows * n_chunks)
-    partial_offset = inv_z_offset + _aligned(n_rows)
-    size = partial_offset + (n_rows * n_chunks * dim if n_chunks > 1 else 0)
-    if size >= 2**31:  # the kernels index the workspace with int32 (fewer registers than int64)
-        raise ValueError(f"decoding workspace of {size} floats (batch * heads * q_len * cache) exceeds 2^31; "
-                         "split the batch")
-    dev = q.device
-    work = torch.empty(size, device=dev, dtype=torch.float32)
-    out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
-    tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
-    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
+    inv_z_offset = max_offset + aligned(n_rows * n_chunks)
+    partial_offset = inv_z_offset + aligned(n_rows)
+    partials = n_rows * n_chunks * dim if n_chunks > 1 else 0
+    work, out, tau, support = decode_buffers(q, partial_offset + partials)
     group = heads // k.shape[1]
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_scores[(n_chunks, batch * heads)](
@@ -219,7 +208,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         DOT_PRECISION=precision, num_warps=4)
-    row_block, row_warps = _ROW_BLOCKS[0] if s_stride <= _ROW_BLOCKS[0][0] else _ROW_BLOCKS[1]
+    row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
     _decode_threshold[(n_rows,)](
         work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
         BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)

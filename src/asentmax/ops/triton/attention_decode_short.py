@@ -23,20 +23,19 @@ import triton.language as tl
 
 from asentmax.ops.triton.attention_common import (
     MAX_QUERIES,
+    aligned,
     cdiv,
+    decode_buffers,
     entmax_power,
     load_tile,
     next_power_of_2,
     row_multiplier,
     stored_rows_threshold,
+    threshold_tile,
     tile_logits,
 )
 
 SHORT_CACHE = 2048  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
-# threshold tiles (scores, rows x keys, num_warps), 8 or 16 a thread: the smallest that holds the rows, else
-# the largest, re-read. Two sizes only, so a growing cache compiles at most three variants per Nq.
-_SOLVE_TILES = ((1024, 4), (4096, 8))
-_ALIGN = 32  # scratch regions start at multiples of 32 floats (128 bytes)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "s_stride", "max_iter"])
@@ -123,15 +122,11 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
     s_stride = cdiv(n_k, block_n) * block_n
     rows = next_power_of_2(n_q)
-    tile, warps = _SOLVE_TILES[0] if rows * s_stride <= _SOLVE_TILES[0][0] else _SOLVE_TILES[1]
+    tile, warps = threshold_tile(rows * s_stride)  # the rows x keys threshold tile, at most 3 variants per Nq
     solve_block = tile // rows
     n_rows = batch * heads * n_q
-    row_region = cdiv(n_rows, _ALIGN) * _ALIGN
-    dev = q.device
-    work = torch.empty(2 * row_region + n_rows * s_stride, device=dev, dtype=torch.float32)
-    out = torch.empty(batch, heads, n_q, dim, device=dev, dtype=q.dtype)
-    tau = torch.empty(batch, heads, n_q, device=dev, dtype=torch.float32)
-    support = torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32)
+    row_region = aligned(n_rows)
+    work, out, tau, support = decode_buffers(q, 2 * row_region + n_rows * s_stride)
     _decode_short[(batch * heads,)](
         q, k, v, out, tau, support, work, q_scale if q_scale is not None else tau,
         slopes if slopes is not None else tau, kpm if kpm is not None else support,
