@@ -51,6 +51,7 @@ from asentmax.runs import (
     load_evaluation,
     read_json,
     write_json,
+    write_text,
 )
 from asentmax.tasks.scoring import autocast, shape_batches
 
@@ -274,10 +275,7 @@ def _write_results(output: Path, result: dict) -> None:
     text = markdown_table(result["rows"], result["id_length"], title)
     if result["pending_lengths"]:
         text += f"\nNot evaluated yet: lengths {', '.join(map(str, result['pending_lengths']))}.\n"
-    md = output.with_suffix(".md")
-    tmp = md.with_name(md.name + f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, md)
+    write_text(output.with_suffix(".md"), text)
 
 
 def _sha256(path: Path) -> str:

@@ -77,12 +77,17 @@ def describe_device(device: torch.device) -> str:
 
 # ---- JSON files ----
 
-def write_json(path: Path | str, data: dict) -> None:
-    """Write `data` as indented JSON to a temporary file beside `path`, then atomically rename it."""
+def write_text(path: Path | str, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then atomically rename it."""
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_json(path: Path | str, data: dict) -> None:
+    """Write `data` as indented JSON, atomically (write_text)."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_json(path: Path | str, what: str = "file") -> dict:

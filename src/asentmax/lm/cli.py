@@ -186,7 +186,7 @@ def _eval(args) -> None:
     from asentmax.lm.evaluate import evaluate_model
     from asentmax.lm.report import markdown, plot
     from asentmax.lm.tokenizer import LMTokenizer
-    from asentmax.runs import describe_device, git_commit
+    from asentmax.runs import describe_device, git_commit, write_json, write_text
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
@@ -211,10 +211,10 @@ def _eval(args) -> None:
                        "python": platform.python_version(), "command": " ".join(["asentmax"] + sys.argv[1:]),
                        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                                     if k not in ("run", "run_dirs")}})
-        (run_dir / f"{EVAL_NAME}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(run_dir / f"{EVAL_NAME}.json", result)
         label = f"{workload['preset']} ({workload['size']})"
-        (run_dir / f"{EVAL_NAME}.md").write_text(markdown({label: result}, f"# {run_dir}\n\n"
-                                                          f"step {step}, eval {result['eval_s']} s"))
+        write_text(run_dir / f"{EVAL_NAME}.md", markdown({label: result}, f"# {run_dir}\n\n"
+                                                         f"step {step}, eval {result['eval_s']} s"))
         plot({label: result}, run_dir)
         print(f"{run_dir}: " + ", ".join(f"{m}x ppl {v['ppl']:.2f}" for m, v in result["perplexity"].items()))
 
