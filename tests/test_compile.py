@@ -34,9 +34,9 @@ def make_model(attention, position, **overrides) -> Transformer:
     return model
 
 
-def compiled(model):
+def compiled(model, backend="aot_eager"):
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(backend)
     return torch.compile(model, fullgraph=True, backend=counter), counter
 
 

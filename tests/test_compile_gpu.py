@@ -11,13 +11,12 @@ Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_compile_gpu.py
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from asentmax.nn import KVCache, ModelConfig, Transformer
 from asentmax.nn.generation import generate
 from asentmax.nn.normalisers import NAMES
 from conftest import randomize_temperatures
-from test_compile import assert_same_gradients, loss_and_grads, recompile_reasons
+from test_compile import assert_same_gradients, compiled, loss_and_grads, recompile_reasons
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 VOCAB = 64
@@ -31,12 +30,6 @@ def cuda_model(attention, position) -> Transformer:
     model = Transformer(cfg).cuda()
     randomize_temperatures(model)
     return model
-
-
-def compiled(model):
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("inductor")
-    return torch.compile(model, fullgraph=True, backend=counter), counter
 
 
 def ids_of(batch, length, seed=1):
@@ -61,7 +54,7 @@ INDUCTOR_SSMAX_BUG = pytest.mark.xfail(
                                        for n in NAMES])
 def test_compiled_training_equals_eager(attention, position):
     model = cuda_model(attention, position)
-    call, counter = compiled(model)
+    call, counter = compiled(model, "inductor")
     assert_same_training(model, call, ids_of(4, 130))
     assert counter.frame_count == 1
 
@@ -69,7 +62,7 @@ def test_compiled_training_equals_eager(attention, position):
 @pytest.mark.parametrize("attention", NAMES)
 def test_recompiles_across_lengths_are_bounded(attention):
     model = cuda_model(attention, "nape")
-    call, counter = compiled(model)
+    call, counter = compiled(model, "inductor")
     for length in (80, 120, 200):
         assert_same_training(model, call, ids_of(4, length))
     assert counter.frame_count <= 2
@@ -78,7 +71,7 @@ def test_recompiles_across_lengths_are_bounded(attention):
 @pytest.mark.parametrize("attention", NAMES)
 def test_compiled_decoding_equals_eager(attention):
     model = cuda_model(attention, "nape").eval()
-    call, counter = compiled(model)
+    call, counter = compiled(model, "inductor")
     counts = []
     with recompile_reasons() as reasons:
         for length in (20, 33, 47):
