@@ -22,7 +22,9 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   step ahead on a side CUDA stream, so these kernels mostly run beside the previous step);
 - TFLOP/s of the compiled bare step: model FLOPs of the padded batch (2 x every Linear's weights per
   token, causal attention 2 d T (T + 1) per layer and row, backward = 2 x forward) over its time, and their
-  fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats).
+  fraction of the bf16 matmul ceiling measured at start (one 8192^3 bf16 matmul, median of repeats);
+- with --profile: the compiled step's kernels under torch.profiler (self device time, top 30) to
+  OUT_profile_<attention>_<batch>.txt, to show where a normaliser's extra time goes.
 
 Rows go to OUT.md and OUT.json after every row. The host's numpy producer (asentmax.data.training_batch)
 is timed once for comparison. A time budget (--budget-s) skips the rows that would not fit, saying so.
@@ -186,7 +188,25 @@ def compiled_timings(args, model, step, batches, device) -> dict:
     timings["all_shapes_s"] = time.perf_counter() - start
     timings["graphs"] = graph_count() - graphs_before
     timings["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
+    if args.profile:
+        profile_steps(args, step, compiled, batches, device)
     return timings
+
+
+def profile_steps(args, step, forward, batches, device) -> None:
+    """torch.profiler over one pass of the compiled step through `batches`: the top 30 kernels by self
+    device time, per step, to OUT_profile_<attention>_<batch>.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for batch in batches:
+            step(forward, batch)
+        sync(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=30, max_name_column_width=90)
+    name = f"{args.out.name}_profile_{args.current}.txt"
+    (args.out.parent / name).write_text(f"{len(batches)} compiled steps, {args.current}\n{table}\n")
 
 
 def validation_ms(args, model, device, autocast_dtype) -> float:
@@ -335,6 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="trainer", choices=("trainer", "static"),
                         help="compiled bare step: the trainer's (sequence length dynamic, one graph) or one "
                              "static graph per bucket width")
+    parser.add_argument("--profile", action="store_true",
+                        help="write the compiled step's top kernels (torch.profiler) per row")
     parser.add_argument("--budget-s", type=float, default=300.0,
                         help="rows that would start later than this many seconds are skipped (and listed)")
     args = parser.parse_args(argv)
@@ -381,6 +403,7 @@ def main(argv=None) -> int:
                              "skipped": f"skipped: past the {args.budget_s:.0f} s budget"})
                 write(args.out, meta, rows)
                 continue
+            args.current = f"{normaliser}_{batch_size}"
             row = bare_row(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
             best = "compiled" if "compiled_ms" in row else "eager"
             if normaliser == "softmax" and best == "compiled":
