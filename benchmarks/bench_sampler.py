@@ -15,7 +15,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from asentmax.data import length_buckets
+from asentmax.runs import git_commit
 from asentmax.tasks import get_task
 from asentmax.tasks.device_sampling import DeviceBatchSampler
 
@@ -106,8 +106,7 @@ def main(argv=None) -> list[dict]:
         if name not in TASKS:
             parser.error(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     out = args.out or REPO / "results" / f"sampler_{device.type}"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()  # $ASENTMAX_GIT_COMMIT on a copied tree, whose git metadata is stale
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
             "git": commit, "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda"

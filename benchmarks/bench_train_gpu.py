@@ -40,7 +40,6 @@ import csv
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ import torch.nn.functional as F
 from asentmax.data import IGNORE_INDEX, length_buckets, training_batch
 from asentmax.nn import Transformer
 from asentmax.nn.presets import mqmtar_model
-from asentmax.runs import save_checkpoint
+from asentmax.runs import git_commit, save_checkpoint
 from asentmax.tasks import get_task
 from asentmax.tasks.device_sampling import DeviceBatchSampler
 from asentmax.tasks.workload import TaskWorkload
@@ -382,8 +381,7 @@ def main(argv=None) -> int:
     task = get_task("mqmtar")
     buckets = length_buckets(32, 64, 4)
     sampler = DeviceBatchSampler(task, buckets, device)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()  # $ASENTMAX_GIT_COMMIT on a copied tree, whose git metadata is stale
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
     meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
             "device": name,
