@@ -8,8 +8,9 @@ The alpha-entmax Jacobian is diag(g) - g g^T / sum g with g = p^(2-alpha) on the
 
 and z = q_scale * scale * q.k + bias gives dq_i = q_scale_i scale sum_j dz_ij k_j,
 dk_j = scale sum_i q_scale_i dz_ij q_i, dv_j = sum_i p_ij dO_i, dq_scale_i = scale q_i . sum_j dz_ij k_j.
-Two kernels (as FlashAttention-2): one per key block for dk, dv (looping over the query heads of its
-GQA group), one per query block for dq and dq_scale. A tile whose forward max is <= tau on every row
+Two kernels (as FlashAttention-2): one per query block for dq and dq_scale, which first computes its rows'
+delta = dO . o2 and stores it, then one per key block for dk, dv (looping over the query heads of its
+GQA group), which reads those deltas. dO is read through its strides (only its last dimension must be dense). A tile whose forward max is <= tau on every row
 of the query block is all zeros: loops run over the range of live tiles only (attention_common.live_range).
 """
 
@@ -170,7 +171,7 @@ def _dq_tiles(q, do, k_base, v_base, skn, svn, acc, dqs, offs_n0, offs_d, d_in, 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb"])
 def _entmax_attention_bwd_dq(
-    Q, K, V, DO, DQ, DQScale, Tau, InvZ, GScale, Delta, TileMax, BlockTauMin, QScale, Slopes, KPM,
+    Q, K, V, DO, O2, DQ, DQScale, Tau, InvZ, GScale, Delta, TileMax, BlockTauMin, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, sdqb, sdqh, sdqm,
     n_heads, group, n_q, n_k, n_kb, head_dim, scale, bias_mult, inv_am1,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
@@ -196,7 +197,10 @@ def _entmax_attention_bwd_dq(
     tau = tl.load(Tau + row_ptr, mask=row_in, other=float("inf"))
     inv_z = tl.load(InvZ + row_ptr, mask=row_in, other=0.0)
     g_scale = tl.load(GScale + row_ptr, mask=row_in, other=0.0)
-    delta = tl.load(Delta + row_ptr, mask=row_in, other=0.0)
+    o2 = tl.load(O2 + row_ptr[:, None] * head_dim + offs_d[None, :], mask=row_in[:, None] & d_in[None, :],
+                 other=0.0)
+    delta = tl.sum(do.to(tl.float32) * o2, 1)  # fp32 (o2 is), for this kernel and the dk, dv kernel
+    tl.store(Delta + row_ptr, delta, mask=row_in)
     tau_min = tl.min(tau, 0)
     slope = 0.0
     if HAS_ALIBI:
@@ -236,8 +240,9 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
     n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
     inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
-    do = do.contiguous()
-    delta = (do.float() * o2).sum(-1)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    delta = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32)  # the dq kernel fills it
     g_scale = inv_z if mode == 0 else inv_z ** (2.0 - alpha)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
@@ -257,12 +262,12 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
               slopes if slopes is not None else dummy, kpm if kpm is not None else tile_max)
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    _entmax_attention_bwd_dq[(n_qb, batch * heads)](
+        q, k, v, do, o2, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta, *extras,
+        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **common)
     _entmax_attention_bwd_dkdv[(n_kb, batch * kv_heads)](
         q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras, *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         heads, group, n_q, n_k, n_qb, n_kb, dim, scale, c, inv_am1, **common)
-    _entmax_attention_bwd_dq[(n_qb, batch * heads)](
-        q, k, v, do, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta, *extras,
-        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-        heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **common)
     return dq, dk, dv, dq_scale
