@@ -7,7 +7,8 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
   one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys and
   the split-over-keys kernels of attention_decode.py beyond;
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
-  threshold belongs;
+  threshold belongs; split 256: the split launcher with chunks of 256 keys instead of 1024 (4x the programs,
+  for the few packs of a grouped cache);
 - per head (GQA rows only): the launcher's path with one program per query head (pack=1), which reads each
   KV head once per query head of its group, as the kernels did before they packed a group's heads into one
   program (attention_common.heads_per_program): launcher vs per head is the packing's gain;
@@ -77,6 +78,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         if cache <= BOTH_PATHS_UP_TO:
             row["short_ms"] = timed(lambda: entmax_attention_decode_short(q, k, v, **options))
             row["split_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, **options))
+            row["split256_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, chunk=256, **options))
         if hkv != h:
             path = entmax_attention_decode_short if cache <= SHORT_CACHE else entmax_attention_decode_split
             row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
@@ -98,15 +100,17 @@ def markdown(report):
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
              "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
              f"takes the one-launch kernel (path short) up to {info['short_cache']} keys, the split kernels "
-             "beyond; short / split = each launcher forced; per head (GQA) = the launcher's path with one "
-             "program per query head instead of one per group sharing a KV head. softmax |diff| = "
-             "max |ours(alpha=1) - SDPA|.", "",
+             "beyond; short / split = each launcher forced (split 256: chunks of 256 keys, not 1024); per "
+             "head (GQA) = the launcher's path with one program per query head instead of one per group "
+             "sharing a KV head. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
              "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | short ms | split ms "
-             "| per head ms | SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |", "|---" * 16 + "|"]
+             "| split 256 ms | per head ms | SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |",
+             "|---" * 17 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
                      f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | {ms(r, 'short_ms')} | "
-                     f"{ms(r, 'split_ms')} | {ms(r, 'per_head_ms')} | {r['sdpa_ms']:.4f} | "
+                     f"{ms(r, 'split_ms')} | {ms(r, 'split256_ms')} | {ms(r, 'per_head_ms')} | "
+                     f"{r['sdpa_ms']:.4f} | "
                      f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
                      f"{r['softmax_max_abs_diff']:.2g} |")
     return "\n".join(lines) + "\n"

@@ -136,20 +136,23 @@ def test_decode_gqa_packed_heads(monkeypatch, case, path):
 
 
 @interpreter
-@pytest.mark.parametrize("path", ["short", "split"])
-def test_decode_gqa_one_program_per_head(path):
-    """pack=1 (one program per query head, what bench_decode_gpu.py times as the unpacked baseline) computes
-    what the packed default computes, which test_decode_gqa_packed_heads checks against the reference."""
+@pytest.mark.parametrize("path, option", [("short", dict(pack=1)), ("split", dict(pack=1)),
+                                          ("split", dict(chunk=256))], ids=["short-pack1", "split-pack1",
+                                                                            "split-chunk256"])
+def test_decode_launcher_options(path, option):
+    """The launchers' options that bench_decode_gpu.py times (pack=1: one program per query head, the unpacked
+    baseline; chunk=256: two chunks and the reduce here) compute what the defaults compute, which
+    test_decode_gqa_packed_heads checks against the reference."""
     from asentmax.ops.triton import attention_decode
 
     launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
-    q, k, v, extras = inputs(2, 8, 2, 2, 150, 32, torch.float32)
+    q, k, v, extras = inputs(2, 8, 2, 2, 300, 32, torch.float32)
     slopes = extras["alibi_slopes"].expand(2, 8).contiguous()
     options = dict(mode=1, alpha=1.5, scale=32 ** -0.5, causal=True, slopes=slopes, q_scale=extras["q_scale"],
                    kpm=extras["key_padding_mask"].view(torch.uint8), tol=1e-3, max_iter=40)
-    packed, per_head = launcher(q, k, v, **options), launcher(q, k, v, pack=1, **options)
-    assert torch.allclose(packed[0], per_head[0], atol=1e-5)
-    assert torch.allclose(packed[1], per_head[1], atol=1e-5)
+    default, optioned = launcher(q, k, v, **options), launcher(q, k, v, **option, **options)
+    assert torch.allclose(default[0], optioned[0], atol=1e-5)
+    assert torch.allclose(default[1], optioned[1], atol=1e-5)
 
 
 @pytest.mark.parametrize("group, n_q, pack", [(1, 1, 1), (1, 16, 1), (2, 1, 2), (4, 4, 4), (8, 1, 8),

@@ -176,16 +176,17 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
 
 
 def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None):
+                                  max_iter, pack=None, chunk=_CHUNK):
     """entmax_attention_decode by the split-over-keys kernels (any cache length; the path for long caches).
-    `pack` as in attention_decode_short.entmax_attention_decode_short (default heads_per_program)."""
+    `pack` as in attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk`
+    keys a program (a multiple of 64: fewer keys give more programs, e.g. for a grouped cache's few packs)."""
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
     if pack is None:
         pack = heads_per_program(group, n_q)
     n_k = k.shape[2]
-    n_chunks = cdiv(n_k, _CHUNK)
-    s_stride = n_chunks * _CHUNK  # score rows padded to whole chunks
+    n_chunks = cdiv(n_k, chunk)
+    s_stride = n_chunks * chunk  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
     block_d = max(16, next_power_of_2(dim))
     c = 1.4426950408889634 if mode == 0 else alpha - 1.0
@@ -203,7 +204,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         kpm if kpm is not None else support,
         *q.stride()[:3], *k.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, dim, scale, c,
-        CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
+        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         DOT_PRECISION=precision, num_warps=4)
     row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
@@ -213,7 +214,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     _decode_output[(n_chunks, batch * heads // pack)](
         v, work, tau, out, *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, dim, inv_am1,
-        CHUNK=_CHUNK, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, MODE=mode,
+        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, MODE=mode,
         SINGLE_CHUNK=n_chunks == 1, DOT_PRECISION=precision, num_warps=4)
     if n_chunks > 1:
         _decode_reduce[(n_rows,)](work, out, partial_offset, n_chunks, dim, BLOCK_C=16, BLOCK_D=block_d,
