@@ -15,9 +15,10 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads).
 Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
 with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4, groups of 4) at 1K, 2K and 4K (q_len 1,
-and q_len 4 at 4K) and groups of 8 (H = 32, Hkv = 4) at 4K, 8K (q_len 1), and as before 16K and 64K (q_len 1),
-q_len 4 and GQA at 16K. As a check of the same code path on the GPU, each case also
-reports max |ours - SDPA| with alpha = 1 (softmax). About a minute on an H200, most of it compiling.
+and q_len 4 at 4K) and groups of 8 (H = 32, Hkv = 4) at 4K; 8K (q_len 1), and as before 16K and 64K (q_len 1),
+q_len 4 and GQA at 16K. Last, single-sequence GQA (B = 1, H = 32, Hkv = 8, D = 128 at 1K and 4K), where a
+program per group gives only 8 programs. As a check of the same code path on the GPU, each case also
+reports max |ours - SDPA| with alpha = 1 (softmax). About two minutes on an H200, most of it compiling.
 
     PYTHONPATH=src python benchmarks/bench_decode_gpu.py --out results
 writes results/decode_gpu.json and results/decode_gpu.md.
@@ -37,6 +38,7 @@ import torch.nn.functional as F
 CASES = ([(8, 16, 16, nq, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096) for nq in (1, 4)]
          + [(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096)]
          + [(8, 16, 4, 4, 128, 4096), (8, 32, 4, 1, 128, 4096)]
+         + [(1, 32, 8, 1, 128, cache) for cache in (1024, 4096)]
          + [(8, 16, 16, 1, dim, cache) for dim in (64, 128) for cache in (8192, 16384, 65536)]
          + [(8, 16, 16, 4, 64, 16384), (8, 16, 4, 1, 64, 16384)])
 BOTH_PATHS_UP_TO = 8192  # caches at which the short and split launchers are both timed
