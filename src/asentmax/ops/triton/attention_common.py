@@ -67,7 +67,9 @@ def heads_per_program(group, n_q):
     group * n_q query rows fit the MAX_QUERIES rows of a score tile (then the program reads its K and V once
     for the whole group, as SDPA does), else the largest divisor of `group` whose rows fit (1 always does,
     n_q <= MAX_QUERIES). 1 for multi-head attention (group = 1)."""
-    return max(p for p in range(1, group + 1) if group % p == 0 and p * n_q <= MAX_QUERIES)
+    if group * n_q <= MAX_QUERIES:  # the common case, without the search (host time of a decoding step)
+        return group
+    return max(p for p in range(1, group) if group % p == 0 and p * n_q <= MAX_QUERIES)
 
 
 def mode_of(alpha):
