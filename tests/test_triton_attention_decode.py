@@ -262,7 +262,9 @@ def test_decode_workspace_limit(batch, n_k):
 
 GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_mask", "alibi_slopes"))
              for alpha in (1.0, 1.5, 1.25) for nq in (1, 4)
-             for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))]
+             for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))] + [
+    (alpha, True, 2, 16, 2, nq, nk, 128, torch.bfloat16, ALL)  # groups of 8: packs of 8 (Nq 1) and 4 (Nq 4)
+    for alpha in (1.0, 1.5) for nq in (1, 4) for nk in (1000, 3000)]
 
 
 @pytest.mark.gpu
