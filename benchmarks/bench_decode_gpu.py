@@ -7,12 +7,18 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
   one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys and
   the split-over-keys kernels of attention_decode.py beyond;
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
-  threshold belongs;
+  threshold belongs; split 256: the split launcher with chunks of 256 keys instead of 1024 (4x the programs,
+  for the few packs of a grouped cache);
+- per head (GQA rows only): the launcher's path with one program per query head (pack=1), which reads each
+  KV head once per query head of its group, as the kernels did before they packed a group's heads into one
+  program (attention_common.heads_per_program): launcher vs per head is the packing's gain;
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads).
 Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
-with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4) at 1K and 4K, 8K (q_len 1), and as before
-16K and 64K (q_len 1), q_len 4 and GQA at 16K. As a check of the same code path on the GPU, each case also
-reports max |ours - SDPA| with alpha = 1 (softmax). About a minute on an H200, most of it compiling.
+with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4, groups of 4) at 1K, 2K and 4K (q_len 1,
+and q_len 4 at 4K) and groups of 8 (H = 32, Hkv = 4) at 4K; 8K (q_len 1), and as before 16K and 64K (q_len 1),
+q_len 4 and GQA at 16K. Last, single-sequence GQA (B = 1, H = 32, Hkv = 8, D = 128 at 1K and 4K), where a
+program per group gives only 8 programs. As a check of the same code path on the GPU, each case also
+reports max |ours - SDPA| with alpha = 1 (softmax). About two minutes on an H200, most of it compiling.
 
     PYTHONPATH=src python benchmarks/bench_decode_gpu.py --out results
 writes results/decode_gpu.json and results/decode_gpu.md.
@@ -30,7 +36,9 @@ import torch.nn.functional as F
 
 # (B, H, Hkv, q_len, D, cache)
 CASES = ([(8, 16, 16, nq, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096) for nq in (1, 4)]
-         + [(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (1024, 4096)]
+         + [(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096)]
+         + [(8, 16, 4, 4, 128, 4096), (8, 32, 4, 1, 128, 4096)]
+         + [(1, 32, 8, 1, 128, cache) for cache in (1024, 4096)]
          + [(8, 16, 16, 1, dim, cache) for dim in (64, 128) for cache in (8192, 16384, 65536)]
          + [(8, 16, 16, 4, 64, 16384), (8, 16, 4, 1, 64, 16384)])
 BOTH_PATHS_UP_TO = 8192  # caches at which the short and split launchers are both timed
@@ -72,6 +80,10 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         if cache <= BOTH_PATHS_UP_TO:
             row["short_ms"] = timed(lambda: entmax_attention_decode_short(q, k, v, **options))
             row["split_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, **options))
+            row["split256_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, chunk=256, **options))
+        if hkv != h:
+            path = entmax_attention_decode_short if cache <= SHORT_CACHE else entmax_attention_decode_split
+            row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
     row["ours_vs_sdpa"] = row["ours_ms"] / row["sdpa_ms"]
     row["launcher_vs_sdpa"] = row["launcher_ms"] / row["sdpa_ms"]
     print({key: round(val, 4) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
@@ -90,14 +102,19 @@ def markdown(report):
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
              "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
              f"takes the one-launch kernel (path short) up to {info['short_cache']} keys, the split kernels "
-             "beyond; short / split = each launcher forced. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
+             "beyond; short / split = each launcher forced (split 256: chunks of 256 keys, not 1024); per "
+             "head (GQA) = the launcher's path with one program per query head instead of one per group "
+             "sharing a KV head. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
              "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | short ms | split ms "
-             "| SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |", "|---" * 15 + "|"]
+             "| split 256 ms | per head ms | SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |",
+             "|---" * 17 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
                      f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | {ms(r, 'short_ms')} | "
-                     f"{ms(r, 'split_ms')} | {r['sdpa_ms']:.4f} | {r['ours_vs_sdpa']:.2f} | "
-                     f"{r['launcher_vs_sdpa']:.2f} | {r['softmax_max_abs_diff']:.2g} |")
+                     f"{ms(r, 'split_ms')} | {ms(r, 'split256_ms')} | {ms(r, 'per_head_ms')} | "
+                     f"{r['sdpa_ms']:.4f} | "
+                     f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
+                     f"{r['softmax_max_abs_diff']:.2g} |")
     return "\n".join(lines) + "\n"
 
 

@@ -67,9 +67,11 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
                                                               blocks=blocks, **options)
     entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
     # decoding: the one-launch kernel (scores in registers at 4 and 8 warps, and re-read with 4 rows at 4096
-    # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel)
-    for n_q, cache in ((1, n), (1, 4096), (4, 4096), (1, 5000)):
-        k_cache, v_cache = (torch.randn(batch, heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
+    # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel); the last
+    # two with grouped K/V (one KV head: both query heads in one program)
+    for n_q, cache, kv_heads in ((1, n, heads), (1, 4096, heads), (4, 4096, heads), (1, 5000, heads),
+                                 (1, 2048, 1), (4, 5000, 1)):
+        k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
         entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
                                 **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
                                        kpm=torch.ones(batch, cache, dtype=torch.uint8)))

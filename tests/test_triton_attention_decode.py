@@ -2,7 +2,9 @@
 their code paths. Caches of <= SHORT_CACHE keys: the one-launch kernel (attention_decode_short.py) with its
 threshold tile in registers or re-read from memory (many query rows). Longer caches: the split-over-keys
 kernels (attention_decode.py): one chunk (output written directly), several chunks (partial outputs reduced
-by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). The interpreter
+by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). Grouped-query
+attention packs the query heads of a KV head into one program (heads_per_program): GQA_CASES check those
+packs on both paths, forced, with per-head slopes and q_scale. The interpreter
 tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate NaN-poisoned; the `gpu` ones
 repeat the check in bf16 at decoding sizes on a CUDA device.
 """
@@ -109,6 +111,90 @@ def test_decode_matches_reference(case):
     check_decode(case)
 
 
+# grouped-query attention, the heads sharing a KV head in one program: group 2, 3, 4, 8 (with Nq = 4 a group
+# of 8 takes two programs of 4 heads); ALiBi slopes differ between the heads of a pack (inputs: heads < H / 2)
+GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
+    (1.5, True, 2, 8, 4, 1, 77, 32, torch.float32, ALL),  # group 2
+    (2.0, True, 1, 8, 2, 3, 300, 64, torch.float32, ALL),  # group 4, 12 rows: re-read threshold tile
+    (1.5, False, 2, 8, 1, 1, 130, 128, torch.float16, ALL),  # group 8 in one program
+    (1.0, True, 1, 4, 1, 4, 100, 64, torch.float32, ALL),  # softmax, group 4 x Nq 4 = 16 rows
+    (1.25, True, 1, 8, 1, 4, 50, 32, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, packs of 4
+    (1.5, True, 1, 6, 2, 5, 90, 48, torch.float32, ("alibi_slopes", "q_scale")),  # group 3, 15 rows
+    (2.0, True, 2, 4, 1, 2, 2100, 32, torch.float32, ALL),  # group 4, split: 3 chunks and the reduce
+]
+
+
+@interpreter
+@pytest.mark.parametrize("path", ["short", "split"])
+@pytest.mark.parametrize("case", GQA_CASES, ids=case_id)
+def test_decode_gqa_packed_heads(monkeypatch, case, path):
+    """Each path forced (SHORT_CACHE moved past or below the cache) on heads packed per KV head."""
+    from asentmax.ops.triton import attention_decode
+
+    monkeypatch.setattr(attention_decode, "SHORT_CACHE", 10**6 if path == "short" else 0)
+    check_decode(case)
+
+
+@interpreter
+@pytest.mark.parametrize("path, option", [("short", dict(pack=1)), ("split", dict(pack=1)),
+                                          ("split", dict(chunk=256))], ids=["short-pack1", "split-pack1",
+                                                                            "split-chunk256"])
+def test_decode_launcher_options(path, option):
+    """The launchers' options that bench_decode_gpu.py times (pack=1: one program per query head, the unpacked
+    baseline; chunk=256: two chunks and the reduce here) compute what the defaults compute, which
+    test_decode_gqa_packed_heads checks against the reference."""
+    from asentmax.ops.triton import attention_decode
+
+    launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
+    q, k, v, extras = inputs(2, 8, 2, 2, 300, 32, torch.float32)
+    slopes = extras["alibi_slopes"].expand(2, 8).contiguous()
+    options = dict(mode=1, alpha=1.5, scale=32 ** -0.5, causal=True, slopes=slopes, q_scale=extras["q_scale"],
+                   kpm=extras["key_padding_mask"].view(torch.uint8), tol=1e-3, max_iter=40)
+    default, optioned = launcher(q, k, v, **options), launcher(q, k, v, **option, **options)
+    assert torch.allclose(default[0], optioned[0], atol=1e-5)
+    assert torch.allclose(default[1], optioned[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("group, n_q, pack", [(1, 1, 1), (1, 16, 1), (2, 1, 2), (4, 4, 4), (8, 1, 8),
+                                               (8, 4, 4), (3, 5, 3), (6, 3, 3), (16, 1, 16), (16, 2, 8),
+                                               (4, 16, 1)])
+def test_heads_per_program(group, n_q, pack):
+    """The largest divisor of the group whose pack * Nq rows fit MAX_QUERIES = 16."""
+    from asentmax.ops.triton.attention_common import heads_per_program
+
+    assert heads_per_program(group, n_q) == pack
+
+
+@pytest.mark.parametrize("n_k", [100, 3000])
+def test_decode_gqa_one_program_per_kv_head(monkeypatch, n_k):
+    """At Nq = 1 the K-reading kernels launch one program per (batch, KV head) (and key chunk), not one per
+    query head: each KV head is read once for its group."""
+    from asentmax.ops.triton import attention_decode, attention_decode_short
+
+    grids = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            grids[self.name] = grid
+            return lambda *args, **kwargs: None
+
+    for module, name in ((attention_decode_short, "_decode_short"), (attention_decode, "_decode_scores"),
+                         (attention_decode, "_decode_output")):
+        monkeypatch.setattr(module, name, Recorder(name))
+    for name in ("_decode_threshold", "_decode_reduce"):
+        monkeypatch.setattr(attention_decode, name, Recorder(name))
+    q, k = torch.zeros(3, 8, 1, 16), torch.zeros(3, 2, n_k, 16)
+    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
+                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    if n_k <= attention_decode.SHORT_CACHE:
+        assert grids == {"_decode_short": (3 * 2,)}
+    else:
+        assert grids["_decode_scores"] == grids["_decode_output"] == (3, 3 * 2)  # 3 chunks of 1024 keys
+
+
 @interpreter
 @pytest.mark.parametrize("n_k", [1000, 4100])
 def test_decode_rows_sum_to_one(n_k):
@@ -176,7 +262,9 @@ def test_decode_workspace_limit(batch, n_k):
 
 GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_mask", "alibi_slopes"))
              for alpha in (1.0, 1.5, 1.25) for nq in (1, 4)
-             for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))]
+             for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))] + [
+    (alpha, True, 2, 16, 2, nq, nk, 128, torch.bfloat16, ALL)  # groups of 8: packs of 8 (Nq 1) and 4 (Nq 4)
+    for alpha in (1.0, 1.5) for nq in (1, 4) for nk in (1000, 3000)]
 
 
 @pytest.mark.gpu

@@ -62,6 +62,16 @@ def decode_buffers(q, workspace_floats):
             torch.empty(batch, heads, n_q, device=dev, dtype=torch.int32))
 
 
+def heads_per_program(group, n_q):
+    """How many of a KV head's `group` query heads one decoding program handles: all of them when their
+    group * n_q query rows fit the MAX_QUERIES rows of a score tile (then the program reads its K and V once
+    for the whole group, as SDPA does), else the largest divisor of `group` whose rows fit (1 always does,
+    n_q <= MAX_QUERIES). 1 for multi-head attention (group = 1)."""
+    if group * n_q <= MAX_QUERIES:  # the common case, without the search (host time of a decoding step)
+        return group
+    return max(p for p in range(1, group) if group % p == 0 and p * n_q <= MAX_QUERIES)
+
+
 def mode_of(alpha):
     """Compile-time normaliser id for `alpha` (>= 1)."""
     if alpha == 1.0:
@@ -86,12 +96,43 @@ def block_config(head_dim, n_q):
 
 
 @triton.jit
+def packed_queries(Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_k, head_dim, scale, bias_mult,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                   HAS_QSCALE: tl.constexpr):
+    """The query tile of decoding program `pid`: `pack` heads (heads_per_program) of one batch row, all of
+    one KV head, with their n_q queries each, as pack * n_q <= BLOCK_M rows (row r: head r // n_q, query
+    r % n_q). Programs run over (batch, n_packs = heads // pack); rows of a program are consecutive in the
+    flat (batch, head, query) order of q_scale, tau and the output, from pid * pack * n_q.
+
+    Returns q (BLOCK_M, BLOCK_D) (0 on the padding rows), s_mult (BLOCK_M,) = c * scale * q_scale of each
+    row, slope = c * m_h of each row's head as a (BLOCK_M, 1) column (0.0 without ALiBi), the rows'
+    positions pos_m (BLOCK_M,) (queries sit at the last n_q of n_k positions), their flat indices `rows`,
+    row_in (the rows that exist) and the pack's first head."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_in = offs_m < pack * n_q
+    rows = pid * pack * n_q + offs_m
+    head_in_pack = offs_m // n_q
+    query = offs_m % n_q
+    first_head = (pid % n_packs) * pack
+    q_rows = Q + (pid // n_packs).to(tl.int64) * sqb + (first_head + head_in_pack) * sqh + query * sqm
+    q = tl.load(q_rows[:, None] + offs_d[None, :], mask=row_in[:, None] & (offs_d < head_dim)[None, :],
+                other=0.0)
+    s_mult = row_multiplier(QScale, rows, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
+    slope = 0.0
+    if HAS_ALIBI:  # Slopes (batch, heads): pid * pack is the flat index of the pack's first head
+        slope = (tl.load(Slopes + pid * pack + head_in_pack, mask=row_in, other=0.0) * bias_mult)[:, None]
+    return q, s_mult, slope, query + (n_k - n_q), rows, row_in, first_head
+
+
+@triton.jit
 def tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k,
                 CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
                 DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr = True):
     """s = s_mult * (q @ kt) - slope * |pos - j| on visible keys, -inf elsewhere. (BLOCK_M, BLOCK_N) fp32.
 
-    q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); s_mult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h.
+    q (BLOCK_M, BLOCK_D), kt (BLOCK_D, BLOCK_N); s_mult (BLOCK_M,) = c * scale * q_scale; slope = c * m_h,
+    a scalar or a (BLOCK_M, 1) column of per-row slopes (decoding rows of several heads: packed_queries).
     MASKED=False: the caller guarantees every key of the tile is < n_k and causally visible to every row
     (a tile left of the diagonal, see full_tiles), so only the key padding mask is applied.
     """

@@ -3,7 +3,10 @@
 Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py:
 z = q_scale * scale * q.k - slope * |pos(r) - j|, p = alpha-entmax(z) (softmax when alpha = 1), out = p @ v.
 At caches of a few thousand keys the split-over-keys kernels of attention_decode.py spend most of a call on
-their four launches, so here one program per (batch, head) does the whole step for its Nq <= 16 rows:
+their four launches, so here one program does the whole step for its rows: the Nq <= 16 queries of `pack`
+heads that share a KV head (attention_common.heads_per_program: the whole group of grouped-query attention
+while group * Nq <= 16, so that the group's K and V are read once, as SDPA reads them; one head without
+grouping). Each row keeps its own head's q_scale, ALiBi slope and threshold.
 
 1. stream K in BLOCK_N tiles: scores s = c * z into the program's rows of an fp32 scratch (-inf on hidden
    keys and on the padding up to a whole tile) and the row maxima;
@@ -11,10 +14,10 @@ their four launches, so here one program per (batch, head) does the whole step f
    registers while rows x keys fits a tile of 4096, else re-read from L2 (stored_rows_threshold), then 1 / Z;
 3. stream V: out = sum_j p_j v_j / Z, written in q's dtype.
 
-K and V are each read once. The stages hand their results to each other through the scratch behind a
-barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the next power
-of two of Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode picks this path for
-caches of at most SHORT_CACHE keys.
+K and V are each read once per program. The stages hand their results to each other through the scratch
+behind a barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the
+next power of two of pack * Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode
+picks this path for caches of at most SHORT_CACHE keys.
 """
 
 import torch
@@ -27,9 +30,9 @@ from asentmax.ops.triton.attention_common import (
     cdiv,
     decode_buffers,
     entmax_power,
-    load_tile,
+    heads_per_program,
     next_power_of_2,
-    row_multiplier,
+    packed_queries,
     stored_rows_threshold,
     threshold_tile,
     tile_logits,
@@ -42,32 +45,28 @@ SHORT_CACHE = 2048  # most keys of a cache this path takes (see attention_decode
 def _decode_short(
     Q, K, V, Out, Tau, Support, Work, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn,
-    n_heads, group, n_q, n_k, s_stride, row_region, head_dim, scale, bias_mult, inv_am1, two_minus_alpha,
-    tol, max_iter,
+    n_packs, pack, group, n_q, n_k, s_stride, row_region, head_dim, scale, bias_mult, inv_am1,
+    two_minus_alpha, tol, max_iter,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Rows (pid, :n_q), pid = batch * n_heads + head. Scratch Work: row maxima at [row], 1 / Z at
-    [row_region + row], scores at [2 * row_region + row * s_stride + j], j < s_stride."""
+    """Rows pid * pack * n_q + (0 .. pack * n_q - 1) (packed_queries; pid = batch * n_packs + pack index).
+    Scratch Work: row maxima at [row], 1 / Z at [row_region + row], scores at
+    [2 * row_region + row * s_stride + j], j < s_stride."""
     pid = tl.program_id(0)
-    b = (pid // n_heads).to(tl.int64)
-    h = pid % n_heads
-    offs_m = tl.arange(0, BLOCK_M)
+    b = (pid // n_packs).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
-    row_in = offs_m < n_q
     d_in = offs_d < head_dim
-    rows = pid * n_q + offs_m
-    pos_m = offs_m + (n_k - n_q)
-    s_rows = Work + 2 * row_region + rows.to(tl.int64)[:, None] * s_stride
+    n_rows = pack * n_q
 
     # 1. scores and row maxima
-    q = load_tile(Q + b * sqb + h * sqh, offs_m, sqm, offs_d, n_q, d_in, False, True, False)
-    s_mult = row_multiplier(QScale, rows, row_in, scale, BLOCK_M, HAS_QSCALE) * bias_mult
-    slope = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(Slopes + pid) * bias_mult
-    k_base = K + b * skb + (h // group) * skh
+    q, s_mult, slope, pos_m, rows, row_in, first_head = packed_queries(
+        Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_k, head_dim, scale, bias_mult, BLOCK_M,
+        BLOCK_D, HAS_ALIBI, HAS_QSCALE)
+    s_rows = Work + 2 * row_region + rows.to(tl.int64)[:, None] * s_stride
+    kv_head = first_head // group
+    k_base = K + b * skb + kv_head * skh
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, n_k, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -82,8 +81,8 @@ def _decode_short(
 
     # 2. thresholds, on a tile of ROWS rows
     offs_r = tl.arange(0, ROWS)
-    r_in = offs_r < n_q
-    rows_r = pid * n_q + offs_r
+    r_in = offs_r < n_rows
+    rows_r = pid * n_rows + offs_r
     tau, inv_z, count = stored_rows_threshold(
         Work + 2 * row_region + rows_r.to(tl.int64)[:, None] * s_stride, r_in[:, None], s_stride,
         tl.load(Work + rows_r, mask=r_in, other=float("-inf")), inv_am1, two_minus_alpha, tol, max_iter,
@@ -96,7 +95,7 @@ def _decode_short(
     # 3. output
     tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
     inv_z = tl.load(Work + row_region + rows, mask=row_in, other=0.0)
-    v_base = V + b * svb + (h // group) * svh
+    v_base = V + b * svb + kv_head * svh
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, n_k, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -113,25 +112,29 @@ def _decode_short(
 
 
 def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter):
+                                  max_iter, pack=None):
     """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
-    and result as attention_decode.entmax_attention_decode."""
+    and result as attention_decode.entmax_attention_decode; `pack` (query heads a program handles, a divisor
+    of the group with pack * Nq <= MAX_QUERIES) defaults to heads_per_program, 1 gives a program per head."""
     batch, heads, n_q, dim = q.shape
     _, kv_heads, n_k, _ = k.shape
+    group = heads // kv_heads
+    if pack is None:
+        pack = heads_per_program(group, n_q)
     block_d = max(16, next_power_of_2(dim))
     block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
     s_stride = cdiv(n_k, block_n) * block_n
-    rows = next_power_of_2(n_q)
+    rows = next_power_of_2(pack * n_q)
     tile, warps = threshold_tile(rows * s_stride)  # the rows x keys threshold tile, at most 3 variants per Nq
     solve_block = tile // rows
     n_rows = batch * heads * n_q
     row_region = aligned(n_rows)
     work, out, tau, support = decode_buffers(q, 2 * row_region + n_rows * s_stride)
-    _decode_short[(batch * heads,)](
+    _decode_short[(batch * heads // pack,)](
         q, k, v, out, tau, support, work, q_scale if q_scale is not None else tau,
         slopes if slopes is not None else tau, kpm if kpm is not None else support,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-        heads, heads // kv_heads, n_q, n_k, s_stride, row_region, dim, scale,
+        heads // pack, pack, group, n_q, n_k, s_stride, row_region, dim, scale,
         1.4426950408889634 if mode == 0 else alpha - 1.0, 1.0 if mode == 0 else 1.0 / (alpha - 1.0),
         2.0 - alpha, tol, max_iter,
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
