@@ -67,7 +67,7 @@ class RetrievalExercises:
         self.words = sorted({t[1:] for t in tokenizer.token_texts() if KEY_WORD.fullmatch(t)} - taken)
         if len(self.words) < 2:
             raise ValueError(f"the tokenizer has {len(self.words)} word tokens; retrieval exercises need 2")
-        shortest = min(len(self._encode(self._pieces(w, ["a-a"], ["0" * VALUE_DIGITS[0]], 0)))
+        shortest = min(sum(map(len, self._encode(self._pieces(w, ["a-a"], ["0" * VALUE_DIGITS[0]], 0))))
                        for w in range(len(WORDINGS)))
         if shortest > context:
             raise ValueError(f"context {context} is too short for retrieval exercises ({shortest} tokens at "

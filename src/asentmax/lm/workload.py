@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from asentmax.data import IGNORE_INDEX, PAD_ID, Batch
+from asentmax.data import IGNORE_INDEX, Batch
 from asentmax.lm.dataset import Split, Windows, read_manifest, windows
 from asentmax.lm.retrieval import RetrievalExercises
 from asentmax.lm.tokenizer import LMTokenizer
@@ -160,7 +160,7 @@ class LMWorkload:
             window = self.train_split.tokens[lo:min(lo + c + 1, int(w.ends[index[row]]))].astype(np.int64)
             rng = np.random.default_rng([seed, sample, EXERCISE_STREAM])
             tokens = self.exercises.compose(window, rng).tokens
-            inputs[row], labels[row] = PAD_ID, IGNORE_INDEX
+            # no shorter than the window, so it overwrites all of the window's real tokens and labels
             inputs[row, :len(tokens) - 1], labels[row, :len(tokens) - 1] = tokens[:-1], tokens[1:]
 
     def batches(self, *, seed: int, start_step: int, rank: int, world_size: int, local_batch_size: int,
