@@ -111,11 +111,10 @@ class RetrievalExercises:
         pieces, value = self._draw(rng)
         *statements, question, answer = pieces
         n_text = min(len(window), self.context + 1 - sum(map(len, pieces)))
-        head = int(n_text > 0 and window[0] == DOC_ID)  # the document's start token stays first
+        head = int(window[0] == DOC_ID)  # the document's start token stays first
         cuts = np.sort(rng.integers(head, n_text + 1, size=len(statements) + 1))
-        order = rng.permutation(len(statements))
         parts, is_text, at = [], [], 0
-        for cut, piece in zip(cuts, [statements[i] for i in order] + [question + answer], strict=True):
+        for cut, piece in zip(cuts, [*statements, question + answer], strict=True):  # keys in random order
             parts += [window[at:cut], np.asarray(piece, dtype=np.int64)]
             is_text += [np.ones(cut - at, bool), np.zeros(len(piece), bool)]
             at = cut
