@@ -9,13 +9,13 @@
 #                                                       # then lm compare into results/lm
 #   bash benchmarks/lm_gpu_runs.sh all   [PRESET ...]   # train, then eval, in one device call
 #   bash benchmarks/lm_gpu_runs.sh smoke [PRESET ...]   # 60 steps: tokens/s of each preset
-# Environment: LIMIT (s per training run, 540), EVAL_LIMIT (s per evaluation and per probe, 60), STEPS
-# (2500), SIZE (lm_25m), TRAIN_FLAGS (extra train flags, e.g. --retrieval-share 0; compile and fused
-# AdamW are on by default on CUDA), EVAL_FLAGS (extra eval flags), PROBE_FLAGS (probe flags, default
-# "--samples 50").
-# One H200, both issue-16 models with the default retrieval share (0.05) for 301.5M token slots each
-# (2,300 steps x 256 windows x 512), about 540 s in all:
-#   LIMIT=490 EVAL_LIMIT=40 STEPS=2300 bash benchmarks/lm_gpu_runs.sh all softmax_rope asentmax_nape
+# Environment: LIMIT (s per training run, 540), EVAL_LIMIT (s for the evaluations and probes, which run
+# at once, 60), STEPS (2500), SIZE (lm_25m), TRAIN_FLAGS (extra train flags, e.g. --retrieval-share 0;
+# compile and fused AdamW are on by default on CUDA), EVAL_FLAGS (extra eval flags), PROBE_FLAGS (probe
+# flags, default "--samples 50").
+# One H200, both issue-16 models with the default retrieval share (0.1) for 301.5M token slots each
+# (2,300 steps x 256 windows x 512), about 530 s in all (at most 490 + 60 + compare and packing):
+#   LIMIT=490 STEPS=2300 bash benchmarks/lm_gpu_runs.sh all softmax_rope asentmax_nape
 # CPU dry run: SIZE=lm_tiny STEPS=3 TRAIN_FLAGS="--device cpu --batch-size 4" \
 #   EVAL_FLAGS="--device cpu --multipliers 1 2 --samples 2" PROBE_FLAGS="--samples 2 --multipliers 1 2"
 set -u
@@ -32,36 +32,38 @@ read -r -a probe_flags <<< "${PROBE_FLAGS:---samples 50}"
 mkdir -p runs/lm
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l); [ "$gpus" -gt 0 ] || gpus=1
 
-# phase NAME LIMIT COMMAND...: COMMAND once per preset ("{}" is the preset), all at once, logged to
-# runs/lm/NAME_PRESET.log
-phase() {
+# launch NAME LIMIT COMMAND...: COMMAND once per preset ("{}" is the preset) in the background, logged to
+# runs/lm/NAME_PRESET.log and stopped by SIGTERM after LIMIT seconds
+launch() {
   local name=$1 limit=$2 run=0; shift 2
   for p in "${presets[@]}"; do
     CUDA_VISIBLE_DEVICES=$((run % gpus)) timeout -s TERM "$limit" "${@//\{\}/$p}" \
       > "runs/lm/${name}_$p.log" 2>&1 &
     run=$((run + 1))
   done
-  wait
-  tail -n 3 runs/lm/"${name}"_*.log
 }
 
 case $mode in train|eval|all|smoke) ;; *) echo "unknown mode $mode" >&2; exit 2 ;; esac
 train_args=(--data data/lm --size "$SIZE" --no-progress "${train_flags[@]}")
 if [ "$mode" = train ] || [ "$mode" = all ]; then
-  phase train "$LIMIT" python -m asentmax lm train --run-dir "runs/lm/{}" --steps "$STEPS" --preset "{}" \
+  launch train "$LIMIT" python -m asentmax lm train --run-dir "runs/lm/{}" --steps "$STEPS" --preset "{}" \
     "${train_args[@]}"
+  wait
 fi
 if [ "$mode" = smoke ]; then
   rm -rf "${presets[@]/#/runs/lm/smoke_}"
-  phase smoke "$LIMIT" python -m asentmax lm train --run-dir "runs/lm/smoke_{}" --steps 60 --log-every 10 \
+  launch smoke "$LIMIT" python -m asentmax lm train --run-dir "runs/lm/smoke_{}" --steps 60 --log-every 10 \
     --val-every 0 --preset "{}" "${train_args[@]}"
+  wait
 fi
-if [ "$mode" = eval ] || [ "$mode" = all ]; then
-  phase eval "$EVAL_LIMIT" python -m asentmax lm eval "runs/lm/{}" "${eval_flags[@]}"
-  phase probe "$EVAL_LIMIT" python benchmarks/lm_needle_probe.py "runs/lm/{}" --data data/lm --out "runs/lm/{}" \
-    "${probe_flags[@]}"
+if [ "$mode" = eval ] || [ "$mode" = all ]; then  # the evaluations and the probes all at once
+  launch eval "$EVAL_LIMIT" python -m asentmax lm eval "runs/lm/{}" "${eval_flags[@]}"
+  launch probe "$EVAL_LIMIT" python benchmarks/lm_needle_probe.py "runs/lm/{}" --data data/lm \
+    --out "runs/lm/{}" "${probe_flags[@]}"
+  wait
   python -m asentmax lm compare "${presets[@]/#/runs/lm/}" --out results/lm
 fi
+tail -n 3 runs/lm/*.log
 if [ -n "${OUT:-}" ]; then
   stage=$(mktemp -d)/lm
   mkdir -p "$stage"

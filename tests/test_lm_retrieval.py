@@ -149,7 +149,9 @@ def test_saved_runs_without_the_setting_resume_on_plain_text(data):
     assert saved["retrieval_share"] == 0.0
     del saved["retrieval_share"]
     assert LMWorkload.from_dict(saved).config.retrieval_share == 0.0
-    assert LMWorkload.from_dict(_workload(data).to_dict()).config.retrieval_share == 0.05
+    default = LMConfig().retrieval_share
+    assert default > 0
+    assert LMWorkload.from_dict(_workload(data, default).to_dict()).config.retrieval_share == default
 
 
 @pytest.mark.parametrize("share", [-0.1, 1.5, float("nan")])

@@ -59,7 +59,7 @@ class LMConfig:
     val_windows: int = field(default=512, metadata={"help": "validation windows (the first ones of the "
                                                             "valid split)"})
     val_batch_size: int = field(default=32, metadata={"help": "validation batch size"})
-    retrieval_share: float = field(default=0.05, metadata={
+    retrieval_share: float = field(default=0.1, metadata={
         "help": "fraction of training windows rewritten as retrieval exercises (key -> value statements "
                 "and a question whose completion is the value; asentmax.lm.retrieval); 0 = plain text"})
 
