@@ -14,7 +14,7 @@
 # compile and fused AdamW are on by default on CUDA), EVAL_FLAGS (extra eval flags), PROBE_FLAGS (probe
 # flags, default "--samples 50").
 # One H200, both issue-16 models with the default retrieval share (0.1) for 301.5M token slots each
-# (2,300 steps x 256 windows x 512), about 530 s in all (at most 490 + 60 + compare and packing):
+# (2,300 steps x 256 windows x 512): about 510 s expected, at most ~560 s (490 + 60 + compare, packing):
 #   LIMIT=490 STEPS=2300 bash benchmarks/lm_gpu_runs.sh all softmax_rope asentmax_nape
 # CPU dry run: SIZE=lm_tiny STEPS=3 TRAIN_FLAGS="--device cpu --batch-size 4" \
 #   EVAL_FLAGS="--device cpu --multipliers 1 2 --samples 2" PROBE_FLAGS="--samples 2 --multipliers 1 2"
