@@ -4,9 +4,8 @@ passkey; asentmax.lm.needles) measures at lengths beyond the training context.
 
 An exercise rewrites one training window: a few statements "key -> value" go in at uniformly drawn token
 positions (inside a word too) of the window's own corpus text (one document, so no document boundary is
-crossed), and after
-the last of them a completion-style question about one key, followed by its value and a full stop, goes in
-at another such position; the rest of the window's text follows. The window keeps at most C + 1 tokens
+crossed), and after the last of them a completion-style question about one key, followed by its value
+and a full stop, goes in at another such position; the rest of the window's text follows. The window keeps at most C + 1 tokens
 (the training context plus one), the text being cut at its end to make room, and the loss covers every
 real token as in any window, so the model learns to copy the value that the question's key was given.
 
