@@ -5,9 +5,10 @@ passkey; asentmax.lm.needles) measures at lengths beyond the training context.
 An exercise rewrites one training window: a few statements "key -> value" go in at uniformly drawn token
 positions (inside a word too) of the window's own corpus text (one document, so no document boundary is
 crossed), and after the last of them a completion-style question about one key, followed by its value
-and a full stop, goes in at another such position; the rest of the window's text follows. The window keeps at most C + 1 tokens
-(the training context plus one), the text being cut at its end to make room, and the loss covers every
-real token as in any window, so the model learns to copy the value that the question's key was given.
+and a full stop, goes in at another such position; the rest of the window's text follows. The window
+keeps at most C + 1 tokens (the training context plus one), the text being cut at its end to make room,
+and the loss covers every real token as in any window, so the model learns to copy the value that the
+question's key was given.
 
 Relation to the evaluation: the same family of statements and questions, drawn independently. Two of the
 five wordings are the evaluation's own (the S-NIAH "special magic number" needle and question, and the
