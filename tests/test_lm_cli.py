@@ -24,7 +24,7 @@ def test_lm_prepare_train_eval_compare(tmp_path, capsys):
     train = ["lm", "train", "--run-dir", str(run), "--data", str(data), "--size", "lm_tiny",
              "--context", "16", "--batch-size", "4", "--warmup-steps", "2", "--val-every", "3",
              "--log-every", "3",
-             "--checkpoint-every", "3", "--device", "cpu", "--no-progress"]
+             "--checkpoint-every", "3", "--device", "cpu", "--no-progress", "--retrieval-share", "0"]
     assert main(train + ["--steps", "6"]) == 0
     report = json.loads((run / "lm_train.json").read_text())
     assert report["step"] == 6 and report["windows_seen"] == 24 and report["token_slots_seen"] == 24 * 16

@@ -137,7 +137,7 @@ def test_windows_score_every_target_once_within_its_document(context):
 
 def test_batches_are_deterministic_and_shard_the_global_batch(prepared):
     out, _, _ = prepared
-    workload = LMWorkload(LMConfig(data=str(out), size="lm_tiny", context=CONTEXT))
+    workload = LMWorkload(LMConfig(data=str(out), size="lm_tiny", context=CONTEXT, retrieval_share=0.0))
     n = len(workload.train_windows)
     one = workload.window_indices(seed=3, step=5, rank=0, world_size=1, local_batch_size=8)
     two = np.concatenate([workload.window_indices(seed=3, step=5, rank=r, world_size=2, local_batch_size=4)

@@ -12,6 +12,11 @@ Batches are a pure function of (seed, rank, step), the seed being the trainer's:
 s = (step * world_size + rank) * local_batch + i of the whole run reads window perm_e[s mod W] of epoch
 e = s // W, perm_e a permutation seeded by (seed, e). So a run resumes exactly at any step and the ranks
 read disjoint shards of one global batch.
+
+Retrieval exercises (`retrieval_share`, asentmax.lm.retrieval): sample j of the global batch of a step
+becomes an exercise when u_j < retrieval_share, u the step's uniforms seeded by (seed, step); the exercise
+itself is drawn from a generator seeded by (seed, s). With retrieval_share 0 the batches are the plain
+windows, exactly as before the option existed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import torch.nn.functional as F
 
 from asentmax.data import IGNORE_INDEX, Batch
 from asentmax.lm.dataset import Split, Windows, read_manifest, windows
+from asentmax.lm.retrieval import RetrievalExercises
+from asentmax.lm.tokenizer import LMTokenizer
 from asentmax.nn import ModelConfig, lm_25m, lm_120m, lm_tiny
 
 ATTENTION_PRESETS: dict[str, dict] = {
@@ -37,6 +44,7 @@ ATTENTION_PRESETS: dict[str, dict] = {
     "asentmax_nape": dict(attention="asentmax", position="nape"),
 }
 MODEL_SIZES = {"lm_tiny": lm_tiny, "lm_25m": lm_25m, "lm_120m": lm_120m}
+CHOICE_STREAM, EXERCISE_STREAM = 0x5E1EC7, 0xE8E7C15E  # the retrieval generators' seed tags
 
 
 @dataclass
@@ -51,6 +59,9 @@ class LMConfig:
     val_windows: int = field(default=512, metadata={"help": "validation windows (the first ones of the "
                                                             "valid split)"})
     val_batch_size: int = field(default=32, metadata={"help": "validation batch size"})
+    retrieval_share: float = field(default=0.1, metadata={
+        "help": "fraction of training windows rewritten as retrieval exercises (key -> value statements "
+                "and a question whose completion is the value; asentmax.lm.retrieval); 0 = plain text"})
 
     def __post_init__(self):
         if self.preset not in ATTENTION_PRESETS:
@@ -61,6 +72,8 @@ class LMConfig:
         for name in ("context", "val_windows", "val_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.retrieval_share <= 1.0:
+            raise ValueError(f"retrieval_share must be in [0, 1], got {self.retrieval_share}")
 
 
 def model_config_for(config: LMConfig, vocab_size: int, overrides: dict | None = None) -> ModelConfig:
@@ -81,11 +94,14 @@ class LMWorkload:
         self.train_windows: Windows = windows(self.train_split, config.context)
         self.valid_windows: Windows = windows(self.valid_split, config.context)
         self._epoch_order: tuple[int, int, np.ndarray] | None = None  # (seed, epoch, permutation)
+        self.exercises = (RetrievalExercises(LMTokenizer.load(folder), config.context)
+                          if config.retrieval_share > 0 else None)
 
     @classmethod
     def from_dict(cls, values: dict) -> LMWorkload:
         """The workload `to_dict` saved; ValueError for keys that are not LMConfig fields."""
         values = {key: value for key, value in values.items() if key != "name"}
+        values.setdefault("retrieval_share", 0.0)  # runs saved before the option trained on plain text
         unknown = set(values) - set(LMConfig.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown lm workload settings: {', '.join(sorted(unknown))}")
@@ -124,12 +140,38 @@ class LMWorkload:
             out[here] = self._order(seed, int(epoch))[samples[here] % n]
         return out
 
+    def exercise_rows(self, seed: int, step: int, rank: int, world_size: int,
+                      local_batch_size: int) -> np.ndarray:
+        """The rows of `step`'s batch on `rank` that become retrieval exercises (see the module docstring)."""
+        if self.exercises is None:
+            return np.zeros(0, dtype=np.int64)
+        u = np.random.default_rng([seed, step, CHOICE_STREAM]).random(world_size * local_batch_size)
+        return np.flatnonzero(u[rank * local_batch_size:(rank + 1) * local_batch_size]
+                              < self.config.retrieval_share)
+
+    def _insert_exercises(self, inputs: np.ndarray, labels: np.ndarray, index: np.ndarray, *, seed: int,
+                          step: int, rank: int, world_size: int) -> None:
+        """Rewrite the exercise rows of one batch in place: every real token of an exercise is scored."""
+        local_batch_size, c = inputs.shape
+        w = self.train_windows
+        for row in self.exercise_rows(seed, step, rank, world_size, local_batch_size):
+            sample = (step * world_size + rank) * local_batch_size + int(row)
+            lo = int(w.starts[index[row]])
+            window = self.train_split.tokens[lo:min(lo + c + 1, int(w.ends[index[row]]))].astype(np.int64)
+            rng = np.random.default_rng([seed, sample, EXERCISE_STREAM])
+            tokens = self.exercises.compose(window, rng).tokens
+            # no shorter than the window, so it overwrites all of the window's real tokens and labels
+            inputs[row, :len(tokens) - 1], labels[row, :len(tokens) - 1] = tokens[:-1], tokens[1:]
+
     def batches(self, *, seed: int, start_step: int, rank: int, world_size: int, local_batch_size: int,
                 device: torch.device) -> Iterator[Batch]:
         step = start_step
         while True:
             index = self.window_indices(seed, step, rank, world_size, local_batch_size)
             inputs, labels = self.train_windows.arrays(self.train_split.tokens, index)
+            if self.exercises is not None:
+                self._insert_exercises(inputs, labels, index, seed=seed, step=step, rank=rank,
+                                       world_size=world_size)
             yield Batch(torch.from_numpy(inputs).to(device, non_blocking=True),
                         torch.from_numpy(labels).to(device, non_blocking=True))
             step += 1
