@@ -10,8 +10,9 @@ and z = q_scale * scale * q.k + bias gives dq_i = q_scale_i scale sum_j dz_ij k_
 dk_j = scale sum_i q_scale_i dz_ij q_i, dv_j = sum_i p_ij dO_i, dq_scale_i = scale q_i . sum_j dz_ij k_j.
 Two kernels (as FlashAttention-2): one per query block for dq and dq_scale, which first computes its rows'
 delta = dO . o2 and stores it, then one per key block for dk, dv (looping over the query heads of its
-GQA group), which reads those deltas. dO is read through its strides (only its last dimension must be dense). A tile whose forward max is <= tau on every row
-of the query block is all zeros: loops run over the range of live tiles only (attention_common.live_range).
+GQA group), which reads those deltas. dO is read through its strides (only its last dimension must be
+dense). A tile whose forward max is <= tau on every row of the query block is all zeros: loops run over the
+range of live tiles only (attention_common.live_range).
 """
 
 import torch
