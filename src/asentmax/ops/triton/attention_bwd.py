@@ -27,6 +27,7 @@ from asentmax.ops.triton.attention_common import (
     full_tiles,
     live_range,
     load_tile,
+    logit_constants,
     logits_from_dot,
     next_power_of_2,
     row_multiplier,
@@ -239,8 +240,7 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
     group = heads // kv_heads
     block_m, block_n, num_warps, num_stages = blocks
     n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
-    c = 1.4426950408889634 if mode == 0 else alpha - 1.0
-    inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    c, inv_am1 = logit_constants(mode, alpha)
     if do.stride(-1) != 1:
         do = do.contiguous()
     delta = torch.empty(batch, heads, n_q, device=q.device, dtype=torch.float32)  # the dq kernel fills it

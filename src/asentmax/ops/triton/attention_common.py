@@ -83,6 +83,15 @@ def mode_of(alpha):
     return MODE_GENERAL
 
 
+def logit_constants(mode, alpha):
+    """(c, inv_am1) of the launchers: c scales the logits z into the kernels' score units s = c z (log2 e for
+    softmax, whose kernels use exp2; alpha - 1 for entmax) and inv_am1 = 1 / (alpha - 1) is entmax's power
+    (1 for softmax, unused)."""
+    if mode == MODE_SOFTMAX:
+        return 1.4426950408889634, 1.0
+    return alpha - 1.0, 1.0 / (alpha - 1.0)
+
+
 def block_config(head_dim, n_q):
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) shared by forward and backward (the tile mask written
     by the forward has this granularity). Keyed on head_dim only (and decoding), never on the length."""
@@ -123,6 +132,36 @@ def packed_queries(Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_
     if HAS_ALIBI:  # Slopes (batch, heads): pid * pack is the flat index of the pack's first head
         slope = (tl.load(Slopes + pid * pack + head_in_pack, mask=row_in, other=0.0) * bias_mult)[:, None]
     return q, s_mult, slope, query + (n_k - n_q), rows, row_in, first_head
+
+
+@triton.jit
+def stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, s_rows,
+                      row_in, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """Decoding: the scores of key tile offs_n for the rows of packed_queries (tile_logits), stored at
+    s_rows + offs_n (rows row_in); returns their row maxima (BLOCK_M,)."""
+    kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
+                 mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
+    s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
+                    DOT_PRECISION)
+    row_max = tl.max(s, 1)
+    tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])
+    return row_max
+
+
+@triton.jit
+def weighted_values_tile(acc, s_rows, offs_n, row_in, tau, v_base, svn, offs_d, d_in, n_k, inv_am1,
+                         MODE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Decoding: acc + p @ v over key tile offs_n, p = [s - tau]_+^(1/(alpha-1)) (exp2(s - tau) for softmax)
+    from the scores stored by stored_score_tile (unnormalised: the caller multiplies by 1 / Z)."""
+    s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
+    if MODE == 0:
+        p = tl.exp2(s - tau[:, None])
+    else:
+        p = entmax_power(tl.maximum(s - tau[:, None], 0.0), inv_am1, MODE)
+    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
+                mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
+    return acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
 
 @triton.jit

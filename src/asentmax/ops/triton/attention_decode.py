@@ -30,13 +30,14 @@ from asentmax.ops.triton.attention_common import (
     aligned,
     cdiv,
     decode_buffers,
-    entmax_power,
     heads_per_program,
+    logit_constants,
     next_power_of_2,
     packed_queries,
     stored_rows_threshold,
+    stored_score_tile,
     threshold_tile,
-    tile_logits,
+    weighted_values_tile,
 )
 from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
 
@@ -68,12 +69,9 @@ def _decode_scores(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
-                        DOT_PRECISION)
-        m = tl.maximum(m, tl.max(s, 1))
-        tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])
+        m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
+                                            KPM + b * n_k, n_k, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
+                                            DOT_PRECISION))
     tl.store(Work + max_offset + rows * n_chunks + pid_c, m, mask=row_in)
 
 
@@ -123,15 +121,8 @@ def _decode_output(
     s_rows = Work + rows[:, None] * s_stride
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
-        offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
-        s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
-        if MODE == 0:
-            p = tl.exp2(s - tau[:, None])
-        else:
-            p = entmax_power(tl.maximum(s - tau[:, None], 0.0), inv_am1, MODE)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
-                    mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = weighted_values_tile(acc, s_rows, pid_c * CHUNK + start + tl.arange(0, BLOCK_N), row_in, tau,
+                                   v_base, svn, offs_d, d_in, n_k, inv_am1, MODE, DOT_PRECISION)
     acc = acc * inv_z[:, None]
     out_mask = row_in[:, None] & d_in[None, :]
     if SINGLE_CHUNK:
@@ -189,8 +180,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     s_stride = n_chunks * chunk  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
     block_d = max(16, next_power_of_2(dim))
-    c = 1.4426950408889634 if mode == 0 else alpha - 1.0
-    inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    c, inv_am1 = logit_constants(mode, alpha)
     # workspace: scores (n_rows, s_stride) | chunk maxima (n_rows, n_chunks) | 1 / Z (n_rows,)
     # | partial outputs (n_rows, n_chunks, dim), the last only with more than one chunk
     max_offset = n_rows * s_stride

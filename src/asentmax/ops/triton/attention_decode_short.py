@@ -29,13 +29,14 @@ from asentmax.ops.triton.attention_common import (
     aligned,
     cdiv,
     decode_buffers,
-    entmax_power,
     heads_per_program,
+    logit_constants,
     next_power_of_2,
     packed_queries,
     stored_rows_threshold,
+    stored_score_tile,
     threshold_tile,
-    tile_logits,
+    weighted_values_tile,
 )
 
 SHORT_CACHE = 2048  # most keys of a cache this path takes (see attention_decode.entmax_attention_decode)
@@ -70,12 +71,9 @@ def _decode_short(
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, n_k, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None],
-                     mask=(offs_n[None, :] < n_k) & d_in[:, None], other=0.0)
-        s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, KPM + b * n_k, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
-                        DOT_PRECISION)
-        m = tl.maximum(m, tl.max(s, 1))
-        tl.store(s_rows + offs_n[None, :], s, mask=row_in[:, None])
+        m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
+                                            KPM + b * n_k, n_k, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
+                                            DOT_PRECISION))
     tl.store(Work + rows, m, mask=row_in)
     tl.debug_barrier()
 
@@ -98,15 +96,8 @@ def _decode_short(
     v_base = V + b * svb + kv_head * svh
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, n_k, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
-        if MODE == 0:
-            p = tl.exp2(s - tau[:, None])
-        else:
-            p = entmax_power(tl.maximum(s - tau[:, None], 0.0), inv_am1, MODE)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
-                    mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
-        acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = weighted_values_tile(acc, s_rows, start + tl.arange(0, BLOCK_N), row_in, tau, v_base, svn,
+                                   offs_d, d_in, n_k, inv_am1, MODE, DOT_PRECISION)
     out = (acc * inv_z[:, None]).to(Out.dtype.element_ty)
     tl.store(Out + rows[:, None] * head_dim + offs_d[None, :], out, mask=row_in[:, None] & d_in[None, :])
 
@@ -135,7 +126,7 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
         slopes if slopes is not None else tau, kpm if kpm is not None else support,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, s_stride, row_region, dim, scale,
-        1.4426950408889634 if mode == 0 else alpha - 1.0, 1.0 if mode == 0 else 1.0 / (alpha - 1.0),
+        *logit_constants(mode, alpha),
         2.0 - alpha, tol, max_iter,
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
         RESIDENT=s_stride <= solve_block, CAUSAL=causal, HAS_ALIBI=slopes is not None,

@@ -32,6 +32,7 @@ from asentmax.ops.triton.attention_common import (
     full_tiles,
     live_range,
     load_tile,
+    logit_constants,
     newton_step,
     next_power_of_2,
     row_multiplier,
@@ -281,8 +282,7 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
     block_m, block_n, num_warps, num_stages = blocks
     n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
     block_d = max(16, next_power_of_2(dim))
-    c = 1.4426950408889634 if mode == 0 else alpha - 1.0
-    inv_am1 = 1.0 if mode == 0 else 1.0 / (alpha - 1.0)
+    c, inv_am1 = logit_constants(mode, alpha)
     dev = q.device
     out = torch.empty_like(q)
     o2 = torch.empty(batch, heads, n_q, dim, device=dev, dtype=torch.float32) if write_o2 else None
