@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=1000, help="test samples per length (paper: 1000)")
     parser.add_argument("--multipliers", help="lengths to test (default: the paper's for the task)")
     parser.add_argument("--train-flags", default="", help="extra `asentmax train` flags for every method")
+    parser.add_argument("--eval-flags", default="", help="extra `asentmax eval` flags for every method "
+                        "(e.g. --max-batch-tokens 262144 on a large GPU)")
     args = parser.parse_args()
     work = args.work / args.task
     work.mkdir(parents=True, exist_ok=True)
@@ -78,7 +80,7 @@ def main() -> int:
     train_s = run_all(train, work, "train", args.train_seconds)
     multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
     evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers,
-                 "--samples", str(args.samples)] for m, d in runs.items()}
+                 "--samples", str(args.samples), *args.eval_flags.split()] for m, d in runs.items()}
     eval_s = run_all(evals, work, "eval", None)
     compare = subprocess.run([sys.executable, "-m", "asentmax", "compare", *map(str, runs.values()),
                               "--output-dir", str(out)], capture_output=True, text=True, check=True)
