@@ -29,6 +29,10 @@ GPU_CASES = [
     C(1.5, True, 1, 4096, 64, BF16, B=2, H=4, Hkv=1, kpm=True, q_scale=True),  # decoding against a cache
     C(1.5, True, 4096, 4096, 64, BF16, H=2, alibi="heads", q_scale=True),
     C(1.5, True, 4096, 4096, 128, FP16, H=2, Hkv=1),
+    # the forward's single-tile path (<= 128 keys, head_dim <= 64) in bf16: the training shape with NAPE heads
+    C(1.5, True, 90, 90, 32, BF16, B=4, H=16, Hkv=16, alibi="heads", q_scale=True),
+    C(1.0, True, 73, 73, 32, BF16, B=4, H=16, Hkv=16, alibi="heads"),
+    C(1.25, False, 33, 128, 64, BF16, B=2, H=4, Hkv=2, q_scale=True, kpm=True),
 ]
 
 
