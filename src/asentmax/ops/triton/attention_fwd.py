@@ -374,7 +374,9 @@ START_TOPK = 16
 # the split 0.004). It costs one more matmul in the output pass (timed in results/attention_gpu_notes.md).
 O2_SPLIT = True
 # Single-tile path: rows of at most KEYS_IN_REGISTERS keys, at head dims up to REGISTER_TILE_MAX_DIM, keep
-# their (BLOCK_M, KEYS) fp32 scores in registers (64 a thread at 64 x 128 and 4 warps).
+# their (BLOCK_M, KEYS) fp32 scores in registers (64 a thread at 64 x 128 and 4 warps). On sm_90 its variants
+# take 98-240 registers and spill nothing (benchmarks/compile_kernels_sm90.py); 8 warps did not take fewer
+# (the 64-row wgmma tile is then held twice).
 KEYS_IN_REGISTERS = 128
 REGISTER_TILE_MAX_DIM = 64
 
@@ -396,7 +398,8 @@ def entmax_attention_fwd(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale
 
     Returns out (B, H, Nq, D) q.dtype, o2 (B, H, Nq, D) fp32 or None, tau_s and inv_z (B, H, Nq) fp32
     in s units, support (B, H, Nq) int32 or None (write_support=False), tile_max (B, H, Nq/BLOCK_M,
-    Nk/BLOCK_N) fp32 and the number of threshold passes each query block took (B, H, Nq/BLOCK_M) int32.
+    Nk/BLOCK_N) fp32 and the number of threshold passes each query block took (B, H, Nq/BLOCK_M) int32 (the
+    single-tile path: its Newton iterations).
     """
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
