@@ -8,6 +8,7 @@ backward consumes the tile table, tau, 1/Z and o2 of this path: the gradient che
 checks of the tile table and o2 below pin their meaning to the multi-pass path's.
 """
 
+import functools
 import os
 
 import pytest
@@ -82,6 +83,20 @@ def test_short_rows_match_reference(case):
     with recorded_forward_variants() as launched:
         check_case(case)
     assert launched.keys == [expected_keys(case["Nk"], case["D"])], launched.keys
+
+
+@pytest.mark.parametrize("case", SHORT_CASES[:-1], ids=case_id)
+def test_short_rows_by_multi_pass_path(case, monkeypatch):
+    """The same short rows through the public function with the launcher's single_tile=False: the
+    multi-pass path, which these lengths no longer take by default, stays correct there."""
+    from asentmax.ops.triton import attention as triton_attention
+    from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
+
+    monkeypatch.setattr(triton_attention, "entmax_attention_fwd",
+                        functools.partial(entmax_attention_fwd, single_tile=False))
+    with recorded_forward_variants() as launched:
+        check_case(case)
+    assert launched.keys == [0], launched.keys
 
 
 def test_launcher_picks_single_tile_at_training_shape():
