@@ -93,9 +93,12 @@ def test_no_recompilation_per_length_gpu():
     def n_compiled():
         return sum(len(cache[0]) for fn in kernels for cache in fn.device_caches.values())
 
-    counts = []
-    for n in (1000, 1001, 1017, 2222, 3000):
-        q, k, v = (torch.randn(1, 2, n, 64, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
-        entmax_attention(q, k, v, alpha=1.5, backend="triton").sum().backward()
-        counts.append(n_compiled())
-    assert counts[1:] == counts[:-1], f"kernels compiled per length: {counts}"
+    # long rows (the forward's multi-pass path), then rows of 65-128 keys (its single-tile path, one width)
+    for lengths in ((1000, 1001, 1017, 2222, 3000), (65, 73, 90, 127, 128)):
+        counts = []
+        for n in lengths:
+            q, k, v = (torch.randn(1, 2, n, 64, device="cuda", dtype=BF16, requires_grad=True)
+                       for _ in range(3))
+            entmax_attention(q, k, v, alpha=1.5, backend="triton").sum().backward()
+            counts.append(n_compiled())
+        assert counts[1:] == counts[:-1], f"kernels compiled per length {lengths}: {counts}"
