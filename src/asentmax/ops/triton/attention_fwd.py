@@ -87,11 +87,13 @@ def _top_lower_bound(top, m, row_ok, inv_am1, two_minus_alpha, MODE: tl.constexp
 
 
 @triton.jit
-def _tile_sums(s, t, inv_am1, MODE: tl.constexpr):
-    """Threshold statistics of one score tile s at the row thresholds t: (f, g) with f = sum_j u^p and
-    g = sum_j u^(p-1), u = [s - t]_+ (g is the slope of f up to the factor p)."""
+def _add_tile_sums(s, t, inv_am1, f, g, MODE: tl.constexpr):
+    """The running row sums f, g plus the threshold statistics of one score tile s at the row thresholds t:
+    sum_j u^p and sum_j u^(p-1), u = [s - t]_+ (the latter is the slope of the former up to the factor p)."""
     u = tl.maximum(s - t[:, None], 0.0)
-    return tl.sum(entmax_power(u, inv_am1, MODE), 1), tl.sum(entmax_slope(u, inv_am1, MODE), 1)
+    f += tl.sum(entmax_power(u, inv_am1, MODE), 1)
+    g += tl.sum(entmax_slope(u, inv_am1, MODE), 1)
+    return f, g
 
 
 @triton.jit
@@ -100,15 +102,13 @@ def _stats_tiles(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kp
                  BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
                  HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
                  EVEN_D: tl.constexpr):
-    """_tile_sums over key tiles [kb_lo, kb_hi), added to the running row sums f, g."""
+    """_add_tile_sums over key tiles [kb_lo, kb_hi)."""
     for kb in range(kb_lo, kb_hi):
         offs_n = kb * BLOCK_N + offs_n0
         kt = load_tile(k_base, offs_n, skn, offs_d, n_k, d_in, True, MASKED, EVEN_D)
         s = tile_logits(q, kt, s_mult, pos_m, offs_n, slope, kpm_ptr, n_k, CAUSAL, HAS_ALIBI, HAS_KPM,
                         DOT_PRECISION, MASKED)
-        f_tile, g_tile = _tile_sums(s, t, inv_am1, MODE)
-        f += f_tile
-        g += g_tile
+        f, g = _add_tile_sums(s, t, inv_am1, f, g, MODE)
     return f, g
 
 
@@ -143,25 +143,44 @@ def _threshold_pass(q, k_base, skn, offs_n0, offs_d, d_in, s_mult, pos_m, slope,
 
 
 @triton.jit
+def _output_accumulators(BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Zeros of (acc, z_sum, support, acc2, g_sum), the sums of _accumulate_output."""
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    z_sum = tl.zeros([BLOCK_M], tl.float32)
+    return acc, z_sum, tl.zeros([BLOCK_M], tl.int32), acc, z_sum
+
+
+@triton.jit
+def _accumulate_o2(u, v, inv_am1, acc2, g_sum, DOT_PRECISION: tl.constexpr, MODE: tl.constexpr,
+                   SPLIT_O2: tl.constexpr):
+    """acc2 += g @ v and g_sum += sum g for the Jacobian weights g = u^(p-1) (proportional to p^(2-alpha)) of
+    one tile of u = [s - t]_+ (unnormalised)."""
+    g = entmax_slope(u, inv_am1, MODE)
+    g_sum += tl.sum(g, 1)
+    acc2 += dot_split(g, v, DOT_PRECISION, SPLIT_O2)  # see O2_SPLIT
+    return acc2, g_sum
+
+
+@triton.jit
 def _accumulate_output(s, t, v, inv_am1, acc, z_sum, support, acc2, g_sum,
                        MODE: tl.constexpr, DOT_PRECISION: tl.constexpr, WRITE_O2: tl.constexpr,
-                       WRITE_SUPPORT: tl.constexpr, SPLIT_O2: tl.constexpr):
+                       WRITE_SUPPORT: tl.constexpr, SPLIT_O2: tl.constexpr, O2_FIRST: tl.constexpr):
     """One score tile s and its value rows v at the row thresholds t: acc += p @ v, z_sum += sum p (support:
-    count of p > 0); with WRITE_O2 (alpha > 1) also acc2 += g @ v and g_sum += sum g for g = p^(2-alpha)
-    (unnormalised)."""
+    count of p > 0); with WRITE_O2 (alpha > 1) also _accumulate_o2, before p @ v when O2_FIRST (the order
+    changes only the registers the compiler allocates)."""
     if MODE == 0:
         p = tl.exp2(s - t[:, None])
     else:
         u = tl.maximum(s - t[:, None], 0.0)
         p = entmax_power(u, inv_am1, MODE)
-    if WRITE_O2 and MODE != 0:  # before p @ v: 230 registers instead of a spill (sm_90, alpha 1.25, split)
-        g = entmax_slope(u, inv_am1, MODE)
-        g_sum += tl.sum(g, 1)
-        acc2 += dot_split(g, v, DOT_PRECISION, SPLIT_O2)  # see O2_SPLIT
+    if WRITE_O2 and MODE != 0 and O2_FIRST:
+        acc2, g_sum = _accumulate_o2(u, v, inv_am1, acc2, g_sum, DOT_PRECISION, MODE, SPLIT_O2)
     z_sum += tl.sum(p, 1)
     if WRITE_SUPPORT:  # softmax: every visible key (its weight is positive even if exp2 underflows)
         support += tl.sum(((s > float("-inf")) if MODE == 0 else (p > 0)).to(tl.int32), 1)
     acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    if WRITE_O2 and MODE != 0 and not O2_FIRST:
+        acc2, g_sum = _accumulate_o2(u, v, inv_am1, acc2, g_sum, DOT_PRECISION, MODE, SPLIT_O2)
     return acc, z_sum, support, acc2, g_sum
 
 
@@ -181,21 +200,22 @@ def _output_tiles(q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, po
                         DOT_PRECISION, MASKED)
         acc, z_sum, support, acc2, g_sum = _accumulate_output(s, t, v, inv_am1, acc, z_sum, support, acc2,
                                                               g_sum, MODE, DOT_PRECISION, WRITE_O2,
-                                                              WRITE_SUPPORT, SPLIT_O2)
+                                                              WRITE_SUPPORT, SPLIT_O2, False)
     return acc, z_sum, support, acc2, g_sum
 
 
 @triton.jit
 def _streamed_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k,
-                   tiles, n_vis, n_full, inv_am1, two_minus_alpha, tol, max_iter, acc, z_sum, support, acc2,
-                   g_sum,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+                   tiles, n_vis, n_full, inv_am1, two_minus_alpha, tol, max_iter, passes_ptr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr,
+                   CAUSAL: tl.constexpr,
                    HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    EVEN_D: tl.constexpr, TOPK: tl.constexpr, SCAN: tl.constexpr, WRITE_O2: tl.constexpr,
                    WRITE_SUPPORT: tl.constexpr, SPLIT_O2: tl.constexpr):
     """Multi-pass path over the key tiles [0, n_vis) (tiles [0, n_full) need no mask): the max pass with the
-    tile table, the threshold passes and the output pass. Returns (t, row_ok, passes, acc, z_sum, support,
-    acc2, g_sum) with t the threshold (softmax: the row max) and row_ok the rows with a visible key."""
+    tile table, the threshold passes (their number stored at passes_ptr) and the output pass. Returns (t,
+    row_ok, acc, z_sum, support, acc2, g_sum) with t the threshold (softmax: the row max) and row_ok the rows
+    with a visible key."""
     offs_n0 = tl.arange(0, BLOCK_N)
     # 1. max pass (+ the tile table)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -225,6 +245,7 @@ def _streamed_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row
                 n_full, t, hi_t, row_ok, inv_am1, two_minus_alpha, BLOCK_M, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
                 HAS_KPM, DOT_PRECISION, EVEN_D, SCAN)
             passes += 1
+    tl.store(passes_ptr, passes)
 
     # 3. output pass
     kb_lo = 0
@@ -232,6 +253,7 @@ def _streamed_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row
     if MODE != 0:
         kb_lo, kb_hi = live_range(tiles, 1, n_vis, tl.min(tl.where(row_ok, t, float("inf")), 0), tiles, False,
                                   SCAN)
+    acc, z_sum, support, acc2, g_sum = _output_accumulators(BLOCK_M, BLOCK_D)
     acc, z_sum, support, acc2, g_sum = _output_tiles(
         q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, kb_lo, tl.minimum(kb_hi, n_full), BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
@@ -240,7 +262,7 @@ def _streamed_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row
         q, k_base, v_base, skn, svn, offs_n0, offs_d, d_in, s_mult, pos_m, slope, kpm_ptr, n_k, t, inv_am1,
         acc, z_sum, support, acc2, g_sum, tl.maximum(kb_lo, n_full), kb_hi, BLOCK_N, MODE, CAUSAL, HAS_ALIBI,
         HAS_KPM, DOT_PRECISION, True, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
-    return t, row_ok, passes, acc, z_sum, support, acc2, g_sum
+    return t, row_ok, acc, z_sum, support, acc2, g_sum
 
 
 @triton.jit
@@ -254,9 +276,9 @@ def _store_tile_maxima(s, offs_n, row_in, tiles, n_vis, BLOCK_N: tl.constexpr, K
 
 @triton.jit
 def _register_tile_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k,
-                        key_end, tiles, n_vis, inv_am1, two_minus_alpha, tol, max_iter, acc, z_sum, support,
-                        acc2, g_sum,
-                        BLOCK_N: tl.constexpr, KEYS: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
+                        key_end, tiles, n_vis, inv_am1, two_minus_alpha, tol, max_iter, passes_ptr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                        KEYS: tl.constexpr, MODE: tl.constexpr, CAUSAL: tl.constexpr,
                         HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr, DOT_PRECISION: tl.constexpr,
                         EVEN_D: tl.constexpr, WRITE_O2: tl.constexpr, WRITE_SUPPORT: tl.constexpr,
                         SPLIT_O2: tl.constexpr):
@@ -278,14 +300,20 @@ def _register_tile_rows(q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m
         t = m - 1.0
         hi_t = m
         err = tl.full([], float("inf"), tl.float32)
+        zero = tl.zeros([BLOCK_M], tl.float32)
         while (passes < max_iter) & (err > tol):
-            f, g = _tile_sums(s, t, inv_am1, MODE)
+            f, g = _add_tile_sums(s, t, inv_am1, zero, zero, MODE)
             t, hi_t, err = _newton_update(t, hi_t, f, g, row_ok, two_minus_alpha, MODE)
             passes += 1
+    acc, z_sum, support, acc2, g_sum = _output_accumulators(BLOCK_M, BLOCK_D)
+    # o2 before p @ v, and Passes stored last (sm_90, 90 keys, head_dim 32): alpha 1.25 with the o2 split
+    # takes 231 registers instead of a spill of 48 bytes, alpha 1.5 without q_scale 128 instead of 168 (4
+    # programs an SM instead of 3); ptxas's allocation is that sensitive to the order
     acc, z_sum, support, acc2, g_sum = _accumulate_output(s, t, v, inv_am1, acc, z_sum, support, acc2, g_sum,
                                                           MODE, DOT_PRECISION, WRITE_O2, WRITE_SUPPORT,
-                                                          SPLIT_O2)
-    return t, row_ok, passes, acc, z_sum, support, acc2, g_sum
+                                                          SPLIT_O2, True)
+    tl.store(passes_ptr, passes)
+    return t, row_ok, acc, z_sum, support, acc2, g_sum
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_kb", "max_iter"])
@@ -319,28 +347,23 @@ def _entmax_attention_fwd(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     tiles = TileMax + (pid_bh * tl.num_programs(0) + pid_m) * n_kb
+    passes_ptr = Passes + pid_bh * tl.num_programs(0) + pid_m
 
     # keys [0, key_end) and tiles [0, n_vis) may be visible and have a tile-table entry
     key_end = causal_key_end(pid_m, n_q, n_k, BLOCK_M, CAUSAL)
     n_vis = tl.cdiv(key_end, BLOCK_N)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    acc2 = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    z_sum = tl.zeros([BLOCK_M], tl.float32)
-    g_sum = tl.zeros([BLOCK_M], tl.float32)
-    support = tl.zeros([BLOCK_M], tl.int32)
     if KEYS > 0:
-        t, row_ok, passes, acc, z_sum, support, acc2, g_sum = _register_tile_rows(
+        t, row_ok, acc, z_sum, support, acc2, g_sum = _register_tile_rows(
             q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k, key_end,
-            tiles, n_vis, inv_am1, two_minus_alpha, tol, max_iter, acc, z_sum, support, acc2, g_sum, BLOCK_N,
+            tiles, n_vis, inv_am1, two_minus_alpha, tol, max_iter, passes_ptr, BLOCK_M, BLOCK_N, BLOCK_D,
             KEYS, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, EVEN_D, WRITE_O2, WRITE_SUPPORT, SPLIT_O2)
     else:
         n_full = full_tiles(pid_m * BLOCK_M + n_k - n_q, n_k, BLOCK_N, CAUSAL)  # tiles [0, n_full): no mask
-        t, row_ok, passes, acc, z_sum, support, acc2, g_sum = _streamed_rows(
+        t, row_ok, acc, z_sum, support, acc2, g_sum = _streamed_rows(
             q, k_base, v_base, skn, svn, offs_d, d_in, s_mult, pos_m, row_in, slope, kpm_ptr, n_k, tiles,
-            n_vis, n_full, inv_am1, two_minus_alpha, tol, max_iter, acc, z_sum, support, acc2, g_sum, BLOCK_M,
-            BLOCK_N, MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, EVEN_D, TOPK, SCAN, WRITE_O2,
-            WRITE_SUPPORT, SPLIT_O2)
-    tl.store(Passes + pid_bh * tl.num_programs(0) + pid_m, passes)
+            n_vis, n_full, inv_am1, two_minus_alpha, tol, max_iter, passes_ptr, BLOCK_M, BLOCK_N, BLOCK_D,
+            MODE, CAUSAL, HAS_ALIBI, HAS_KPM, DOT_PRECISION, EVEN_D, TOPK, SCAN, WRITE_O2, WRITE_SUPPORT,
+            SPLIT_O2)
 
     ok = row_ok & (z_sum > 0)
     inv_z = tl.where(ok, 1.0 / z_sum, 0.0)
@@ -375,7 +398,7 @@ START_TOPK = 16
 O2_SPLIT = True
 # Single-tile path: rows of at most KEYS_IN_REGISTERS keys, at head dims up to REGISTER_TILE_MAX_DIM, keep
 # their (BLOCK_M, KEYS) fp32 scores in registers (64 a thread at 64 x 128 and 4 warps). On sm_90 its variants
-# take 98-240 registers and spill nothing (benchmarks/compile_kernels_sm90.py); 8 warps did not take fewer
+# take 103-240 registers and spill nothing (benchmarks/compile_kernels_sm90.py); 8 warps did not take fewer
 # (the 64-row wgmma tile is then held twice).
 KEYS_IN_REGISTERS = 128
 REGISTER_TILE_MAX_DIM = 64
