@@ -10,6 +10,15 @@ ceilings (device copy bandwidth, bf16 matmul rate) measured in the same run.
 
     python benchmarks/bench_attention_gpu.py --out results/attention_gpu
 writes results/attention_gpu.json and results/attention_gpu.md.
+
+--short runs only the short-sequence table instead, at the MQMTAR training shape (B=512, H=16 of which half
+ALiBi and half NoPE, D=32, N=73 and 90, bf16, causal): the fused kernels' forward (with o2, as in training)
+and forward+backward for entmax (alpha 1.5) and ASEntmax-style (alpha 1.5 with q_scale), by the forward's
+single-tile path and by its multi-pass path (the launcher's single_tile=False), the public entmax_attention
+call (its default path, host work included), and torch SDPA (default dispatch, flash, cuDNN; softmax,
+no ALiBi) side by side in the same run:
+
+    python benchmarks/bench_attention_gpu.py --short --out results/attention_gpu_short
 """
 
 import argparse
@@ -24,8 +33,10 @@ import triton
 from triton.testing import do_bench
 
 from asentmax.ops.attention import entmax_attention
+from asentmax.ops.triton.attention import _MAX_NEWTON_PASSES, _TOL
+from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import block_config, mode_of
-from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
+from asentmax.ops.triton.attention_fwd import entmax_attention_fwd, register_tile_keys
 
 
 def bench(fn, grad_to_none=None):
@@ -144,6 +155,69 @@ def bench_decode(b, h, dim, cache):
     return result
 
 
+def fused_kernels(q, k, v, slopes, q_scale, single_tile, alpha=1.5):
+    """(forward, forward+backward, forward's passes) closures over the fused kernels' launchers as a
+    training step calls them (o2 written, no support), without autograd or the custom ops' dispatch."""
+    blocks = block_config(q.shape[-1], q.shape[2])
+    options = dict(mode=mode_of(alpha), alpha=alpha, scale=q.shape[-1] ** -0.5, causal=True, slopes=slopes,
+                   q_scale=q_scale, kpm=None)
+    d_out = torch.randn_like(q)
+
+    def forward():
+        return entmax_attention_fwd(q, k, v, write_o2=True, write_support=False, tol=_TOL[q.dtype],
+                                    max_iter=_MAX_NEWTON_PASSES, blocks=blocks, single_tile=single_tile,
+                                    **options)
+
+    def forward_backward():
+        _, o2, tau, inv_z, _, tile_max, _ = forward()
+        entmax_attention_bwd(d_out, q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
+
+    return forward, forward_backward, lambda: forward()[-1]
+
+
+def sdpa_backends():
+    """[(name, backend or None for torch's own dispatch)] of torch SDPA for the short-sequence table."""
+    backends = torch.nn.attention.SDPBackend
+    return [("sdpa", None), ("sdpa_flash", backends.FLASH_ATTENTION),
+            ("sdpa_cudnn", backends.CUDNN_ATTENTION)]
+
+
+def bench_short(b, h, dim, n):
+    """One row of the short-sequence table at the training shape: the fused kernels by the single-tile and
+    the multi-pass path, entmax and ASEntmax-style (q_scale), the public call, and SDPA (softmax)."""
+    q, k, v = (torch.randn(b, h, n, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    slopes = nape_slopes(h).expand(b, -1).contiguous()
+    q_scale = 1.0 + torch.rand(b, h, n, device="cuda")
+    row = dict(B=b, H=h, D=dim, N=n, keys_in_registers=register_tile_keys(n, dim, block_config(dim, n)[1]))
+    for variant, scales in (("entmax", None), ("asentmax", q_scale)):
+        for path, single_tile in (("single", True), ("multi", False)):
+            forward, forward_backward, passes = fused_kernels(q, k, v, slopes, scales, single_tile)
+            row[f"{variant}_{path}_fwd_ms"] = bench(forward)
+            row[f"{variant}_{path}_fwdbwd_ms"] = bench(forward_backward)
+            row[f"{variant}_{path}_passes"] = passes().float().mean().item()
+
+        def public(scales=scales):
+            return entmax_attention(q, k, v, alpha=1.5, causal=True, alibi_slopes=slopes[0], q_scale=scales,
+                                    backend="triton")
+        for do_grad in (False, True):
+            run_case(f"{variant}_public_{'fwdbwd' if do_grad else 'fwd'}", public, (q, k, v),
+                     attention_flops(b, h, n, dim, do_grad), do_grad, row)
+    for name, backend in sdpa_backends():
+        def sdpa(backend=backend):
+            if backend is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            with torch.nn.attention.sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        try:
+            for do_grad in (False, True):
+                run_case(f"{name}_{'fwdbwd' if do_grad else 'fwd'}", sdpa, (q, k, v),
+                         attention_flops(b, h, n, dim, do_grad), do_grad, row)
+        except RuntimeError as exc:  # a backend this build or shape does not have
+            row[f"{name}_error"] = str(exc).splitlines()[0][:120]
+    print({key: (round(val, 4) if isinstance(val, float) else val) for key, val in row.items()}, flush=True)
+    return row
+
+
 def time_first_call(batch, heads, n, note):
     """Wall-clock seconds of the first and the second fwd+bwd call at length n (D=64, bf16)."""
     q, k, v = (torch.randn(batch, heads, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -170,18 +244,18 @@ def main():
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--out", default="results/attention_gpu")
+    parser.add_argument("--short", action="store_true",
+                        help="only the short-sequence table at the training shape (--short-* options)")
+    parser.add_argument("--short-lengths", default="73,90")
+    parser.add_argument("--short-batch", type=int, default=512)
+    parser.add_argument("--short-dim", type=int, default=32)
     args = parser.parse_args()
     torch.manual_seed(0)
     b, h = args.batch, args.heads
     info = dict(command="python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, **ceilings())
     print(info, flush=True)
-    try:
-        from adasplash import adasplash_v2
-    except ImportError:
-        adasplash_v2 = None
-    ada_lengths = {int(n) for n in args.adasplash_lengths.split(",") if n}
-    report = dict(info=info, attention=[], decode=[], first_call=[])
+    report = dict(info=info, attention=[], decode=[], first_call=[], short=[])
 
     def add(part, result):  # the files are rewritten after every result: a stopped run keeps what it measured
         report[part].append(result)
@@ -190,6 +264,16 @@ def main():
         with open(args.out + ".md", "w") as fh:
             fh.write(markdown(report))
 
+    if args.short:
+        for n in (int(x) for x in args.short_lengths.split(",")):
+            add("short", bench_short(args.short_batch, h, args.short_dim, n))
+        print(markdown(report))
+        return
+    try:
+        from adasplash import adasplash_v2
+    except ImportError:
+        adasplash_v2 = None
+    ada_lengths = {int(n) for n in args.adasplash_lengths.split(",") if n}
     add("first_call", time_first_call(b, h, 1024, "cold: compiles the kernels"))
     for dim in (int(d) for d in args.dims.split(",")):
         for n in (int(x) for x in args.lengths.split(",")):
@@ -211,6 +295,8 @@ def fmt(x, digits=3):
 
 def markdown(report):
     info = report["info"]
+    if report["short"]:
+        return short_markdown(report)
     head = ("| D | N | inputs | ours fwd | SDPA fwd | Ada2 fwd | ours fwd+bwd | SDPA fwd+bwd "
             "| Ada2 fwd+bwd | ours/SDPA fwd | ours/SDPA f+b | ours/Ada2 f+b | ours TFLOP/s f+b | sparsity "
             "| peak MB ours/SDPA |")
@@ -242,6 +328,38 @@ def markdown(report):
     for r in report["first_call"]:
         lines.append(f"| {r['N']} | {r['note']} | {fmt(r['first_call_s'])} | {fmt(r['second_call_s'])} |")
     return "\n".join(lines) + "\n"
+
+
+def short_markdown(report):
+    """The short-sequence table (--short) as markdown: one line per length, normaliser and path."""
+    info = report["info"]
+    lines = [f"# Entmax attention at short rows on {info['gpu']} "
+             f"(torch {info['torch']}, triton {info['triton']})", "", f"Command: `{info['command']}`", "",
+             "bf16, causal, alpha = 1.5, NAPE heads (half ALiBi, half NoPE); asentmax: also q_scale. Fused "
+             "kernels: the launchers as a training step calls them (forward with o2); single = the "
+             "forward's single-tile path (register tile of KEYS keys), multi = its multi-pass path "
+             "(single_tile=False), "
+             "public = entmax_attention(backend='triton') with autograd (its default path, host work "
+             "included). SDPA: softmax without ALiBi. Times in ms (median of do_bench); x SDPA = time / "
+             "the default SDPA's.", "",
+             "| B | H | D | N | KEYS | normaliser | path | fwd ms | fwd+bwd ms | x SDPA fwd | x SDPA f+b "
+             "| passes |",
+             "|---" * 12 + "|"]
+    for r in report["short"]:
+        shape = f"| {r['B']} | {r['H']} | {r['D']} | {r['N']} | {r['keys_in_registers']} |"
+        entries = [(variant, path, f"{variant}_{path}") for variant in ("entmax", "asentmax")
+                   for path in ("single", "multi", "public")]
+        entries += [("softmax", name, name) for name, _ in sdpa_backends()]
+        for normaliser, path, key in entries:
+            fwd, fwdbwd = r.get(f"{key}_fwd_ms"), r.get(f"{key}_fwdbwd_ms")
+            ratios = [None if x is None or r.get(f"sdpa_{step}_ms") is None else x / r[f"sdpa_{step}_ms"]
+                      for x, step in ((fwd, "fwd"), (fwdbwd, "fwdbwd"))]
+            cells = [normaliser, path, fmt(fwd), fmt(fwdbwd), fmt(ratios[0]), fmt(ratios[1]),
+                     fmt(r.get(f"{key}_passes"))]
+            lines.append(shape + " " + " | ".join(cells) + " |")
+    errors = [f"- N={r['N']} {key}: {val}" for r in report["short"] for key, val in r.items()
+              if key.endswith("_error")]
+    return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ tensors with `JITFunction.run` replaced by a recorder, then compiles each record
 exactly the arguments and constexprs the launcher passed (triton.compile with a GPUTarget needs no GPU), and
 prints the registers and spilled bytes of each kernel. Exit status 1 if any kernel fails to compile.
 
-    python benchmarks/compile_kernels_sm90.py            # alpha 1, 1.25, 1.5, 2; head dims 64, 128
+    python benchmarks/compile_kernels_sm90.py            # alpha 1, 1.25, 1.5, 2; head dims 64, 128 (and the
+                                                         # training shape: head dim 32, 90 keys)
     python benchmarks/compile_kernels_sm90.py --quick    # alpha 1.5; what tests/test_triton_compile.py runs
 """
 
@@ -47,6 +48,7 @@ def record_launches(alphas, dims):
         for alpha in alphas:
             for dim in dims:
                 launch_all(alpha, dim)
+            launch_training_shape(alpha)
             if alpha != 1.0:
                 for n in (1000, MAX_BLOCK_N + 1):
                     x = torch.randn(2, n, requires_grad=True)
@@ -57,15 +59,17 @@ def record_launches(alphas, dims):
 
 
 def launch_all(alpha, dim, batch=1, heads=2, n=96):
-    """Forward, backward and decoding launchers, bf16, causal, with ALiBi, q_scale and key padding."""
-    q, k, v = (torch.randn(batch, heads, n, dim, dtype=torch.bfloat16) for _ in range(3))
+    """Forward, backward and decoding launchers, bf16, causal, with ALiBi, q_scale and key padding; forward
+    and backward at n // 2, n and 2n + 8 keys: the forward's single-tile path with both register tile widths
+    (where register_tile_keys allows it) and its multi-pass path."""
     options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
-                   slopes=torch.ones(batch, heads), q_scale=torch.ones(batch, heads, n),
-                   kpm=torch.ones(batch, n, dtype=torch.uint8))
-    blocks = block_config(dim, n)
-    out, o2, tau, inv_z, _, tile_max, _ = entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40,
-                                                              blocks=blocks, **options)
-    entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
+                   slopes=torch.ones(batch, heads))
+    for length in (n // 2, n, 2 * n + 8):
+        x = torch.randn(batch, heads, length, dim, dtype=torch.bfloat16)
+        forward_backward(x, x, x, dict(options, q_scale=torch.ones(batch, heads, length),
+                                       kpm=torch.ones(batch, length, dtype=torch.uint8)))
+    q = torch.randn(batch, heads, n, dim, dtype=torch.bfloat16)
+    options = dict(options, q_scale=torch.ones(batch, heads, n), kpm=torch.ones(batch, n, dtype=torch.uint8))
     # decoding: the one-launch kernel (scores in registers at 4 and 8 warps, and re-read with 4 rows at 4096
     # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel); the last
     # two with grouped K/V (one KV head: both query heads in one program)
@@ -75,6 +79,27 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
         entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
                                 **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
                                        kpm=torch.ones(batch, cache, dtype=torch.uint8)))
+
+
+def forward_backward(q, k, v, options):
+    """The forward (with o2) and backward launchers on q, k, v (B, H, N, D)."""
+    blocks = block_config(q.shape[-1], q.shape[2])
+    out, o2, tau, inv_z, _, tile_max, _ = entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40,
+                                                              blocks=blocks, **options)
+    entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
+
+
+def launch_training_shape(alpha, batch=1, heads=2, n=90, dim=32):
+    """The MQMTAR training shape (widths up to 90 tokens, head_dim 32, bf16, causal, ALiBi, no key padding),
+    without q_scale (entmax) and with it (ASEntmax): the kernels of a training step, the forward by its
+    single-tile path and, for comparison, by the multi-pass path (single_tile=False)."""
+    q, k, v = (torch.randn(batch, heads, n, dim, dtype=torch.bfloat16) for _ in range(3))
+    for q_scale in (None, torch.ones(batch, heads, n)):
+        options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
+                       slopes=torch.ones(batch, heads), q_scale=q_scale, kpm=None)
+        forward_backward(q, k, v, options)
+        entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40, blocks=block_config(dim, n),
+                             single_tile=False, **options)
 
 
 def compile_launch(fn, args, kwargs):

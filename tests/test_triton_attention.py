@@ -6,6 +6,7 @@ the fp64 reference may be at most C times the error of the reference run in the 
 floor. Every buffer the kernels allocate is NaN-poisoned, so an unwritten element fails.
 """
 
+import functools
 import math
 import os
 
@@ -301,10 +302,14 @@ def test_large_inputs(case):
                                   C(2.0, True, 17, 130, 16, torch.float16, q_scale=True)], ids=case_id)
 def test_threshold_passes_started_from_row_max(case, monkeypatch):
     """attention_fwd.START_TOPK = 0: the passes start from m - 1 instead of the lower bound built from the
-    largest per-tile row maxima (the default); results as with the default start."""
+    largest per-tile row maxima (the default); results as with the default start. The multi-pass path, the
+    one with that start, is forced (single_tile=False: rows of 128 keys or fewer take the single-tile one)."""
+    from asentmax.ops.triton import attention as triton_attention
     from asentmax.ops.triton import attention_fwd
 
     monkeypatch.setattr(attention_fwd, "START_TOPK", 0)
+    monkeypatch.setattr(triton_attention, "entmax_attention_fwd",
+                        functools.partial(attention_fwd.entmax_attention_fwd, single_tile=False))
     check_case(case)
 
 

@@ -29,6 +29,10 @@ GPU_CASES = [
     C(1.5, True, 1, 4096, 64, BF16, B=2, H=4, Hkv=1, kpm=True, q_scale=True),  # decoding against a cache
     C(1.5, True, 4096, 4096, 64, BF16, H=2, alibi="heads", q_scale=True),
     C(1.5, True, 4096, 4096, 128, FP16, H=2, Hkv=1),
+    # the forward's single-tile path (<= 128 keys, head_dim <= 64) in bf16: the training shape with NAPE heads
+    C(1.5, True, 90, 90, 32, BF16, B=4, H=16, Hkv=16, alibi="heads", q_scale=True),
+    C(1.0, True, 73, 73, 32, BF16, B=4, H=16, Hkv=16, alibi="heads"),
+    C(1.25, False, 33, 128, 64, BF16, B=2, H=4, Hkv=2, q_scale=True, kpm=True),
 ]
 
 
@@ -89,9 +93,12 @@ def test_no_recompilation_per_length_gpu():
     def n_compiled():
         return sum(len(cache[0]) for fn in kernels for cache in fn.device_caches.values())
 
-    counts = []
-    for n in (1000, 1001, 1017, 2222, 3000):
-        q, k, v = (torch.randn(1, 2, n, 64, device="cuda", dtype=BF16, requires_grad=True) for _ in range(3))
-        entmax_attention(q, k, v, alpha=1.5, backend="triton").sum().backward()
-        counts.append(n_compiled())
-    assert counts[1:] == counts[:-1], f"kernels compiled per length: {counts}"
+    # long rows (the forward's multi-pass path), then rows of 65-128 keys (its single-tile path, one width)
+    for lengths in ((1000, 1001, 1017, 2222, 3000), (65, 73, 90, 127, 128)):
+        counts = []
+        for n in lengths:
+            q, k, v = (torch.randn(1, 2, n, 64, device="cuda", dtype=BF16, requires_grad=True)
+                       for _ in range(3))
+            entmax_attention(q, k, v, alpha=1.5, backend="triton").sum().backward()
+            counts.append(n_compiled())
+        assert counts[1:] == counts[:-1], f"kernels compiled per length {lengths}: {counts}"
