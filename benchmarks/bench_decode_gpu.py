@@ -9,9 +9,10 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
   threshold belongs; split 256: the split launcher with chunks of 256 keys instead of 1024 (4x the programs,
   for the few packs of a grouped cache);
-- per head (GQA rows only): the launcher's path with one program per query head (pack=1), which reads each
-  KV head once per query head of its group, as the kernels did before they packed a group's heads into one
-  program (attention_common.heads_per_program): launcher vs per head is the packing's gain;
+- per head, packed (GQA rows only): the launcher's path with one program per query head (pack=1, which
+  reads each KV head once per query head of its group) and with one per pack of a KV head's query heads
+  (attention_common.heads_per_program, which reads it once per pack); the launcher takes the per-head layout
+  on the one-launch path and the packed one on the split path;
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads).
 Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
 with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4, groups of 4) at 1K, 2K and 4K (q_len 1,
@@ -48,7 +49,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
     from triton.testing import do_bench
 
     from asentmax.ops.attention import entmax_attention
-    from asentmax.ops.triton.attention_common import mode_of
+    from asentmax.ops.triton.attention_common import heads_per_program, mode_of
     from asentmax.ops.triton.attention_decode import (
         SHORT_CACHE,
         entmax_attention_decode,
@@ -84,6 +85,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         if hkv != h:
             path = entmax_attention_decode_short if cache <= SHORT_CACHE else entmax_attention_decode_split
             row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
+            row["packed_ms"] = timed(lambda: path(q, k, v, pack=heads_per_program(h // hkv, nq), **options))
     row["ours_vs_sdpa"] = row["ours_ms"] / row["sdpa_ms"]
     row["launcher_vs_sdpa"] = row["launcher_ms"] / row["sdpa_ms"]
     print({key: round(val, 4) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
@@ -103,15 +105,18 @@ def markdown(report):
              "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
              f"takes the one-launch kernel (path short) up to {info['short_cache']} keys, the split kernels "
              "beyond; short / split = each launcher forced (split 256: chunks of 256 keys, not 1024); per "
-             "head (GQA) = the launcher's path with one program per query head instead of one per group "
-             "sharing a KV head. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
+             "head / packed (GQA) = the launcher's path with one program per query head / per pack of the "
+             "query heads sharing a KV head (the launcher: per head on the short path, packed on the split "
+             "path). softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
              "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | short ms | split ms "
-             "| split 256 ms | per head ms | SDPA ms | ours/SDPA | launcher/SDPA | softmax abs diff |",
-             "|---" * 17 + "|"]
+             "| split 256 ms | per head ms | packed ms | SDPA ms | ours/SDPA | launcher/SDPA "
+             "| softmax abs diff |",
+             "|---" * 18 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
                      f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | {ms(r, 'short_ms')} | "
                      f"{ms(r, 'split_ms')} | {ms(r, 'split256_ms')} | {ms(r, 'per_head_ms')} | "
+                     f"{ms(r, 'packed_ms')} | "
                      f"{r['sdpa_ms']:.4f} | "
                      f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
                      f"{r['softmax_max_abs_diff']:.2g} |")

@@ -3,8 +3,9 @@ their code paths. Caches of <= SHORT_CACHE keys: the one-launch kernel (attentio
 threshold tile in registers or re-read from memory (many query rows). Longer caches: the split-over-keys
 kernels (attention_decode.py): one chunk (output written directly), several chunks (partial outputs reduced
 by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). Grouped-query
-attention packs the query heads of a KV head into one program (heads_per_program): GQA_CASES check those
-packs on both paths, forced, with per-head slopes and q_scale. The interpreter
+attention: the split path packs the query heads of a KV head into one program (heads_per_program), the
+one-launch kernel takes a program per head unless packs are asked for: GQA_CASES check each layout on both
+paths, forced, with per-head slopes and q_scale. The interpreter
 tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate NaN-poisoned; the `gpu` ones
 repeat the check in bf16 at decoding sizes on a CUDA device.
 """
@@ -125,24 +126,35 @@ GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
 
 
 @interpreter
-@pytest.mark.parametrize("path", ["short", "split"])
+@pytest.mark.parametrize("path", ["short", "short-packed", "split"])
 @pytest.mark.parametrize("case", GQA_CASES, ids=case_id)
 def test_decode_gqa_packed_heads(monkeypatch, case, path):
-    """Each path forced (SHORT_CACHE moved past or below the cache) on heads packed per KV head."""
+    """Each path forced (SHORT_CACHE moved past or below the cache) on grouped heads: the split path packs
+    them per KV head, the one-launch kernel takes a program per head, or (short-packed) the packs of
+    heads_per_program that its `pack` option allows."""
     from asentmax.ops.triton import attention_decode
+    from asentmax.ops.triton.attention_common import heads_per_program
 
-    monkeypatch.setattr(attention_decode, "SHORT_CACHE", 10**6 if path == "short" else 0)
+    monkeypatch.setattr(attention_decode, "SHORT_CACHE", 0 if path == "split" else 10**6)
+    if path == "short-packed":
+        short = attention_decode.entmax_attention_decode_short
+
+        def packed(q, k, v, **options):
+            return short(q, k, v, pack=heads_per_program(q.shape[1] // k.shape[1], q.shape[2]), **options)
+
+        monkeypatch.setattr(attention_decode, "entmax_attention_decode_short", packed)
     check_decode(case)
 
 
 @interpreter
-@pytest.mark.parametrize("path, option", [("short", dict(pack=1)), ("split", dict(pack=1)),
-                                          ("split", dict(chunk=256))], ids=["short-pack1", "split-pack1",
+@pytest.mark.parametrize("path, option", [("short", dict(pack=4)), ("split", dict(pack=1)),
+                                          ("split", dict(chunk=256))], ids=["short-pack4", "split-pack1",
                                                                             "split-chunk256"])
 def test_decode_launcher_options(path, option):
-    """The launchers' options that bench_decode_gpu.py times (pack=1: one program per query head, the unpacked
-    baseline; chunk=256: two chunks and the reduce here) compute what the defaults compute, which
-    test_decode_gqa_packed_heads checks against the reference."""
+    """The launchers' options that bench_decode_gpu.py times (the layout the launcher does not take: packs of
+    4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks and the
+    reduce here) compute what the defaults compute, which test_decode_gqa_packed_heads checks against the
+    reference."""
     from asentmax.ops.triton import attention_decode
 
     launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
@@ -166,9 +178,10 @@ def test_heads_per_program(group, n_q, pack):
 
 
 @pytest.mark.parametrize("n_k", [100, 3000])
-def test_decode_gqa_one_program_per_kv_head(monkeypatch, n_k):
-    """At Nq = 1 the K-reading kernels launch one program per (batch, KV head) (and key chunk), not one per
-    query head: each KV head is read once for its group."""
+def test_decode_gqa_programs(monkeypatch, n_k):
+    """At Nq = 1 the one-launch kernel (short caches) launches one program per (batch, query head), the
+    split path's K-reading kernels one per (key chunk, batch, KV head): each KV head is read once for its
+    group there (the layouts the H200 measurements picked, attention_decode_short's docstring)."""
     from asentmax.ops.triton import attention_decode, attention_decode_short
 
     grids = {}
@@ -190,7 +203,7 @@ def test_decode_gqa_one_program_per_kv_head(monkeypatch, n_k):
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     if n_k <= attention_decode.SHORT_CACHE:
-        assert grids == {"_decode_short": (3 * 2,)}
+        assert grids == {"_decode_short": (3 * 8,)}
     else:
         assert grids["_decode_scores"] == grids["_decode_output"] == (3, 3 * 2)  # 3 chunks of 1024 keys
 

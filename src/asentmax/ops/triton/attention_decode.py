@@ -154,9 +154,10 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    Caches of at most SHORT_CACHE keys take the one-launch kernel of attention_decode_short.py, longer ones
-    the split over the keys below. The one-launch kernel reads a KV head's whole cache in one program (for a
-    pack of query heads, heads_per_program), so its time grows with the cache at B * H / pack programs, while
+    Caches of at most SHORT_CACHE keys take the one-launch kernel of attention_decode_short.py (a program per
+    query head), longer ones the split over the keys below (a program per key chunk and pack of query heads,
+    heads_per_program). The one-launch kernel reads a head's whole cache in one program, so its time grows
+    with the cache at B * H programs, while
     the split path's fixed cost of four launches dominates at short caches. SHORT_CACHE = 2048 by measurement
     (results/decode_gpu.md, both paths forced in one run on the H200, before the packing): at 1K-2K the
     one-launch kernel is faster in 9 of 10 rows, at 4K the split in 5 of 6 (q_len 4, head dim 128, GQA).

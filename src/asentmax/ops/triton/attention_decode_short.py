@@ -3,10 +3,12 @@
 Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py:
 z = q_scale * scale * q.k - slope * |pos(r) - j|, p = alpha-entmax(z) (softmax when alpha = 1), out = p @ v.
 At caches of a few thousand keys the split-over-keys kernels of attention_decode.py spend most of a call on
-their four launches, so here one program does the whole step for its rows: the Nq <= 16 queries of `pack`
-heads that share a KV head (attention_common.heads_per_program: the whole group of grouped-query attention
-while group * Nq <= 16, so that the group's K and V are read once, as SDPA reads them; one head without
-grouping). Each row keeps its own head's q_scale, ALiBi slope and threshold.
+their four launches, so here one program does the whole step for its rows: the Nq <= 16 queries of one
+head by default, or of `pack` heads that share a KV head (attention_common.heads_per_program), which read
+that KV head once for the pack, as SDPA does, but leave B * H / pack programs. One head per program is the
+default by measurement: on the H200 the packed programs took 0.97-3.2x the per-head time at 1K-2K caches
+with groups of 4 (results/decode_gpu.md, seventh session). Each row keeps its own head's q_scale, ALiBi
+slope and threshold.
 
 1. stream K in BLOCK_N tiles: scores s = c * z into the program's rows of an fp32 scratch (-inf on hidden
    keys and on the padding up to a whole tile) and the row maxima;
@@ -29,7 +31,6 @@ from asentmax.ops.triton.attention_common import (
     aligned,
     cdiv,
     decode_buffers,
-    heads_per_program,
     logit_constants,
     next_power_of_2,
     packed_queries,
@@ -103,15 +104,14 @@ def _decode_short(
 
 
 def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None):
+                                  max_iter, pack=1):
     """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
     and result as attention_decode.entmax_attention_decode; `pack` (query heads a program handles, a divisor
-    of the group with pack * Nq <= MAX_QUERIES) defaults to heads_per_program, 1 gives a program per head."""
+    of the group with pack * Nq <= MAX_QUERIES, e.g. heads_per_program's) defaults to 1, a program per head
+    (see the module docstring)."""
     batch, heads, n_q, dim = q.shape
     _, kv_heads, n_k, _ = k.shape
     group = heads // kv_heads
-    if pack is None:
-        pack = heads_per_program(group, n_q)
     block_d = max(16, next_power_of_2(dim))
     block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
     s_stride = cdiv(n_k, block_n) * block_n
