@@ -6,7 +6,7 @@ the task's length multipliers, and writes the `asentmax compare` table (ours bes
 the accuracy and dispersion plots, plus the commands, seeds, samples seen and wall time of every run:
 
     <out>/<task>.md            the table and the provenance of every number in it
-    <out>/<task>/compare.md, accuracy.png, dispersion.png, compare.json, runs.json
+    <out>/<task>/compare.md, accuracy.png, dispersion.png, training.png, compare.json, runs.json
 
 `--train-seconds` stops every training run at that wall time (the run saves a checkpoint at the step
 it reached, and evaluation uses it), so a table fits in one call of a time-limited machine; the samples
@@ -108,7 +108,8 @@ def main() -> int:
         lines.append(f"| {method} | {p['seed']} | {p['steps_reached']} ({p['steps_planned']}) | "
                      f"{p['samples_seen']:,} | {p['train_wall_s']} | {p['eval_wall_s']} |")
     lines += ["", f"Plots: [{args.task}/accuracy.png]({args.task}/accuracy.png), "
-              f"[{args.task}/dispersion.png]({args.task}/dispersion.png); exact commands in "
+              f"[{args.task}/dispersion.png]({args.task}/dispersion.png), "
+              f"[{args.task}/training.png]({args.task}/training.png); exact commands in "
               f"{args.task}/runs.json.", ""]
     (args.out / f"{args.task}.md").write_text("\n".join(lines))
     print("\n".join(lines))

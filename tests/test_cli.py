@@ -221,3 +221,48 @@ def test_compare_names_a_copied_run_by_where_it_is_now(trained_run, tmp_path, ca
     assert main(["compare", str(trained_run), str(copy), "--output-dir", str(tmp_path / "report")]) == 0
     table = (tmp_path / "report" / "compare.md").read_text()
     assert f"ours ({trained_run.name})" in table and "ours (copied_elsewhere)" in table, table
+
+
+def test_compare_plots_the_training_curves(trained_run, tmp_path):
+    """training.png from log.csv / val.csv: every logged step and every validation step of every validation
+    length, at step x batch size samples (TINY: logs every 2 of 8 steps at batch 4, validates every 4)."""
+    from asentmax.report import training_curves
+    from asentmax.runs import load_evaluation
+
+    out = tmp_path / "report"
+    assert main(["compare", str(trained_run), "--output-dir", str(out)]) == 0
+    assert (out / "training.png").stat().st_size > 0 and "training.png" in (out / "compare.md").read_text()
+    config = json.loads((trained_run / "config.json").read_text())
+    train, workload = config["train_config"], config["workload"]
+    batch, every, steps = train["batch_size"], train["log_every"], train["steps"]
+    curves = training_curves(load_evaluation(trained_run))
+    assert curves["samples"] == [step * batch for step in range(every, steps + 1, every)]
+    assert len(curves["loss"]) == len(curves["samples"]) and all(loss > 0 for loss in curves["loss"])
+    lengths = {round(m * workload["max_length"]) for m in workload["val_multipliers"]}
+    val_steps = range(train["val_every"], steps + 1, train["val_every"])
+    assert curves["validation"].keys() == lengths
+    for samples, matches in curves["validation"].values():
+        assert samples == [step * batch for step in val_steps] and all(0 <= m <= 1 for m in matches)
+
+
+@pytest.mark.parametrize("log", [None, b"not,a\nlog", b"step,loss\n2,nan?\n"],
+                         ids=["missing", "other", "bad"])
+def test_compare_without_usable_training_logs_skips_that_plot(log, trained_run, tmp_path):
+    """A run whose log.csv is missing or not the trainer's still compares; training.png needs one usable
+    log."""
+    import shutil
+
+    from asentmax.report import training_curves
+    from asentmax.runs import load_evaluation
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    if log is None:
+        (run / "log.csv").unlink()
+    else:
+        (run / "log.csv").write_bytes(log)
+    assert training_curves(load_evaluation(run)) is None
+    assert main(["compare", str(run), "--output-dir", str(tmp_path / "alone")]) == 0
+    assert not (tmp_path / "alone" / "training.png").exists()
+    assert main(["compare", str(run), str(trained_run), "--output-dir", str(tmp_path / "both")]) == 0
+    assert (tmp_path / "both" / "training.png").is_file()

@@ -82,7 +82,8 @@ def _report(table: str, train_options: dict, total: float, train_seconds: float,
         f"(ID = {train_options['max-length']}), {train_options['steps']} steps of batch "
         f"{train_options['batch-size']}; model flags `{' '.join(_flags(DEMO_MODEL))}`.", "",
         table,
-        "Plots: accuracy.png, dispersion.png; config.json, log.csv, val.csv, eval.json in the run dirs.",
+        "Plots: accuracy.png, dispersion.png, training.png; config.json, log.csv, val.csv, eval.json in the "
+        "run dirs.",
         ""])
 
 

@@ -4,16 +4,22 @@ its synthetic-task results), an accuracy-vs-length plot (log x axis) and an atte
 (normalised entropy and support size vs length: the paper's attention-dispersion argument) from the
 `dispersion` entries `asentmax eval` stores per length.
 
-Writes compare.md, compare.json, accuracy.png and (when dispersion was measured) dispersion.png, after
-every eval.json has been read and checked (asentmax.runs.load_evaluation: RunError naming a bad file).
+A third plot, training.png, shows how each run got there: its training loss and its validation exact match
+at every validation length against the samples it had seen (log.csv and val.csv of the run directory;
+samples = step x batch size), where a loss plateau and a still-rising validation curve can be seen.
+
+Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured) and training.png
+(when a run directory holds its logs), after every eval.json has been read and checked
+(asentmax.runs.load_evaluation: RunError naming a bad file).
 """
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 from asentmax.nn.normalisers import NORMALISERS
-from asentmax.runs import format_multiplier, load_evaluation, write_json
+from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, write_json
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes).
@@ -155,6 +161,74 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     return True
 
 
+def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict] | None:
+    """Rows of a run's CSV log with `columns` as floats, or None when the file is missing, lacks a column
+    or holds a row that is not numbers (a log of another tool, a truncated file)."""
+    if not path.is_file():
+        return None
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not set(columns) <= set(reader.fieldnames):
+            return None
+        try:
+            return [{name: float(row[name]) for name in columns} for row in reader]
+        except (TypeError, ValueError):
+            return None
+
+
+def training_curves(result: dict) -> dict | None:
+    """{"samples", "loss"} of the run's training log and {"validation": {length: (samples, exact match)}} of
+    its validation log (samples = step x the run's batch size), or None when its directory holds no usable
+    training log."""
+    run_dir = Path(result["run_dir"])
+    batch_size = result["train_config"]["batch_size"]
+    log = _csv_rows(run_dir / LOG_NAME, ("step", "loss"))
+    if not log:
+        return None
+    validation = {}
+    for row in _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []:
+        samples, matches = validation.setdefault(int(row["length"]), ([], []))
+        samples.append(row["step"] * batch_size)
+        matches.append(row["exact_match"])
+    return {"samples": [row["step"] * batch_size for row in log], "loss": [row["loss"] for row in log],
+            "validation": validation}
+
+
+def _plot_training(results: list[dict], path: Path) -> bool:
+    """Training loss and validation exact match vs samples seen per run; False when no run has its logs."""
+    curves = [(result, training_curves(result)) for result in results]
+    curves = [(result, curve) for result, curve in curves if curve is not None]
+    if not curves:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(14, 4.8))
+    styles = ("-", "--", ":", "-.")
+    for i, (result, curve) in enumerate(curves):
+        colour, name = f"C{i % 10}", f"{method_label(result)} ({Path(result['run_dir']).name})"
+        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1, label=name)
+        for j, (length, (samples, matches)) in enumerate(sorted(curve["validation"].items())):
+            ax_val.plot(samples, [100 * m for m in matches], styles[j % len(styles)], color=colour,
+                        marker=".", label=f"{name}, length {length}")
+    ax_loss.set_yscale("log")
+    ax_loss.set_ylabel("training loss (nats per target token)")
+    ax_val.set_ylabel("validation exact match %")
+    ax_val.set_ylim(-3, 103)
+    for ax in (ax_loss, ax_val):
+        ax.set_xlabel("training samples seen")
+        ax.grid(alpha=0.3)
+    ax_loss.legend(fontsize=7)
+    ax_val.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("training: loss and validation during the run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def compare_runs(run_dirs, output_dir: Path | str) -> str:
     """Load and check every run's eval.json, then write the table and plots under `output_dir`; returns
     the table."""
@@ -163,8 +237,10 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     output_dir.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
     _plot_accuracy(results, output_dir / "accuracy.png")
-    files = ["accuracy.png"] + (["dispersion.png"] if _plot_dispersion(results, output_dir / "dispersion.png")
-                                else [])
+    files = ["accuracy.png"]
+    for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training)):
+        if plot(results, output_dir / name):
+            files.append(name)
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
     write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results})
     return table
