@@ -9,10 +9,18 @@ the accuracy and dispersion plots, plus the commands, seeds, samples seen and wa
     <out>/<task>/compare.md, accuracy.png, dispersion.png, training.png, compare.json, runs.json
 
 `--train-seconds` stops every training run at that wall time (the run saves a checkpoint at the step
-it reached, and evaluation uses it), so a table fits in one call of a time-limited machine; the samples
-seen are then reported as reached, not as planned.
+it reached). A run stopped before its planned steps is not evaluated (its cosine has not decayed): the
+command says so and exits 0, and the same command with `--resume` continues every run from its checkpoint
+in --work (another `--train-seconds` window), until all have finished; then they are evaluated and the
+table written, with every call's training seconds and steps in runs.json. So a run longer than one call of
+a time-limited machine is a chain of identical calls. `--eval-unfinished` evaluates stopped runs anyway
+(their samples seen are then reported as reached, not as planned).
 
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --out results/paper
+    PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
+        --train-flags "--steps 98000"          # 50M samples at batch 512; then, in each next call:
+    PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
+        --resume
 """
 
 from __future__ import annotations
@@ -57,6 +65,24 @@ def run_all(commands: dict[str, list[str]], work: Path, stage: str, seconds: flo
     return ends
 
 
+def progress(run_dir: Path) -> tuple[int, int]:
+    """(step of the run's checkpoint, planned steps) of a run directory the trainer wrote."""
+    from asentmax.runs import load_checkpoint
+
+    planned = json.loads((run_dir / "config.json").read_text())["train_config"]["steps"]
+    return load_checkpoint(run_dir / "checkpoint.pt")["step"], planned
+
+
+def recorded_calls(work: Path, method: str, seconds: float, steps: tuple[int, int], resume: bool) -> list:
+    """The training calls of `method`'s run so far (earlier ones from <work>/<method>.calls.json when
+    resuming), this one appended: [{"train_s", "from_step", "to_step"}]; written back."""
+    path = work / f"{method}.calls.json"
+    calls = json.loads(path.read_text()) if resume and path.is_file() else []
+    calls.append({"train_s": seconds, "from_step": steps[0], "to_step": steps[1]})
+    path.write_text(json.dumps(calls) + "\n")
+    return calls
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=sorted(MULTIPLIERS), required=True)
@@ -69,15 +95,39 @@ def main() -> int:
     parser.add_argument("--train-flags", default="", help="extra `asentmax train` flags for every method")
     parser.add_argument("--eval-flags", default="", help="extra `asentmax eval` flags for every method "
                         "(e.g. --max-batch-tokens 262144 on a large GPU)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue every method's run in --work from its checkpoint (no --train-flags)")
+    parser.add_argument("--eval-unfinished", action="store_true",
+                        help="evaluate runs that --train-seconds stopped before their planned steps")
     args = parser.parse_args()
     work = args.work / args.task
+    runs = {m: work / m for m in args.methods}
+    if args.resume:
+        if args.train_flags:
+            parser.error("--resume continues each run with its saved settings: drop --train-flags")
+        missing = [str(d) for d in runs.values() if not (d / "checkpoint.pt").is_file()]
+        if missing:
+            parser.error(f"--resume: no checkpoint in {', '.join(missing)} (start the runs without --resume)")
     work.mkdir(parents=True, exist_ok=True)
     out = args.out / args.task
     out.mkdir(parents=True, exist_ok=True)
-    runs = {m: work / m for m in args.methods}
-    train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
-                 "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
+    if args.resume:
+        train = {m: ["train", "--run-dir", str(d), "--resume", "--no-progress"] for m, d in runs.items()}
+        before = {m: progress(d)[0] for m, d in runs.items()}
+    else:
+        train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
+                     "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
+        before = dict.fromkeys(runs, 0)
     train_s = run_all(train, work, "train", args.train_seconds)
+    reached = {m: progress(d) for m, d in runs.items()}
+    calls = {m: recorded_calls(work, m, train_s[m], (before[m], reached[m][0]), args.resume) for m in runs}
+    unfinished = {m: r for m, r in reached.items() if r[0] < r[1]}
+    if unfinished and not args.eval_unfinished:
+        print("not evaluated, still training: " + ", ".join(f"{m} at step {r[0]:,} of {r[1]:,}"
+                                                            for m, r in unfinished.items())
+              + "; run the same command with --resume (and no --train-flags) to continue, or add "
+              "--eval-unfinished to evaluate them as they are")
+        return 0
     multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
     evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers,
                  "--samples", str(args.samples), *args.eval_flags.split()] for m, d in runs.items()}
@@ -95,7 +145,8 @@ def main() -> int:
             " ".join(evals[method]), "seed": train_config.get("seed"), "steps_reached": step,
             "steps_planned": train_config.get("steps"), "batch_size": train_config.get("batch_size"),
             "samples_seen": None if step is None else step * train_config.get("batch_size", 0),
-            "train_wall_s": train_s[method], "eval_wall_s": eval_s[method],
+            "train_wall_s": round(sum(c["train_s"] for c in calls[method]), 1), "train_calls": calls[method],
+            "eval_wall_s": eval_s[method],
             "device": config.get("device"), "git_commit": config.get("git_commit")}
     (out / "runs.json").write_text(json.dumps(provenance, indent=2) + "\n")
     command = "PYTHONPATH=src python benchmarks/reproduce_paper.py " + shlex.join(sys.argv[1:])
@@ -103,10 +154,11 @@ def main() -> int:
              f"All methods trained side by side on one device ({provenance[args.methods[0]]['device']}), "
              f"then evaluated with {args.samples} test samples per length. Exact match %:", "",
              compare.stdout.strip(), "", "| method | seed | steps (planned) | samples seen | train wall s | "
-             "eval wall s |", "|---|---|---|---|---|---|"]
+             "training calls | eval wall s |", "|---|---|---|---|---|---|---|"]
     for method, p in provenance.items():
         lines.append(f"| {method} | {p['seed']} | {p['steps_reached']} ({p['steps_planned']}) | "
-                     f"{p['samples_seen']:,} | {p['train_wall_s']} | {p['eval_wall_s']} |")
+                     f"{p['samples_seen']:,} | {p['train_wall_s']} | {len(p['train_calls'])} | "
+                     f"{p['eval_wall_s']} |")
     lines += ["", f"Plots: [{args.task}/accuracy.png]({args.task}/accuracy.png), "
               f"[{args.task}/dispersion.png]({args.task}/dispersion.png), "
               f"[{args.task}/training.png]({args.task}/training.png); exact commands in "

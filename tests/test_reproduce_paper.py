@@ -1,0 +1,59 @@
+"""benchmarks/reproduce_paper.py on the CPU with a tiny model: a run stopped before its planned steps is
+not evaluated, `--resume` continues it from its checkpoint to the planned steps in a later call, and the
+table and runs.json then account for every call; wrong uses of --resume are one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_paper.py"
+TINY = ("--min-length 3 --max-length 6 --batch-size 4 --warmup-steps 2 --val-every 0 --val-samples 2 "
+        "--log-every 2 --d-model 16 --n-layers 1 --n-heads 2 --d-ff 32")
+
+
+def reproduce(tmp_path, *args):
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
+    return subprocess.run([sys.executable, str(SCRIPT), "--task", "copy", "--methods", "softmax", "--samples",
+                           "2", "--multipliers", "1 2", "--work", str(tmp_path / "work"), "--out",
+                           str(tmp_path / "out"), *args], capture_output=True, text=True, env=env)
+
+
+def test_a_stopped_run_is_resumed_then_evaluated(tmp_path):
+    first = reproduce(tmp_path, "--train-flags", f"{TINY} --steps 12 --stop-at-step 6")
+    assert first.returncode == 0, first.stderr
+    assert "softmax at step 6 of 12" in first.stdout and "--resume" in first.stdout
+    run = tmp_path / "work" / "copy" / "softmax"
+    assert not (run / "eval.json").exists() and not (tmp_path / "out" / "copy.md").exists()
+    second = reproduce(tmp_path, "--resume")
+    assert second.returncode == 0, second.stderr
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 12
+    assert json.loads((run / "eval.json").read_text())["train_step"] == 12
+    provenance = json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())["softmax"]
+    calls = provenance["train_calls"]
+    assert [(c["from_step"], c["to_step"]) for c in calls] == [(0, 6), (6, 12)]
+    assert provenance["train_wall_s"] == pytest.approx(sum(c["train_s"] for c in calls), abs=0.1)
+    assert provenance["steps_reached"] == provenance["steps_planned"] == 12
+    assert provenance["samples_seen"] == 12 * 4
+    assert "| softmax | 0 | 12 (12) | 48 |" in (tmp_path / "out" / "copy.md").read_text()
+
+
+def test_eval_unfinished_evaluates_a_stopped_run(tmp_path):
+    done = reproduce(tmp_path, "--train-flags", f"{TINY} --steps 12 --stop-at-step 4", "--eval-unfinished")
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "work" / "copy" / "softmax" / "eval.json").read_text())
+    assert result["train_step"] == 4
+    assert json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())["softmax"]["steps_reached"] == 4
+
+
+@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags"])
+def test_resume_misuse_is_one_line(tmp_path, case):
+    extra = ["--train-flags", TINY] if case == "with-flags" else []
+    result = reproduce(tmp_path, "--resume", *extra)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("no checkpoint" if case == "no-checkpoint" else "drop --train-flags") in result.stderr
+    assert not (tmp_path / "work").exists()
