@@ -14,7 +14,9 @@ command says so and exits 0, and the same command with `--resume` continues ever
 in --work (another `--train-seconds` window), until all have finished; then they are evaluated and the
 table written, with every call's training seconds and steps in runs.json. So a run longer than one call of
 a time-limited machine is a chain of identical calls. `--eval-unfinished` evaluates stopped runs anyway
-(their samples seen are then reported as reached, not as planned).
+(their samples seen are then reported as reached, not as planned). `--checkpoint best` tests each run's
+best.pt instead of its last step (train with `--keep-best-at M` in --train-flags: the weights of the best
+validation exact match at M x the training length, as the paper's code picks the checkpoint it tests).
 
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --out results/paper
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
@@ -99,6 +101,9 @@ def main() -> int:
                         help="continue every method's run in --work from its checkpoint (no --train-flags)")
     parser.add_argument("--eval-unfinished", action="store_true",
                         help="evaluate runs that --train-seconds stopped before their planned steps")
+    parser.add_argument("--checkpoint", choices=("last", "best"), default="last",
+                        help="which weights to test: the last step, or best.pt (train with --keep-best-at, "
+                        "as the paper's code selects its checkpoint)")
     args = parser.parse_args()
     work = args.work / args.task
     runs = {m: work / m for m in args.methods}
@@ -129,15 +134,18 @@ def main() -> int:
               "--eval-unfinished to evaluate them as they are")
         return 0
     multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
-    evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers,
-                 "--samples", str(args.samples), *args.eval_flags.split()] for m, d in runs.items()}
+    evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers, "--samples",
+                 str(args.samples), "--checkpoint", args.checkpoint, *args.eval_flags.split()]
+             for m, d in runs.items()}
     eval_s = run_all(evals, work, "eval", None)
-    compare = subprocess.run([sys.executable, "-m", "asentmax", "compare", *map(str, runs.values()),
+    result_name = "eval_best.json" if args.checkpoint == "best" else "eval.json"
+    compare = subprocess.run([sys.executable, "-m", "asentmax", "compare",
+                              *(str(d / result_name) for d in runs.values()),
                               "--output-dir", str(out)], capture_output=True, text=True, check=True)
     provenance = {}
     for method, run_dir in runs.items():
         config = json.loads((run_dir / "config.json").read_text())
-        result = json.loads((run_dir / "eval.json").read_text())
+        result = json.loads((run_dir / result_name).read_text())
         train_config = config["train_config"]
         step = result.get("train_step")
         provenance[method] = {

@@ -57,3 +57,14 @@ def test_resume_misuse_is_one_line(tmp_path, case):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert ("no checkpoint" if case == "no-checkpoint" else "drop --train-flags") in result.stderr
     assert not (tmp_path / "work").exists()
+
+
+def test_checkpoint_best_tests_each_runs_best_pt(tmp_path):
+    flags = f"{TINY} --steps 8 --val-every 2 --keep-best-at 1".replace("--val-every 0 ", "")
+    done = reproduce(tmp_path, "--train-flags", flags, "--checkpoint", "best")
+    assert done.returncode == 0, done.stderr
+    run = tmp_path / "work" / "copy" / "softmax"
+    best = torch.load(run / "best.pt", weights_only=False)
+    result = json.loads((run / "eval_best.json").read_text())
+    assert result["train_step"] == best["step"] and not (run / "eval.json").exists()
+    assert "ours (softmax, best.pt)" in (tmp_path / "out" / "copy.md").read_text()

@@ -40,6 +40,8 @@ import torch
 from asentmax.data import IGNORE_INDEX, collate
 from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
+    BEST_EVAL_NAME,
+    BEST_NAME,
     CHECKPOINT_NAME,
     CONFIG_NAME,
     EVAL_NAME,
@@ -71,6 +73,9 @@ class EvalConfig:
     batch_size: int = field(default=64, metadata={"help": "most sequences decoded at once"})
     max_batch_tokens: int = field(default=32768, metadata={"help": "most prompt tokens decoded at once"})
     seed: int = field(default=1234, metadata={"help": "seed of the evaluation sets"})
+    checkpoint: str = field(default="last", metadata={"help": (
+        "last (checkpoint.pt) | best (best.pt, the best validation of a run trained with --keep-best-at; "
+        "written to eval_best.json unless --output)")})
     dispersion_samples: int = field(default=8, metadata={"help": "samples per length for attention stats"})
     dispersion_max_tokens: int = field(
         default=2048, metadata={"help": "longest sequence for attention statistics (they are dense: O(n^2))"})
@@ -99,6 +104,8 @@ class EvalConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
+        if self.checkpoint not in ("last", "best"):
+            raise ValueError(f"checkpoint must be last or best, got {self.checkpoint!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.amp not in ("auto", "bf16", "off"):
@@ -385,7 +392,10 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     if not run_dir.is_dir():
         raise RunError(f"run dir {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}")
     task_name, max_length = _saved_task(run_dir)
-    checkpoint_path = run_dir / CHECKPOINT_NAME
+    best = config.checkpoint == "best"
+    checkpoint_path = run_dir / (BEST_NAME if best else CHECKPOINT_NAME)
+    if best and not checkpoint_path.is_file():
+        raise RunError(f"no {BEST_NAME} in {run_dir}: only a run trained with --keep-best-at keeps one")
     checkpoint = load_checkpoint(checkpoint_path)
     model_config, model_state = _model_from_checkpoint(checkpoint_path, checkpoint, config.attention_backend)
     try:
@@ -399,7 +409,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     id_length = config.id_length or max_length
     multipliers, left_out = resolve_multipliers(config, id_length, device)
     lengths = multiplier_lengths(id_length, multipliers, task)
-    output = Path(output) if output is not None else run_dir / EVAL_NAME
+    output = Path(output) if output is not None else run_dir / (BEST_EVAL_NAME if best else EVAL_NAME)
     folder = output.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {output}.json: {folder} is a file")

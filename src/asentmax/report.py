@@ -59,6 +59,12 @@ def method_label(result: dict) -> str:
     return name if config.get("position", "nape") == "nape" else f"{name} ({config['position']})"
 
 
+def run_name(result: dict) -> str:
+    """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights."""
+    best = result.get("eval_config", {}).get("checkpoint") == "best"
+    return Path(result["run_dir"]).name + (", best.pt" if best else "")
+
+
 def _multiplier(row: dict, result: dict) -> float:
     return row["length"] / result["id_length"]
 
@@ -76,7 +82,7 @@ def comparison_table(results: list[dict]) -> str:
     for result in results:
         by_m = {_multiplier(row, result): row for row in result["rows"]}
         cells = [f"{100 * by_m[m]['exact_match']:.1f}" if m in by_m else "-" for m in multipliers]
-        lines.append(f"| {result['task']} | {method_label(result)} | ours ({Path(result['run_dir']).name}) | "
+        lines.append(f"| {result['task']} | {method_label(result)} | ours ({run_name(result)}) | "
                      + " | ".join(cells) + " |")
         paper = PAPER_RESULTS.get(result["task"], {})
         key = (result["task"], result["model_config"]["attention"])
@@ -90,7 +96,7 @@ def comparison_table(results: list[dict]) -> str:
             "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured).\n")
     for result in results:
         if result.get("pending_lengths"):
-            note += (f"{Path(result['run_dir']).name}: evaluation unfinished, lengths "
+            note += (f"{run_name(result)}: evaluation unfinished, lengths "
                      f"{', '.join(map(str, result['pending_lengths']))} still to do.\n")
     return "\n".join(lines) + "\n" + note
 
@@ -108,7 +114,7 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
         ys = [100 * row["exact_match"] for row in result["rows"]]
         low = [100 * row["ci_low"] for row in result["rows"]]
         high = [100 * row["ci_high"] for row in result["rows"]]
-        ax.plot(xs, ys, "o-", color=colour, label=f"{method_label(result)} ({Path(result['run_dir']).name})")
+        ax.plot(xs, ys, "o-", color=colour, label=f"{method_label(result)} ({run_name(result)})")
         ax.fill_between(xs, low, high, color=colour, alpha=0.15)
         paper = PAPER_RESULTS.get(result["task"], {})
         attention = result["model_config"]["attention"]
@@ -141,7 +147,7 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     for i, result in enumerate(measured):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
-        label = f"{method_label(result)} ({Path(result['run_dir']).name})"
+        label = f"{method_label(result)} ({run_name(result)})"
         ax_entropy.plot(xs, [row["dispersion"]["normalised_entropy"] for row in rows], "o-", color=f"C{i}",
                         label=label)
         ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=f"C{i}",
@@ -208,7 +214,7 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(14, 4.8))
     styles = ("-", "--", ":", "-.")
     for i, (result, curve) in enumerate(curves):
-        colour, name = f"C{i % 10}", f"{method_label(result)} ({Path(result['run_dir']).name})"
+        colour, name = f"C{i % 10}", f"{method_label(result)} ({run_name(result)})"
         ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1, label=name)
         for j, (length, (samples, matches)) in enumerate(sorted(curve["validation"].items())):
             ax_val.plot(samples, [100 * m for m in matches], styles[j % len(styles)], color=colour,

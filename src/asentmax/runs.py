@@ -7,6 +7,8 @@ module and through nothing else, so none of them imports another. A run director
     checkpoint.pt    model, optimizer, schedule, RNG states and step (written atomically)
     log.csv          training log;  val.csv  validation log;  tensorboard/  (optional)
     eval.json / eval.md   evaluation results
+    best.pt          (optional) the weights, step and score of the best validation so far, and the configs;
+                     eval_best.json / eval_best.md its evaluation
 
 Checkpoints are loaded with `torch.load(weights_only=True)`: only tensors and plain containers of
 numbers and strings are accepted, so a crafted file cannot run code. RNG states are therefore stored as
@@ -40,9 +42,11 @@ CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "log.csv"
 VAL_NAME = "val.csv"
 EVAL_NAME = "eval"  # eval.json and eval.md
+BEST_NAME = "best.pt"  # the weights of the best validation (a workload's selection_score), when kept
+BEST_EVAL_NAME = "eval_best"  # eval_best.json and eval_best.md: `asentmax eval --checkpoint best`
 TENSORBOARD_NAME = "tensorboard"
 RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, EVAL_NAME + ".json",
-             EVAL_NAME + ".md")
+             EVAL_NAME + ".md", BEST_NAME, BEST_EVAL_NAME + ".json", BEST_EVAL_NAME + ".md")
 
 
 class RunError(ValueError):

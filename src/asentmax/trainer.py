@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 
 from asentmax.data import IGNORE_INDEX, PAD_ID, Batch
 from asentmax.runs import (
+    BEST_NAME,
     CHECKPOINT_NAME,
     CONFIG_NAME,
     LOG_NAME,
@@ -187,7 +188,9 @@ class Workload(Protocol):
     """What the trainer runs: one object per run (asentmax.tasks.workload.TaskWorkload is one).
 
     Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
-    only and returns rows (dicts of numbers) that go to val.csv, one line each."""
+    only and returns rows (dicts of numbers) that go to val.csv, one line each. selection_score(rows) is
+    the number (higher is better) by which the weights of the best validation so far are kept in best.pt,
+    or None for none."""
 
     name: str
 
@@ -199,6 +202,8 @@ class Workload(Protocol):
                 device: torch.device) -> Iterator[Batch]: ...
 
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]: ...
+
+    def selection_score(self, rows: list[dict]) -> float | None: ...
 
     def to_dict(self) -> dict: ...
 
@@ -471,6 +476,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         set_rng_state(saved_state["rng"])
         window_loss, window_targets = restored_window(rank_states, world)
     saved_step = None if checkpoint is None else step
+    best = None if checkpoint is None else checkpoint.get("best")  # {"score", "step"} of best.pt
     ddp_model = model
     if world.active:
         ddp_model = torch.nn.parallel.DistributedDataParallel(
@@ -517,6 +523,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             raise NonFiniteLoss(f"non-finite training loss at step {bad_step}; {where}")
 
     def validate() -> list[dict]:
+        nonlocal best
         rows = []
         if world.is_main:
             model.eval()
@@ -529,6 +536,13 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                     for key, value in row.items():
                         if isinstance(value, float):
                             writer.add_scalar(f"val/{key}{label}", value, step)
+            score = workload.selection_score(rows)
+            if score is not None and (best is None or score > best["score"]):  # ties keep the earlier
+                best = {"score": score, "step": step}
+                save_checkpoint(run_dir / BEST_NAME, {
+                    "train_config": asdict(train_config), "workload": workload.to_dict(),
+                    "model_config": asdict(model_config), "model": model.state_dict(), "step": step,
+                    "score": score, "git_commit": commit})
             model.train()
         if world.active:
             dist.barrier()
@@ -550,7 +564,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 "train_config": asdict(train_config), "workload": workload.to_dict(),
                 "model_config": asdict(model_config), "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rank_states": states, "step": step, "git_commit": commit,
+                "rank_states": states, "step": step, "best": best, "git_commit": commit,
                 "device": describe_device(device), "world_size": world.world_size})
         saved_step = step
 

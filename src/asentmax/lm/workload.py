@@ -176,6 +176,10 @@ class LMWorkload:
                         torch.from_numpy(labels).to(device, non_blocking=True))
             step += 1
 
+    def selection_score(self, rows: list[dict]) -> None:
+        """No best.pt for language modelling (the Workload protocol of asentmax.trainer)."""
+        return None
+
     @torch.no_grad()
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:
         """One row: mean next-token loss (and its perplexity) over the first val_windows windows of the

@@ -4,7 +4,8 @@
 batches (asentmax.tasks.device_sampling.training_batches: on CUDA drawn on the GPU for the paper's tasks,
 else asentmax.data's numpy path; a pure function of seed, rank and step either way, so a run resumes
 exactly and every data-parallel rank reads its own shard), validates with teacher-forced exact match at
-a few multiples of the longest training length (rank 0 only), and builds the task's preset model. Its
+a few multiples of the longest training length (rank 0 only; with keep-best-at, its exact match at one of
+them is the selection score of best.pt), and builds the task's preset model. Its
 fields are the task-specific settings of a run; `to_dict()` / `from_dict()` store and rebuild it from a
 checkpoint.
 
@@ -43,6 +44,10 @@ class TaskWorkload:
     val_multipliers: tuple[int, ...] = field(
         default=(1, 2, 4), metadata={"help": "validation lengths as multiples of max-length"})
     val_samples: int = field(default=64, metadata={"help": "validation samples per length"})
+    keep_best_at: int = field(default=0, metadata={"help": (
+        "one of val-multipliers: keep the weights of the validation with the highest exact match at that "
+        "length in best.pt (`asentmax eval --checkpoint best`), as the paper's code picks the checkpoint it "
+        "tests (results/paper/README.md); 0: off")})
     sampling: str = field(default="auto", metadata={"help": (
         "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
         "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
@@ -58,6 +63,9 @@ class TaskWorkload:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.val_multipliers or any(m < 1 for m in self.val_multipliers):
             raise ValueError(f"val-multipliers must be >= 1, got {self.val_multipliers}")
+        if self.keep_best_at and self.keep_best_at not in self.val_multipliers:
+            raise ValueError(f"keep-best-at must be 0 or one of the val-multipliers "
+                             f"({' '.join(map(str, self.val_multipliers))}), got {self.keep_best_at}")
         for length in (self.min_length, self.max_length):
             self.task_object.check_length(length)
         uses_device_sampler(self.task_object, "cpu", self.sampling)  # ValueError for a bad mode or task
@@ -107,6 +115,14 @@ class TaskWorkload:
         return [{"length": length, **teacher_forced_accuracy(model, self.task_object, examples, device=device,
                                                              autocast_dtype=autocast_dtype)}
                 for length, examples in self._val_sets.items()]
+
+    def selection_score(self, rows: list[dict]) -> float | None:
+        """The number best.pt is kept by (higher is better): the exact match of `rows` (validate's) at
+        keep-best-at x max-length, or None when keep-best-at is off."""
+        if not self.keep_best_at:
+            return None
+        length = self.max_length * self.keep_best_at
+        return next(row["exact_match"] for row in rows if row["length"] == length)
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
