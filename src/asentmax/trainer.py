@@ -539,10 +539,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             score = workload.selection_score(rows)
             if score is not None and (best is None or score > best["score"]):  # ties keep the earlier
                 best = {"score": score, "step": step}
-                save_checkpoint(run_dir / BEST_NAME, {
-                    "train_config": asdict(train_config), "workload": workload.to_dict(),
-                    "model_config": asdict(model_config), "model": model.state_dict(), "step": step,
-                    "score": score, "git_commit": commit})
+                save_checkpoint(run_dir / BEST_NAME, {**config_record, "model": model.state_dict(),
+                                                      "step": step, "score": score, "git_commit": commit})
             model.train()
         if world.active:
             dist.barrier()
@@ -561,8 +559,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             states = [mine]
         if world.is_main:
             save_checkpoint(run_dir / CHECKPOINT_NAME, {
-                "train_config": asdict(train_config), "workload": workload.to_dict(),
-                "model_config": asdict(model_config), "model": model.state_dict(),
+                **config_record, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rank_states": states, "step": step, "best": best, "git_commit": commit,
                 "device": describe_device(device), "world_size": world.world_size})
