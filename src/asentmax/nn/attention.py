@@ -43,7 +43,7 @@ class AttentionContext:
     """What every layer of one forward call shares: positions, n_i, masks, RoPE angles, ALiBi slopes."""
 
     positions: torch.Tensor  # (B, T) long: position of each new token counted over the row's real tokens
-    n_keys: torch.Tensor  # (B, T) long: keys visible to each query, n_i = position + 1
+    n_keys: torch.Tensor  # (B, T) long: keys visible to each query, n_i = position + 1 (rows equal unpadded)
     query_mask: torch.Tensor | None  # (B, T) bool: real queries (None = all real)
     key_padding_mask: torch.Tensor | None  # (B, Nk) bool: real keys of cache + new tokens (None = all)
     n_total: int  # Nk = cached slots + new tokens
@@ -87,10 +87,13 @@ class AttentionContext:
         return self._additive[dtype]
 
     def log_n_keys(self, dtype: torch.dtype) -> torch.Tensor:
-        """temperature.log_key_counts(n_keys, dtype), (B, 1, T), computed once per forward call for every
-        layer's temperature module."""
+        """temperature.log_key_counts(n_keys, dtype), (B|1, 1, T), computed once per forward call for every
+        layer's temperature module. (1, 1, T) when no key is padded: n_i is then the same in every row
+        (training batches), and SSMax's compiled backward sums d theta * log(n_i + 1) over a broadcast
+        row (nn/temperature.py SSMaxTemperature says why)."""
         if dtype not in self._log_n_keys:
-            self._log_n_keys[dtype] = log_key_counts(self.n_keys, dtype)
+            n_keys = self.n_keys if self.key_padding_mask is not None else self.n_keys[:1]
+            self._log_n_keys[dtype] = log_key_counts(n_keys, dtype)
         return self._log_n_keys[dtype]
 
     def kernel_slopes(self, dtype: torch.dtype) -> torch.Tensor | None:

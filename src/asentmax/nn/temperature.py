@@ -23,8 +23,9 @@ from asentmax.ops.entmax import compute_dtype
 
 
 def log_key_counts(n_keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """n_keys (B, T) -> log(n_i + 1) as (B, 1, T) in `dtype`, >= log 2 > 0: the factor of both modules.
-    AttentionContext.log_n_keys computes it once per forward call and hands it to every layer."""
+    """n_keys (B|1, T) -> log(n_i + 1) as (B|1, 1, T) in `dtype`, >= log 2 > 0: the factor of both modules.
+    AttentionContext.log_n_keys computes it once per forward call and hands it to every layer (one row
+    when no key is padded)."""
     return torch.log(n_keys.to(dtype) + 1.0)[:, None, :]
 
 
@@ -81,6 +82,14 @@ class ASEntmaxTemperature(nn.Module):
 
 
 class SSMaxTemperature(nn.Module):
+    """theta_hi = delta + s_h log(n_i + 1) (arXiv:2506.16640, section 2; docs/method.md section 4).
+
+    With one row of log(n_i + 1) for the batch (AttentionContext.log_n_keys when no key is padded, as in
+    training), theta is built as (1, H, T) and expanded to (B, H, T): the gradient of s is then the sum over
+    the batch of d theta (the expand's backward) times log(n_i + 1), summed over positions. That is the
+    form whose torch.compile gradient was exact on the H200, where Inductor's code for the same sum with a
+    (B, 1, T) factor got s wrong (results/gpu_tests_session4.md; benchmarks/diagnose_ssmax_compile.py)."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.n_heads = config.n_heads
@@ -98,8 +107,8 @@ class SSMaxTemperature(nn.Module):
         dtype = compute_dtype(x.dtype)
         if log_n is None:
             log_n = log_key_counts(n_keys, dtype)
-        theta = self.delta + self.s.to(dtype)[None, :, None] * log_n
-        return _with_unscaled_heads(theta, self.n_heads)
+        theta = self.delta + self.s.to(dtype)[None, :, None] * log_n  # (B|1, m, T)
+        return _with_unscaled_heads(theta, self.n_heads).expand(n_keys.shape[0], -1, -1)
 
 
 TEMPERATURES = {"asentmax": ASEntmaxTemperature, "ssmax": SSMaxTemperature}
