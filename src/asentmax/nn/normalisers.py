@@ -17,7 +17,9 @@ Fields:
   compiles     False: torch.compile with Inductor is known to give this normaliser wrong gradients, so
                training runs it eagerly unless compiling is forced (SSMax: the gradient of its per-head s
                came out wrong on the H200 with torch 2.11, results/gpu_tests_session4.md and
-               results/gpu_tests_session5.md; not reproduced by Inductor's CPU code).
+               results/gpu_tests_session5.md; not reproduced by Inductor's CPU code; its temperature now
+               takes the form that was exact there, and benchmarks/diagnose_ssmax_compile.py says on the
+               GPU whether that, or sdpa=False, makes compiles=True right).
 
 To add a normaliser, add one entry to NORMALISERS (and tests). A new family needs its weights in
 `Normaliser.probabilities` and its kernel choice in nn/attention.py.
