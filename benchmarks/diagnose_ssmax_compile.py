@@ -25,19 +25,18 @@ Candidates (the package's code, patched in the child process; nothing here chang
                     theta (1, H, T) expanded to (B, H, T); SDPA. The form that was exact in isolation.
   matmul            theta = delta + log_n (B*T, 1) @ s (1, m): d s = log_n^T @ d theta is a matmul (cuBLAS)
                     instead of a reduction in Inductor's generated code; SDPA.
-  kernel            product, but attention by entmax_attention(alpha=1), the fused Triton kernel's softmax
+  kernel            broadcast, but attention by entmax_attention(alpha=1), the fused Triton kernel's softmax
                     mode, which returns d theta itself (ASEntmax's route, whose compiled gradients are right
                     on the H200): nn/normalisers.py `sdpa=False` for ssmax.
-  kernel+broadcast  the package's form through the kernel.
-  product-no-mix    product with Inductor's triton.mix_order_reduction off: a cause finding, not a fix.
   asentmax          control: the package's ASEntmax (it reads the same one-row log(n_i + 1)).
 
 What a right candidate means for the package (the lead's one-line change; then remove the strict xfail
 INDUCTOR_SSMAX_BUG from test_compiled_training_equals_eager in tests/test_compile_gpu.py):
   broadcast         nn/normalisers.py, the ssmax entry: compiles=False -> compiles=True.
-  kernel+broadcast  the same entry: Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax") (sdpa and
+  kernel            the same entry: Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax") (sdpa and
                     compiles at their defaults, False and True).
-  matmul, kernel    need the form in SSMaxTemperature.forward / AttentionContext.log_n_keys changed first.
+  matmul            needs SSMaxTemperature.forward changed first (this script's apply_patches has the form).
+(results/gpu_tests_session5.md: the product form stayed wrong with Inductor's mix-order reduction off.)
 
     PYTHONPATH=src python benchmarks/diagnose_ssmax_compile.py                   # the H200
     PYTHONPATH=src python benchmarks/diagnose_ssmax_compile.py --candidates product broadcast --parts isolated
@@ -60,14 +59,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-CANDIDATES = {  # name -> (attention, patches, inductor config)
-    "product": ("ssmax", ("rows",), {}),
-    "broadcast": ("ssmax", (), {}),
-    "matmul": ("ssmax", ("rows", "matmul"), {}),
-    "kernel": ("ssmax", ("rows", "kernel"), {}),
-    "kernel+broadcast": ("ssmax", ("kernel",), {}),
-    "product-no-mix": ("ssmax", ("rows",), {"triton.mix_order_reduction": False}),
-    "asentmax": ("asentmax", (), {}),
+CANDIDATES = {  # name -> (attention, patches of apply_patches)
+    "product": ("ssmax", ("rows",)),
+    "broadcast": ("ssmax", ()),
+    "matmul": ("ssmax", ("rows", "matmul")),
+    "kernel": ("ssmax", ("kernel",)),
+    "asentmax": ("asentmax", ()),
 }
 PARTS = ("isolated", "static", "trainer")
 GRADIENT_LIMIT, LOGIT_LIMIT = 1e-2, 1e-3  # tests/test_compile_gpu.py's limits
@@ -194,19 +191,16 @@ def run_model(device, backend, attention, part):
 
 def child(args):
     """One (candidate, part) in this process; prints one JSON line."""
-    attention, patches, options = CANDIDATES[args.child]
+    attention, patches = CANDIDATES[args.child]
     device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = False  # eager and compiled in true fp32
     torch.backends.cudnn.allow_tf32 = False
     apply_patches(patches)
-    from torch._inductor import config as inductor_config
-
     start = time.perf_counter()
-    with inductor_config.patch(options):
-        if args.part == "isolated":
-            errors, logit_error = run_isolated(device, args.backend)
-        else:
-            errors, logit_error = run_model(device, args.backend, attention, args.part)
+    if args.part == "isolated":
+        errors, logit_error = run_isolated(device, args.backend)
+    else:
+        errors, logit_error = run_model(device, args.backend, attention, args.part)
     worst = max(errors, key=errors.get)
     form = form_in_use()
     s_errors = [e for n, e in errors.items() if n == "s" or n.endswith("temperature.s")]
@@ -231,12 +225,25 @@ def form_in_use() -> str:
 
 
 def launch(candidate, part, args, threads, cache_root):
-    cache = os.path.join(cache_root, f"{candidate}-{part}".replace("+", "_"))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
-           "TRITON_CACHE_DIR": os.path.join(cache, "triton"), "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
+    """The child process of (candidate, part), its output to files in its own directory (a pipe that
+    nobody reads while it runs could fill with compile warnings and stall it)."""
+    folder = os.path.join(cache_root, f"{candidate}-{part}")
+    os.makedirs(folder)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(folder, "inductor"),
+           "TRITON_CACHE_DIR": os.path.join(folder, "triton"), "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
     command = [sys.executable, os.path.abspath(__file__), "--child", candidate, "--part", part,
                "--device", args.device, "--backend", args.backend]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with open(os.path.join(folder, "out"), "w") as out, open(os.path.join(folder, "err"), "w") as err:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=err), folder
+
+
+def outcome(process, folder) -> dict:
+    """The child's JSON line, or why there is none."""
+    with open(os.path.join(folder, "out")) as out, open(os.path.join(folder, "err")) as err:
+        lines, errors = [line for line in out if line.startswith("{")], err.read().strip().splitlines()
+    if process.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    return {"failed": f"error: {(errors or ['no output'])[-1][:160]}"}
 
 
 def cell(result) -> str:
@@ -247,10 +254,16 @@ def cell(result) -> str:
 
 
 def right(result) -> bool:
-    if "failed" in result:
-        return False
     logits_ok = result["logit_error"] is None or result["logit_error"] < LOGIT_LIMIT
     return result["worst_error"] < GRADIENT_LIMIT and logits_ok
+
+
+def verdict(row) -> str:
+    """WRONG when a part that ran is wrong, else "not run" when a part did not finish, else right."""
+    done = [r for r in row if r is not None and "failed" not in r]
+    if not all(right(r) for r in done):
+        return "WRONG"
+    return "right" if len(done) == sum(r is not None for r in row) else "not run"
 
 
 def main(argv=None) -> tuple[list[list[str]], dict[str, str]]:
@@ -289,30 +302,23 @@ def main(argv=None) -> tuple[list[list[str]], dict[str, str]]:
         while waiting or running:
             while waiting and len(running) < width:
                 job = waiting.pop(0)
-                running[job] = (launch(*job, args, threads, cache_root), time.perf_counter())
+                running[job] = (*launch(*job, args, threads, cache_root), time.perf_counter())
             time.sleep(0.2)
-            for job, (process, began) in list(running.items()):
+            for job, (process, folder, began) in list(running.items()):
                 if process.poll() is None:
                     if time.perf_counter() - began > args.timeout:
                         process.kill()
-                        process.communicate()
+                        process.wait()
                         results[job] = {"failed": f"timed out after {args.timeout:g} s"}
                         del running[job]
                     continue
-                out, err = process.communicate()
-                lines = [line for line in out.splitlines() if line.startswith("{")]
-                if process.returncode == 0 and lines:
-                    results[job] = json.loads(lines[-1])
-                else:
-                    last = (err.strip().splitlines() or ["no output"])[-1]
-                    results[job] = {"failed": f"error: {last[:160]}"}
+                results[job] = outcome(process, folder)
                 del running[job]
 
     table = [["candidate", "verdict", *args.parts]]
     for candidate in args.candidates:
         row = [results.get((candidate, p)) for p in args.parts]
-        verdict = "right" if all(r is None or right(r) for r in row) else "WRONG"
-        table.append([candidate, verdict, *("-" if r is None else cell(r) for r in row)])
+        table.append([candidate, verdict(row), *("-" if r is None else cell(r) for r in row)])
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     print()
     for line in table:

@@ -13,12 +13,12 @@ def test_diagnose_ssmax_compile_on_cpu(capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     table, forms = module.main(["--device", "cpu", "--backend", "aot_eager", "--parts", "isolated",
-                                "--candidates", "product", "broadcast", "matmul", "kernel+broadcast"])
+                                "--candidates", "product", "broadcast", "matmul", "kernel"])
     assert "running on the CPU" in capsys.readouterr().out
     assert table[0] == ["candidate", "verdict", "isolated"]
     assert [(row[0], row[1]) for row in table[1:]] == [
-        ("product", "right"), ("broadcast", "right"), ("matmul", "right"), ("kernel+broadcast", "right")]
+        ("product", "right"), ("broadcast", "right"), ("matmul", "right"), ("kernel", "right")]
     assert forms == {"product": "log_n rows 3, theta package, sdpa",
                      "broadcast": "log_n rows 1, theta package, sdpa",
                      "matmul": "log_n rows 3, theta patched, sdpa",
-                     "kernel+broadcast": "log_n rows 1, theta package, kernel"}
+                     "kernel": "log_n rows 1, theta package, kernel"}

@@ -3,8 +3,8 @@ section 2; docs/method.md section 4): theta_hi = delta + s_h log(n_i + 1) on the
 NoPE half under NAPE), z_ij = theta_hi (q_i . k_j) / sqrt(D) + m_h (j - i) over the real keys j <= i,
 p = softmax(z). The output and the gradients of s, of the q/k/v/o projections and of the input are checked
 eager and torch.compile'd (aot_eager, and Inductor's CPU code), at T = 1, odd lengths and left padding, for
-both theta forms, through SDPA (the table's route) and through entmax_attention(alpha=1) (the fused
-kernel's softmax mode, nn/normalisers.py `sdpa=False`)."""
+both theta forms, through SDPA (the table's route) and through entmax_attention(alpha=1) (the route of
+nn/normalisers.py `sdpa=False`: the fused kernel's softmax mode on CUDA, the chunked backend here)."""
 
 import dataclasses
 import math
