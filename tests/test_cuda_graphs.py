@@ -1,0 +1,138 @@
+"""--cuda-graphs (asentmax.trainer, issue 14) on the CPU: its values and how it resolves, the one-line
+refusals of a setting that cannot run (the CPU, --compile off, torchrun, a normaliser the trainer keeps
+eager, a resumed run whose saved setting cannot run here), and the CPU path unchanged (auto compiles
+without CUDA graphs and trains as off does). The GPU side is tests/test_cuda_graphs_gpu.py."""
+
+import csv
+
+import pytest
+import torch
+
+import asentmax.trainer as trainer
+from asentmax.cli import main
+from asentmax.nn import ModelConfig
+from asentmax.runs import load_checkpoint, save_checkpoint
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.trainer import Distributed, TrainConfig, check_cuda_graphs, train, uses_cuda_graphs
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "4", "--batch-size", "4",
+        "--warmup-steps", "1", "--val-every", "0", "--val-samples", "2", "--log-every", "2",
+        "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
+MODEL = dict(vocab_size=40, d_model=32, n_layers=1, n_heads=2, d_ff=64)
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("asentmax train: error:") and err.count("\n") == 1, err
+    return err
+
+
+def test_off_by_default_and_for_runs_saved_before_the_setting():
+    assert TrainConfig().cuda_graphs == "off"
+    assert TrainConfig.from_dict({"steps": 3, "compile": True}).cuda_graphs == "off"
+
+
+@pytest.mark.parametrize("settings,message", [
+    (dict(cuda_graphs="yes"), "cuda-graphs must be auto, on or off"),
+    (dict(cuda_graphs=True), "cuda-graphs must be auto, on or off"),
+    (dict(cuda_graphs="on", compile="off"), "--compile is off"),
+    (dict(cuda_graphs="on", device="cpu"), "needs a CUDA GPU"),
+    (dict(cuda_graphs="on", device="auto"), "needs a CUDA GPU"),  # on a machine without CUDA
+])
+def test_settings_that_cannot_run_are_refused(settings, message, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=message) as error:
+        TrainConfig(**settings).validate()
+    assert "\n" not in str(error.value)
+
+
+def test_auto_and_off_never_refuse():
+    for settings in (dict(cuda_graphs="auto", device="cpu"), dict(cuda_graphs="auto", compile="off"),
+                     dict(cuda_graphs="off", device="cpu")):
+        TrainConfig(**settings).validate()
+        check_cuda_graphs(TrainConfig(**settings), ModelConfig(attention="ssmax", **MODEL), world_size=2)
+
+
+def test_on_needs_one_process_and_a_compiled_normaliser():
+    on = TrainConfig(cuda_graphs="on")
+    with pytest.raises(ValueError, match="one process, got 2"):
+        check_cuda_graphs(on, ModelConfig(attention="asentmax", **MODEL), world_size=2)
+    with pytest.raises(ValueError, match="ssmax trains eagerly under --compile auto"):
+        check_cuda_graphs(on, ModelConfig(attention="ssmax", **MODEL), world_size=1)
+    check_cuda_graphs(TrainConfig(cuda_graphs="on", compile="on"), ModelConfig(attention="ssmax", **MODEL), 1)
+    for name in ("softmax", "topk", "entmax", "asentmax"):
+        check_cuda_graphs(on, ModelConfig(attention=name, **MODEL), world_size=1)
+
+
+def test_auto_means_one_cuda_process():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    auto, on = TrainConfig(cuda_graphs="auto"), TrainConfig(cuda_graphs="on")
+    assert uses_cuda_graphs(auto, Distributed(device=cuda))
+    assert not uses_cuda_graphs(auto, Distributed(device=cpu))
+    assert not uses_cuda_graphs(auto, Distributed(rank=1, world_size=2, device=cuda))
+    assert not uses_cuda_graphs(TrainConfig(), Distributed(device=cuda))
+    assert uses_cuda_graphs(on, Distributed(device=cuda))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--cuda-graphs", "on", "--device", "cpu"], "needs a CUDA GPU"),
+    (["--cuda-graphs", "on", "--compile", "off"], "--compile is off"),
+    (["--cuda-graphs", "sometimes"], "cuda-graphs must be auto, on or off"),
+])
+def test_the_cli_refuses_in_one_line_before_writing(tmp_path, capsys, extra, message):
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, *extra]) == 2
+    assert message in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("extra,world_size,message", [
+    (["--cuda-graphs", "on"], "2", "one process, got 2"),
+    (["--cuda-graphs", "on", "--attention", "ssmax"], "1", "ssmax trains eagerly"),
+])
+def test_the_cli_refuses_torchrun_and_an_eager_normaliser(tmp_path, capsys, monkeypatch, extra, world_size,
+                                                          message):
+    """As on a GPU machine (is_available patched): the refusal comes before any process group or file."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, *extra]) == 2
+    assert message in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
+def test_resuming_a_graphed_run_where_it_cannot_run_is_one_line(tmp_path, capsys, monkeypatch):
+    """A run saved with --cuda-graphs on (made on a GPU; here its checkpoint is edited) resumed on the CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *TINY]) == 0
+    checkpoint = load_checkpoint(run / "checkpoint.pt")
+    checkpoint["train_config"]["cuda_graphs"] = "on"
+    save_checkpoint(run / "checkpoint.pt", checkpoint)
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "6"]) == 2
+    err = _one_line_error(capsys)
+    assert "needs a CUDA GPU" in err and "saved configuration" in err
+
+
+def test_the_cpu_path_compiles_without_cuda_graphs_and_trains_as_off(tmp_path, monkeypatch):
+    """compile on with cuda-graphs auto on the CPU: compiled_for_training gets no mode (the default
+    compile, as before the setting existed), and the run logs what cuda-graphs off logs."""
+    modes = []
+
+    def recording(model, backend="inductor", mode=None):
+        modes.append(mode)
+        return model
+
+    monkeypatch.setattr(trainer, "compiled_for_training", recording)
+    workload = TaskWorkload(task="copy", min_length=3, max_length=6, val_multipliers=(1,), val_samples=2)
+    model_config = workload.model_config(dict(d_model=16, n_layers=1, n_heads=2, d_ff=32))
+    losses = {}
+    for setting in ("auto", "off"):
+        config = TrainConfig(steps=4, batch_size=4, warmup_steps=1, val_every=0, log_every=1,
+                             checkpoint_every=0, device="cpu", compile="on", cuda_graphs=setting)
+        train(workload, config, model_config, tmp_path / setting, progress=False)
+        with open(tmp_path / setting / "log.csv", newline="") as f:
+            losses[setting] = [row["loss"] for row in csv.DictReader(f)]
+    assert modes == [None, None]
+    assert losses["auto"] == losses["off"] and len(losses["off"]) == 4
