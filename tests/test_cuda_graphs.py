@@ -1,16 +1,19 @@
 """--cuda-graphs (asentmax.trainer, issue 14) on the CPU: its values and how it resolves, the one-line
 refusals of a setting that cannot run (the CPU, --compile off, torchrun, a normaliser the trainer keeps
-eager, a resumed run whose saved setting cannot run here), and the CPU path unchanged (auto compiles
-without CUDA graphs and trains as off does). The GPU side is tests/test_cuda_graphs_gpu.py."""
+eager, attention on a backend that reads the device, a resumed run whose saved setting cannot run here),
+and the CPU path unchanged (auto compiles without CUDA graphs and trains as off does). The GPU side is
+tests/test_cuda_graphs_gpu.py."""
 
 import csv
 
 import pytest
 import torch
 
+import asentmax.ops.attention as dispatcher
 import asentmax.trainer as trainer
 from asentmax.cli import main
 from asentmax.nn import ModelConfig
+from asentmax.nn.attention import cuda_graph_refusal
 from asentmax.runs import load_checkpoint, save_checkpoint
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.trainer import Distributed, TrainConfig, check_cuda_graphs, train, uses_cuda_graphs
@@ -21,6 +24,12 @@ TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "
         "--warmup-steps", "1", "--val-every", "0", "--val-samples", "2", "--log-every", "2",
         "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--no-progress"]
 MODEL = dict(vocab_size=40, d_model=32, n_layers=1, n_heads=2, d_ff=64)
+
+
+@pytest.fixture
+def triton_runs(monkeypatch):
+    """As on a CUDA machine: the dispatcher finds the Triton kernels available."""
+    monkeypatch.setattr(dispatcher, "_triton_available", lambda: True)
 
 
 def _one_line_error(capsys) -> str:
@@ -55,7 +64,7 @@ def test_auto_and_off_never_refuse():
         check_cuda_graphs(TrainConfig(**settings), ModelConfig(attention="ssmax", **MODEL), world_size=2)
 
 
-def test_on_needs_one_process_and_a_compiled_normaliser():
+def test_on_needs_one_process_and_a_compiled_normaliser(triton_runs):
     on = TrainConfig(cuda_graphs="on")
     with pytest.raises(ValueError, match="one process, got 2"):
         check_cuda_graphs(on, ModelConfig(attention="asentmax", **MODEL), world_size=2)
@@ -66,14 +75,40 @@ def test_on_needs_one_process_and_a_compiled_normaliser():
         check_cuda_graphs(on, ModelConfig(attention=name, **MODEL), world_size=1)
 
 
-def test_auto_means_one_cuda_process():
+@pytest.mark.parametrize("settings,backend", [
+    (dict(attention="entmax", alpha=2.5), "chunked"),  # outside the fused kernels' alpha range
+    (dict(attention="asentmax", d_model=1024, n_heads=2), "chunked"),  # head_dim 512
+    (dict(attention="asentmax", attention_backend="chunked"), "chunked"),
+    (dict(attention="entmax", attention_backend="reference"), "reference"),
+    (dict(attention="softmax", attention_backend="chunked"), "chunked"),  # its fallback beside SDPA
+])
+def test_attention_on_a_backend_that_reads_the_device_is_refused(triton_runs, settings, backend):
+    config = ModelConfig(**{**MODEL, **settings})
+    refusal = cuda_graph_refusal(config)
+    assert refusal is not None and f"runs on the {backend} backend" in refusal
+    with pytest.raises(ValueError, match=f"--cuda-graphs on: .* {backend} backend") as error:
+        check_cuda_graphs(TrainConfig(cuda_graphs="on"), config, world_size=1)
+    assert "\n" not in str(error.value)
+    cuda = Distributed(device=torch.device("cuda"))
+    assert not uses_cuda_graphs(TrainConfig(cuda_graphs="auto"), config, cuda)
+
+
+def test_sdpa_topk_and_the_fused_kernels_can_be_captured(triton_runs):
+    for settings in (dict(attention="softmax"), dict(attention="ssmax"), dict(attention="entmax", alpha=2.0),
+                     dict(attention="asentmax", attention_backend="triton"),
+                     dict(attention="topk", attention_backend="chunked")):
+        assert cuda_graph_refusal(ModelConfig(**{**MODEL, **settings})) is None, settings
+
+
+def test_auto_means_one_cuda_process(triton_runs):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     auto, on = TrainConfig(cuda_graphs="auto"), TrainConfig(cuda_graphs="on")
-    assert uses_cuda_graphs(auto, Distributed(device=cuda))
-    assert not uses_cuda_graphs(auto, Distributed(device=cpu))
-    assert not uses_cuda_graphs(auto, Distributed(rank=1, world_size=2, device=cuda))
-    assert not uses_cuda_graphs(TrainConfig(), Distributed(device=cuda))
-    assert uses_cuda_graphs(on, Distributed(device=cuda))
+    model = ModelConfig(attention="asentmax", **MODEL)
+    assert uses_cuda_graphs(auto, model, Distributed(device=cuda))
+    assert not uses_cuda_graphs(auto, model, Distributed(device=cpu))
+    assert not uses_cuda_graphs(auto, model, Distributed(rank=1, world_size=2, device=cuda))
+    assert not uses_cuda_graphs(TrainConfig(), model, Distributed(device=cuda))
+    assert uses_cuda_graphs(on, model, Distributed(device=cuda))
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -90,10 +125,13 @@ def test_the_cli_refuses_in_one_line_before_writing(tmp_path, capsys, extra, mes
 @pytest.mark.parametrize("extra,world_size,message", [
     (["--cuda-graphs", "on"], "2", "one process, got 2"),
     (["--cuda-graphs", "on", "--attention", "ssmax"], "1", "ssmax trains eagerly"),
+    (["--cuda-graphs", "on", "--attention", "entmax", "--attention-backend", "chunked"], "1",
+     "runs on the chunked backend"),
 ])
-def test_the_cli_refuses_torchrun_and_an_eager_normaliser(tmp_path, capsys, monkeypatch, extra, world_size,
-                                                          message):
-    """As on a GPU machine (is_available patched): the refusal comes before any process group or file."""
+def test_the_cli_refuses_what_cuda_graphs_cannot_run_on_a_gpu(tmp_path, capsys, monkeypatch, triton_runs,
+                                                              extra, world_size, message):
+    """torchrun, a normaliser trained eagerly, attention that reads the device: as on a GPU machine
+    (is_available patched), refused before any process group or file."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("WORLD_SIZE", world_size)
     assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, *extra]) == 2

@@ -108,7 +108,7 @@ class TrainConfig:
         "replay the compiled forward and backward as CUDA graphs (torch.compile mode reduce-overhead: "
         "recorded once per length bucket; a step then launches two graphs instead of hundreds of "
         "kernels; loss, clipping and AdamW stay eager): auto (where the step is compiled, on one CUDA "
-        "GPU) | on | off")})
+        "GPU, and no attention call reads the device: nn/attention.py cuda_graph_refusal) | on | off")})
     fused: str = field(default="auto", metadata={"help": "fused AdamW: auto (on CUDA) | on | off"})
     temperature_lr_scale: float = field(default=1.0, metadata={"help": (
         "learning-rate multiplier of the length-aware temperature parameters (ASEntmax's beta/gamma "
@@ -308,6 +308,7 @@ def compiles(train_config: TrainConfig, model_config, world: Distributed) -> boo
 def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) -> None:
     """ValueError (one line) when --cuda-graphs on cannot run with this model and number of processes; the
     settings alone are checked by TrainConfig.validate."""
+    from asentmax.nn.attention import cuda_graph_refusal
     from asentmax.nn.normalisers import get_normaliser
 
     if train_config.cuda_graphs != "on":
@@ -320,13 +321,20 @@ def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) 
         raise ValueError(f"--cuda-graphs on replays the compiled step, and {normaliser.name} trains "
                          "eagerly under --compile auto (nn/normalisers.py); add --compile on or use "
                          "--cuda-graphs off")
+    refusal = cuda_graph_refusal(model_config)
+    if refusal is not None:
+        raise ValueError(f"--cuda-graphs on: {refusal}; use --cuda-graphs off or auto")
 
 
-def uses_cuda_graphs(train_config: TrainConfig, world: Distributed) -> bool:
+def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed) -> bool:
     """Whether a compiled step (`compiles`) is replayed as CUDA graphs: --cuda-graphs on (TrainConfig.validate
-    and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device."""
+    and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device for a model whose
+    attention a graph can capture (nn/attention.py cuda_graph_refusal)."""
+    from asentmax.nn.attention import cuda_graph_refusal
+
     value = train_config.cuda_graphs
-    return value == "on" or (value == "auto" and world.device.type == "cuda" and not world.active)
+    return value == "on" or (value == "auto" and world.device.type == "cuda" and not world.active
+                             and cuda_graph_refusal(model_config) is None)
 
 
 def parameter_groups(model) -> list[dict]:
@@ -537,7 +545,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
     step_model = ddp_model
     if compiles(train_config, model_config, world):
-        mode = "reduce-overhead" if uses_cuda_graphs(train_config, world) else None
+        mode = "reduce-overhead" if uses_cuda_graphs(train_config, model_config, world) else None
         step_model = compiled_for_training(ddp_model, mode=mode)
 
     commit = git_commit()
