@@ -12,7 +12,7 @@ import torch
 import asentmax.ops.attention as dispatcher
 import asentmax.trainer as trainer
 from asentmax.cli import main
-from asentmax.nn import ModelConfig
+from asentmax.nn import ModelConfig, Transformer
 from asentmax.nn.attention import cuda_graph_refusal
 from asentmax.runs import load_checkpoint, save_checkpoint
 from asentmax.tasks.workload import TaskWorkload
@@ -174,3 +174,20 @@ def test_the_cpu_path_compiles_without_cuda_graphs_and_trains_as_off(tmp_path, m
             losses[setting] = [row["loss"] for row in csv.DictReader(f)]
     assert modes == [None, None]
     assert losses["auto"] == losses["off"] and len(losses["off"]) == 4
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_a_graphed_forward_starts_a_cudagraph_step_at_every_call(monkeypatch, mode):
+    """compiled_for_training passes the mode to torch.compile, and under CUDA graphs marks each call as a
+    new training step, so that a replay may overwrite the previous step's outputs (which the trainer no
+    longer holds) instead of recording the next step as a new branch of the graph tree."""
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **options: calls.append(options) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: calls.append("step"))
+    model = Transformer(ModelConfig(attention="asentmax", position="nape", **MODEL))
+    forward = trainer.compiled_for_training(model, mode=mode)
+    ids = torch.randint(0, 40, (2, 7))
+    for _ in range(2):
+        torch.testing.assert_close(forward(ids), model(ids))
+    steps = ["step", "step"] if mode else []
+    assert calls == [{"backend": "inductor", "mode": mode}, *steps]
