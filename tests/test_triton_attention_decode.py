@@ -1,13 +1,14 @@
 """The decoding kernels (Nq <= 16, no gradients) vs the fp64 reference (docs/method.md section 3), on each of
-their code paths. Caches of <= SHORT_CACHE keys: the one-launch kernel (attention_decode_short.py) with its
-threshold tile in registers or re-read from memory (many query rows). Longer caches: the split-over-keys
-kernels (attention_decode.py): one chunk (output written directly), several chunks (partial outputs reduced
-by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). Grouped-query
-attention: the split path packs the query heads of a KV head into one program (heads_per_program), the
-one-launch kernel takes a program per head unless packs are asked for: GQA_CASES check each layout on both
-paths, forced, with per-head slopes and q_scale. The interpreter
-tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate NaN-poisoned; the `gpu` ones
-repeat the check in bf16 at decoding sizes on a CUDA device.
+their code paths. Multi-head attention at caches of <= SHORT_CACHE keys: the one-launch kernel
+(attention_decode_short.py) with its threshold tile in registers or re-read from memory (many query rows).
+Grouped-query attention at every cache length, and every longer cache: the split-over-keys kernels
+(attention_decode.py), chunks by split_chunk: one chunk (output written directly), several chunks (partial
+outputs summed by the pack's last program), a score row held in registers (<= 4096 keys) or streamed
+(> 4096). Grouped-query attention: the split path packs the query heads of a KV head into one program
+(heads_per_program); GQA_CASES check each layout on both paths, forced, and SPLIT_GQA_CASES the launcher's
+default at groups 2, 4, 8 and MHA over caches of 1 to 4100 keys, with NAPE slopes (ALiBi on half the heads)
+and q_scale. The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate
+NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
 """
 
 import os
@@ -88,7 +89,8 @@ def case_id(case):
 ALL = ("key_padding_mask", "alibi_slopes", "q_scale")
 # bf16 runs on the GPU only (GPU_CASES): the triton 3.6 interpreter's tl.dot on bf16 operands returns garbage.
 CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with the mask: batch 1 sees no key
-    # one launch (Nk <= SHORT_CACHE = 2048); threshold tile rows x keys in registers up to 4096, else re-read
+    # MHA: one launch (Nk <= SHORT_CACHE = 2048); threshold tile rows x keys in registers up to 4096, else
+    # re-read; GQA (Hkv < H): the split path
     (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # a single key, GQA
     (1.0, True, 2, 2, 1, 1, 17, 16, torch.float32, ("key_padding_mask", "q_scale")),  # softmax
     (1.25, True, 1, 4, 4, 4, 17, 32, torch.float16, ("alibi_slopes", "q_scale")),  # causal offset, 4 rows
@@ -99,7 +101,7 @@ CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with th
     (2.0, False, 2, 1, 1, 3, 1999, 48, torch.float32, ("key_padding_mask", "q_scale")),
     (1.5, True, 1, 2, 2, 4, 2048, 16, torch.float32, ("q_scale",)),  # the longest cache; 4 rows re-read
     (1.0, False, 2, 2, 1, 1, 2048, 16, torch.float32, ("alibi_slopes", "key_padding_mask")),  # resident
-    # split over keys (Nk > SHORT_CACHE), chunks of 1024 keys
+    # split over keys (Nk > SHORT_CACHE), chunks of split_chunk's 128 keys (few programs per chunk)
     (1.25, True, 2, 2, 1, 2, 2049, 16, torch.float32, ALL),  # just past the one-launch path, GQA
     (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
     (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
@@ -121,7 +123,7 @@ GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
     (1.0, True, 1, 4, 1, 4, 100, 64, torch.float32, ALL),  # softmax, group 4 x Nq 4 = 16 rows
     (1.25, True, 1, 8, 1, 4, 50, 32, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, packs of 4
     (1.5, True, 1, 6, 2, 5, 90, 48, torch.float32, ("alibi_slopes", "q_scale")),  # group 3, 15 rows
-    (2.0, True, 2, 4, 1, 2, 2100, 32, torch.float32, ALL),  # group 4, split: 3 chunks and the reduce
+    (2.0, True, 2, 4, 1, 2, 2100, 32, torch.float32, ALL),  # group 4, split: 17 chunks of 128 keys, summed
 ]
 
 
@@ -129,13 +131,13 @@ GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
 @pytest.mark.parametrize("path", ["short", "short-packed", "split"])
 @pytest.mark.parametrize("case", GQA_CASES, ids=case_id)
 def test_decode_gqa_packed_heads(monkeypatch, case, path):
-    """Each path forced (SHORT_CACHE moved past or below the cache) on grouped heads: the split path packs
-    them per KV head, the one-launch kernel takes a program per head, or (short-packed) the packs of
-    heads_per_program that its `pack` option allows."""
+    """Each path forced (takes_short_path replaced) on grouped heads: the split path packs them per KV head,
+    the one-launch kernel takes a program per head, or (short-packed) the packs of heads_per_program that its
+    `pack` option allows."""
     from asentmax.ops.triton import attention_decode
     from asentmax.ops.triton.attention_common import heads_per_program
 
-    monkeypatch.setattr(attention_decode, "SHORT_CACHE", 0 if path == "split" else 10**6)
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: path != "split")
     if path == "short-packed":
         short = attention_decode.entmax_attention_decode_short
 
@@ -146,15 +148,38 @@ def test_decode_gqa_packed_heads(monkeypatch, case, path):
     check_decode(case)
 
 
+# the launcher's default on grouped caches (the split path, split_chunk's chunks: 128 keys here, so 1000 keys
+# are 8 chunks and 4100 keys 33, summed by two blocks of chunk_sum) and on MHA, alpha 1, 1.5, 2 and general
+SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
+    (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # group 2, a single key
+    (1.0, True, 2, 8, 2, 1, 17, 16, torch.float32, ALL),  # group 4, softmax, one chunk
+    (2.0, False, 2, 8, 1, 1, 17, 16, torch.float32, ALL),  # group 8, sparsemax
+    (1.5, True, 2, 4, 2, 2, 1000, 16, torch.float32, ALL),  # group 2, 8 chunks
+    (1.25, True, 2, 8, 2, 1, 1000, 16, torch.float32, ALL),  # group 4
+    (1.0, False, 1, 8, 1, 1, 1000, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, softmax
+    (1.5, True, 2, 8, 1, 1, 1000, 16, torch.float32, ALL),  # group 8
+    (1.5, True, 2, 4, 4, 1, 1000, 16, torch.float32, ALL),  # MHA: the one-launch kernel
+    (1.75, True, 2, 8, 2, 1, 4100, 16, torch.float32, ALL),  # group 4, 33 chunks, streamed threshold rows
+    (1.5, True, 1, 8, 1, 2, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8 x Nq 2
+    (2.0, True, 1, 2, 2, 1, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # MHA, split (> 2048)
+]
+
+
+@interpreter
+@pytest.mark.parametrize("case", SPLIT_GQA_CASES, ids=case_id)
+def test_decode_gqa_split_default(case):
+    check_decode(case)
+
+
 @interpreter
 @pytest.mark.parametrize("path, option", [("short", dict(pack=4)), ("split", dict(pack=1)),
                                           ("split", dict(chunk=256))], ids=["short-pack4", "split-pack1",
                                                                             "split-chunk256"])
 def test_decode_launcher_options(path, option):
     """The launchers' options that bench_decode_gpu.py times (the layout the launcher does not take: packs of
-    4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks and the
-    reduce here) compute what the defaults compute, which test_decode_gqa_packed_heads checks against the
-    reference."""
+    4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks here, not
+    the default's three) compute what the defaults compute, which test_decode_gqa_packed_heads checks
+    against the reference."""
     from asentmax.ops.triton import attention_decode
 
     launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
@@ -177,11 +202,26 @@ def test_heads_per_program(group, n_q, pack):
     assert heads_per_program(group, n_q) == pack
 
 
-@pytest.mark.parametrize("n_k", [100, 3000])
-def test_decode_gqa_programs(monkeypatch, n_k):
-    """At Nq = 1 the one-launch kernel (short caches) launches one program per (batch, query head), the
-    split path's K-reading kernels one per (key chunk, batch, KV head): each KV head is read once for its
-    group there (the layouts the H200 measurements picked, attention_decode_short's docstring)."""
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, grid", [
+    (3, 8, 8, 1, 100, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
+    (3, 8, 8, 1, 3000, {"_decode_scores": (12, 24), "_decode_threshold": (24,),
+                        "_decode_output": (12, 24)}),  # MHA, 24 packs: chunks of 256 keys
+    (3, 8, 2, 1, 100, {"_decode_scores": (1, 6), "_decode_threshold": (24,), "_decode_output": (1, 6)}),
+    (3, 8, 2, 1, 3000, {"_decode_scores": (24, 6), "_decode_threshold": (24,), "_decode_output": (24, 6)}),
+    (8, 16, 4, 1, 1024, {"_decode_scores": (8, 32), "_decode_threshold": (128,), "_decode_output": (8, 32)}),
+    (8, 16, 4, 1, 4096, {"_decode_scores": (8, 32), "_decode_threshold": (128,), "_decode_output": (8, 32)}),
+    (8, 16, 16, 1, 4096, {"_decode_scores": (4, 128), "_decode_threshold": (128,),
+                          "_decode_output": (4, 128)}),
+    (8, 32, 4, 4, 1024, {"_decode_scores": (4, 64), "_decode_threshold": (1024,),
+                         "_decode_output": (4, 64)}),  # groups of 8 at Nq 4: packs of 4 heads
+    (2, 8, 4, 16, 500, {"_decode_short": (16,)}),  # group 2 x Nq 16 rows: no pack fits, per head
+])
+def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, grid):
+    """The launcher's path and grids: the one-launch kernel for multi-head attention up to SHORT_CACHE keys
+    (a program per (batch, query head)); else the split kernels, whose K- and V-reading programs run over
+    (key chunk, batch, pack of query heads sharing a KV head), so each KV head is read once per pack, with
+    split_chunk's chunks (B = 8, Hkv = 4: 128 keys at 1K, 512 at 4K: 256 programs), and a threshold
+    program per query row."""
     from asentmax.ops.triton import attention_decode, attention_decode_short
 
     grids = {}
@@ -194,18 +234,23 @@ def test_decode_gqa_programs(monkeypatch, n_k):
             grids[self.name] = grid
             return lambda *args, **kwargs: None
 
-    for module, name in ((attention_decode_short, "_decode_short"), (attention_decode, "_decode_scores"),
-                         (attention_decode, "_decode_output")):
-        monkeypatch.setattr(module, name, Recorder(name))
-    for name in ("_decode_threshold", "_decode_reduce"):
+    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
         monkeypatch.setattr(attention_decode, name, Recorder(name))
-    q, k = torch.zeros(3, 8, 1, 16), torch.zeros(3, 2, n_k, 16)
+    q, k = torch.zeros(batch, heads, n_q, 16), torch.zeros(batch, kv_heads, n_k, 16)
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
-    if n_k <= attention_decode.SHORT_CACHE:
-        assert grids == {"_decode_short": (3 * 8,)}
-    else:
-        assert grids["_decode_scores"] == grids["_decode_output"] == (3, 3 * 2)  # 3 chunks of 1024 keys
+    assert grids == grid
+
+
+@pytest.mark.parametrize("programs_per_chunk, n_k, chunk", [
+    (32, 1024, 128), (32, 2048, 256), (32, 4096, 512), (32, 8192, 1024), (32, 16384, 1024),
+    (128, 1024, 512), (128, 4096, 1024), (8, 1024, 128), (8, 4096, 128), (8, 32768, 1024), (2, 1, 128)])
+def test_split_chunk(programs_per_chunk, n_k, chunk):
+    """The largest of 1024, 512, 256, 128 keys a program that gives >= 256 programs, else 128."""
+    from asentmax.ops.triton.attention_decode import split_chunk
+
+    assert split_chunk(programs_per_chunk, n_k) == chunk
 
 
 @interpreter
@@ -222,9 +267,11 @@ def test_decode_rows_sum_to_one(n_k):
     assert (out[empty] == 0).all()
 
 
-@pytest.mark.parametrize("n_k, path", [(1, "short"), (2048, "short"), (2049, "split"), (40000, "split")])
-def test_decode_launcher_picks_path(monkeypatch, n_k, path):
-    """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys."""
+@pytest.mark.parametrize("kv_heads, n_k, path", [(2, 1, "short"), (2, 2048, "short"), (2, 2049, "split"),
+                                                 (2, 40000, "split"), (1, 1, "split"), (1, 2048, "split")])
+def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, path):
+    """Multi-head caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones and grouped caches
+    (here 2 query heads on one KV head) the split over the keys."""
     from asentmax.ops.triton import attention_decode
 
     assert attention_decode.SHORT_CACHE == 2048
@@ -232,7 +279,7 @@ def test_decode_launcher_picks_path(monkeypatch, n_k, path):
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
                             lambda *args, name=name, **kwargs: taken.append(name))
-    q, k = torch.empty(1, 2, 1, 16, device="meta"), torch.empty(1, 2, n_k, 16, device="meta")
+    q, k = torch.empty(1, 2, 1, 16, device="meta"), torch.empty(1, kv_heads, n_k, 16, device="meta")
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     assert taken == [path]
