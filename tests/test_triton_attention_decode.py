@@ -332,3 +332,23 @@ GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_m
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_decode_matches_reference_gpu(case):
     check_decode(case, "cuda")
+
+
+@pytest.mark.gpu
+@on_cuda
+@pytest.mark.parametrize("n_k", [1000, 20000])
+def test_decode_split_sum_race_free_gpu(n_k):
+    """The split path's last program per pack sums the chunks' partials after an atomic count: with the
+    workspace NaN-poisoned on every call, 30 calls at B * Hkv = 64 packs of 4 heads (split_chunk: 4 chunks
+    of 256 keys, 20 of 1024) give finite outputs, bitwise equal (the sum runs in chunk order, whichever
+    program arrives last); a partial read before it is stored would be NaN or differ."""
+    from asentmax.ops.triton.attention_decode import entmax_attention_decode_split, split_chunk
+
+    q, k, v, _ = inputs(16, 16, 4, 1, n_k, 64, torch.bfloat16, device="cuda")
+    assert split_chunk(64, n_k) < n_k
+    options = dict(mode=1, alpha=1.5, scale=0.125, causal=False, slopes=None, q_scale=None, kpm=None,
+                   tol=3e-2, max_iter=40)
+    with torch.no_grad(), nan_poisoned_empty():
+        outs = [entmax_attention_decode_split(q, k, v, **options)[0] for _ in range(30)]
+    assert torch.isfinite(outs[0]).all()
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
