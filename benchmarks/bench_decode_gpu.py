@@ -8,10 +8,12 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
   keys and the split-over-keys kernels of attention_decode.py for grouped caches and longer ones, with
   split_chunk's chunks (path: short / split);
 - old launcher: the rule before grouped caches took the split path (the one-launch kernel, a program per
-  query head, up to SHORT_CACHE keys, else the split kernels with chunks of 1024 keys), on today's kernels;
+  query head, up to SHORT_CACHE keys, else the split kernels with chunks of 1024 keys and the thresholds in
+  their own launch), on today's kernels;
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
   threshold belongs (split: split_chunk's chunks); split 1024: the split launcher with chunks of 1024 keys
-  (the chunk before split_chunk);
+  (the chunk before split_chunk); split no-solve: split with the thresholds always in their own launch
+  (solve=False; the default solves them in the output kernel where a pack's scores fit 4096);
 - per head, packed (GQA rows only): the launcher's path with one program per query head (pack=1, which
   reads each KV head once per query head of its group) and with one per pack of a KV head's query heads
   (attention_common.heads_per_program, which reads it once per pack; the split path's default);
@@ -77,7 +79,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
     def old_launcher():
         if cache <= SHORT_CACHE:
             return entmax_attention_decode_short(q, k, v, **options)
-        return entmax_attention_decode_split(q, k, v, chunk=1024, **options)
+        return entmax_attention_decode_split(q, k, v, chunk=1024, solve=False, **options)
 
     with torch.no_grad():
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
@@ -90,6 +92,8 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
             row["short_ms"] = timed(lambda: entmax_attention_decode_short(q, k, v, **options))
             row["split_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, **options))
             row["split1024_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, chunk=1024, **options))
+            row["split_no_solve_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, solve=False,
+                                                                                   **options))
         if hkv != h:
             path = entmax_attention_decode_short if row["path"] == "short" else entmax_attention_decode_split
             row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
@@ -115,19 +119,20 @@ def markdown(report):
              "takes the one-launch kernel (path short) for multi-head caches of up to "
              f"{info['short_cache']} keys, the split kernels (split_chunk's chunks) for grouped and longer "
              "caches; old launcher = the rule before (one-launch kernel, a program per query head, up to "
-             f"{info['short_cache']} keys, else split with chunks of 1024), on the same kernels; short / "
-             "split = each launcher forced (split 1024: chunks of 1024 keys); per head / packed (GQA) = the "
+             f"{info['short_cache']} keys, else split with chunks of 1024 and a threshold launch), on the "
+             "same kernels; short / split = each launcher forced (split 1024: chunks of 1024 keys; no-solve: "
+             "the thresholds in their own launch); per head / packed (GQA) = the "
              "launcher's path with one program per query head / per pack of the query heads sharing a KV "
              "head. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
              "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | old launcher ms | short ms "
-             "| split ms | split 1024 ms | per head ms | packed ms | SDPA ms | ours/SDPA | launcher/SDPA "
-             "| old/SDPA | softmax abs diff |",
-             "|---" * 20 + "|"]
+             "| split ms | split 1024 ms | split no-solve ms | per head ms | packed ms | SDPA ms | ours/SDPA "
+             "| launcher/SDPA | old/SDPA | softmax abs diff |",
+             "|---" * 21 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
                      f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | "
                      f"{r['old_launcher_ms']:.4f} | {ms(r, 'short_ms')} | {ms(r, 'split_ms')} | "
-                     f"{ms(r, 'split1024_ms')} | "
+                     f"{ms(r, 'split1024_ms')} | {ms(r, 'split_no_solve_ms')} | "
                      f"{ms(r, 'per_head_ms')} | {ms(r, 'packed_ms')} | {r['sdpa_ms']:.4f} | "
                      f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
                      f"{r['old_launcher_vs_sdpa']:.2f} | "

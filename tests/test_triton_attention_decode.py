@@ -173,13 +173,14 @@ def test_decode_gqa_split_default(case):
 
 @interpreter
 @pytest.mark.parametrize("path, option", [("short", dict(pack=4)), ("split", dict(pack=1)),
-                                          ("split", dict(chunk=256))], ids=["short-pack4", "split-pack1",
-                                                                            "split-chunk256"])
+                                          ("split", dict(chunk=256)), ("split", dict(solve=False))],
+                         ids=["short-pack4", "split-pack1", "split-chunk256", "split-threshold-launch"])
 def test_decode_launcher_options(path, option):
     """The launchers' options that bench_decode_gpu.py times (the layout the launcher does not take: packs of
     4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks here, not
-    the default's three) compute what the defaults compute, which test_decode_gqa_packed_heads checks
-    against the reference."""
+    the default's three; solve=False: the thresholds by their own launch, where the default solves these 8
+    rows x 384 keys in the output kernel) compute what the defaults compute, which
+    test_decode_gqa_packed_heads checks against the reference."""
     from asentmax.ops.triton import attention_decode
 
     launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
@@ -204,16 +205,14 @@ def test_heads_per_program(group, n_q, pack):
 
 @pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, grid", [
     (3, 8, 8, 1, 100, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
-    (3, 8, 8, 1, 3000, {"_decode_scores": (12, 24), "_decode_threshold": (24,),
-                        "_decode_output": (12, 24)}),  # MHA, 24 packs: chunks of 256 keys
-    (3, 8, 2, 1, 100, {"_decode_scores": (1, 6), "_decode_threshold": (24,), "_decode_output": (1, 6)}),
+    (3, 8, 8, 1, 3000, {"_decode_scores": (12, 24), "_decode_output": (12, 24)}),  # MHA, 24 packs: 256 keys
+    (3, 8, 2, 1, 100, {"_decode_scores": (1, 6), "_decode_output": (1, 6)}),
     (3, 8, 2, 1, 3000, {"_decode_scores": (24, 6), "_decode_threshold": (24,), "_decode_output": (24, 6)}),
-    (8, 16, 4, 1, 1024, {"_decode_scores": (8, 32), "_decode_threshold": (128,), "_decode_output": (8, 32)}),
+    (8, 16, 4, 1, 1024, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
     (8, 16, 4, 1, 4096, {"_decode_scores": (8, 32), "_decode_threshold": (128,), "_decode_output": (8, 32)}),
-    (8, 16, 16, 1, 4096, {"_decode_scores": (4, 128), "_decode_threshold": (128,),
-                          "_decode_output": (4, 128)}),
+    (8, 16, 16, 1, 4096, {"_decode_scores": (4, 128), "_decode_output": (4, 128)}),
     (8, 32, 4, 4, 1024, {"_decode_scores": (4, 64), "_decode_threshold": (1024,),
-                         "_decode_output": (4, 64)}),  # groups of 8 at Nq 4: packs of 4 heads
+                         "_decode_output": (4, 64)}),  # groups of 8 at Nq 4: packs of 4 heads, 16 rows
     (2, 8, 4, 16, 500, {"_decode_short": (16,)}),  # group 2 x Nq 16 rows: no pack fits, per head
 ])
 def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, grid):
@@ -221,7 +220,8 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, grid
     (a program per (batch, query head)); else the split kernels, whose K- and V-reading programs run over
     (key chunk, batch, pack of query heads sharing a KV head), so each KV head is read once per pack, with
     split_chunk's chunks (B = 8, Hkv = 4: 128 keys at 1K, 512 at 4K: 256 programs), and a threshold
-    program per query row."""
+    program per query row, except where a pack's rows x cache fit one resident threshold tile of 4096
+    scores (then the output kernel solves them: no _decode_threshold launch)."""
     from asentmax.ops.triton import attention_decode, attention_decode_short
 
     grids = {}

@@ -14,15 +14,18 @@ along the keys instead, so that K and V are each read once, and a grouped cache 
    passes of attention_fwd.py over the stored scores of the whole row (held in registers when the row fits
    in one block, else re-read from L2), then Z = sum_j p_j, 1 / Z and the support size. tau needs every key,
    so it is found here exactly as on the other paths (same passes, same stopping rule), never merged from
-   per-chunk thresholds;
+   per-chunk thresholds. Where a pack's rows x cache fit one resident tile (<= 4096 scores: a grouped cache
+   of 1K keys, a multi-head one of 4K) there is no such launch: every output program of the pack solves its
+   rows itself, the same passes over the same stored scores (one L2 read of <= 16 KB a program);
 3. output: one program per (key chunk, batch, pack of heads) accumulates p @ v / Z over its chunk. A cache
    of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and the
    last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
 
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
-tensors and these three launches. Multi-head attention at caches of at most SHORT_CACHE keys takes the
-one-launch kernel of attention_decode_short.py instead (entmax_attention_decode, the launcher). Forward only:
-the autograd wrapper uses the fused kernels when gradients are needed.
+tensors and these three launches (two when the output kernel solves). Multi-head attention at caches of at
+most SHORT_CACHE keys takes the one-launch kernel of attention_decode_short.py instead
+(entmax_attention_decode, the launcher). Forward only: the autograd wrapper uses the fused kernels when
+gradients are needed.
 """
 
 import torch
@@ -82,26 +85,39 @@ def _decode_scores(
         tl.store(Work + count_offset + pid_p, 0.0)
 
 
+@triton.jit
+def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+               two_minus_alpha, tol, max_iter, ROWS: tl.constexpr, MAX_TILE: tl.constexpr,
+               BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
+    """Thresholds of the score rows `rows` (ROWS,) (those with r_in): each row's max over its chunks' maxima
+    (read MAX_TILE chunks at a time), then stored_rows_threshold over the row's stored scores, in tiles of
+    (ROWS, BLOCK). Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no
+    visible key)."""
+    offs_c = tl.arange(0, MAX_TILE)
+    m_part = tl.full([ROWS, MAX_TILE], float("-inf"), tl.float32)
+    for start in range(0, n_chunks, MAX_TILE):
+        chunk = start + offs_c
+        m_part = tl.maximum(m_part, tl.load(Work + max_offset + rows[:, None] * n_chunks + chunk[None, :],
+                                            mask=r_in[:, None] & (chunk < n_chunks)[None, :],
+                                            other=float("-inf")))
+    t, inv_z, count = stored_rows_threshold(Work + rows.to(tl.int64)[:, None] * s_stride, r_in[:, None],
+                                            s_stride, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
+                                            max_iter, BLOCK, RESIDENT, MODE)
+    tl.store(Tau + rows, t, mask=r_in)
+    tl.store(Work + inv_z_offset + rows, inv_z, mask=r_in)
+    tl.store(Support + rows, count, mask=r_in)
+
+
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])
 def _decode_threshold(
     Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
     BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr,
 ):
-    """One program per query row, handled as a (1, BLOCK) tile so that the fused kernel's helpers apply.
-    Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no visible key)."""
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)[None, :]
-    m_part = tl.full([1, BLOCK], float("-inf"), tl.float32)
-    for start in range(0, n_chunks, BLOCK):
-        m_part = tl.maximum(m_part, tl.load(Work + max_offset + row * n_chunks + start + offs,
-                                            mask=start + offs < n_chunks, other=float("-inf")))
-    one = tl.arange(0, 1)
-    s_row = Work + row.to(tl.int64) * s_stride + one[:, None]  # (1, 1)
-    t, inv_z, count = stored_rows_threshold(s_row, one[:, None] < 1, s_stride, tl.max(m_part, 1), inv_am1,
-                                            two_minus_alpha, tol, max_iter, BLOCK, RESIDENT, MODE)
-    tl.store(Tau + row + one, t)
-    tl.store(Work + inv_z_offset + row + one, inv_z)
-    tl.store(Support + row + one, count)
+    """One program per query row (solve_rows on a tile of one row, so that the fused kernel's helpers
+    apply)."""
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    solve_rows(Work, Tau, Support, rows, rows >= 0, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+               two_minus_alpha, tol, max_iter, 1, BLOCK, BLOCK, RESIDENT, MODE)
 
 
 @triton.jit
@@ -118,18 +134,23 @@ def chunk_sum(base, n_chunks, head_dim, d_in, BLOCK_C: tl.constexpr, BLOCK_D: tl
     return tl.sum(acc, 0)
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
+@triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks", "max_iter"])
 def _decode_output(
-    V, Work, Tau, Out, svb, svh, svn,
-    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, count_offset, head_dim,
-    inv_am1,
+    V, Work, Tau, Support, Out, svb, svh, svn,
+    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
+    count_offset, head_dim, inv_am1, two_minus_alpha, tol, max_iter,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_C: tl.constexpr, MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr, MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, SOLVE: tl.constexpr,
+    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """sum_j p_j v_j / Z over chunk pid_c for the rows of pack pid_p (as _decode_scores): into Out
     (B, H, Nq, D) when the cache is one chunk. Otherwise to Work[partial_offset + (row * n_chunks + pid_c) *
     head_dim + d]; then the program adds 1 to the pack's arrival count, and the one that arrives last (all
-    the pack's partials are stored) sums them over the chunks into Out, in Out's dtype."""
+    the pack's partials are stored) sums them over the chunks into Out, in Out's dtype.
+
+    SOLVE: there was no _decode_threshold launch; each program first finds the thresholds of its pack's rows
+    itself (solve_rows on a resident tile of ROWS x SOLVE_BLOCK, the pack's scores of every chunk), every
+    program of the pack the same values by the same passes, and reads them back after a barrier."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -138,6 +159,12 @@ def _decode_output(
     row_in = offs_m < pack * n_q
     d_in = offs_d < head_dim
     rows = pid_p * pack * n_q + offs_m
+    if SOLVE:
+        rows_r = pid_p * pack * n_q + tl.arange(0, ROWS)
+        solve_rows(Work, Tau, Support, rows_r, tl.arange(0, ROWS) < pack * n_q, s_stride, max_offset,
+                   inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter, ROWS, 32, SOLVE_BLOCK,
+                   True, MODE)
+        tl.debug_barrier()  # the rows' tau and 1 / Z, stored in the ROWS layout, are read in the BLOCK_M one
     tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
     inv_z = tl.load(Work + inv_z_offset + rows, mask=row_in, other=0.0)
     v_base = V + b * svb + ((pid_p % n_packs) * pack // group) * svh
@@ -208,7 +235,7 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
 
 
 def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None, chunk=None):
+                                  max_iter, pack=None, chunk=None, solve=None):
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
     program (a multiple of 64).
@@ -217,8 +244,11 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     the chunk is the largest of 1024, 512, 256, 128 keys that gives at least TARGET_PROGRAMS = 256 programs
     (about two per SM of the H200), else 128. Multi-head attention (B * H / pack = 128 at B = 8, H = 16)
     keeps chunks of 1024 at every cache of >= 2K keys, as before this rule; grouped caches get smaller
-    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on). num_warps 4 in the
-    K- and V-reading kernels (a 16 x 64 score tile), threshold_tile's in the threshold kernel."""
+    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on). `solve` (default: the
+    pack's next_power_of_2(pack * Nq) rows x padded cache fit threshold_tile's resident 4096) has the output
+    kernel find the thresholds instead of a launch of _decode_threshold. num_warps 4 in the K- and V-reading
+    kernels (a 16 x 64 score tile), threshold_tile's in the threshold kernel and in a solving output kernel.
+    """
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
     if pack is None:
@@ -249,14 +279,21 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         DOT_PRECISION=precision, num_warps=4)
-    row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
-    _decode_threshold[(n_rows,)](
-        work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
-        BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
+    rows = next_power_of_2(pack * n_q)
+    solve_tile, solve_warps = threshold_tile(rows * s_stride)
+    if solve is None:
+        solve = s_stride <= solve_tile // rows  # the pack's scores fit one resident threshold tile
+    if not solve:
+        row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
+        _decode_threshold[(n_rows,)](
+            work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol,
+            max_iter, BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
     _decode_output[(n_chunks, n_packs)](
-        v, work, tau, out, *v.stride()[:3],
-        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, count_offset,
-        dim, inv_am1,
+        v, work, tau, support, out, *v.stride()[:3],
+        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
+        count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
-        SINGLE_CHUNK=n_chunks == 1, DOT_PRECISION=precision, num_warps=4)
+        SINGLE_CHUNK=n_chunks == 1, SOLVE=solve, ROWS=rows if solve else 1,
+        SOLVE_BLOCK=solve_tile // rows if solve else 1, DOT_PRECISION=precision,
+        num_warps=solve_warps if solve else 4)
     return out, tau, support
