@@ -307,6 +307,33 @@ def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
     assert 1 < len(configs) <= most
 
 
+@pytest.mark.parametrize("n_q", [1, 4])
+def test_decode_split_compiles_few_variants(monkeypatch, n_q):
+    """A grouped cache (B = 8, H = 16, Hkv = 4) growing to 8K keys launches the split kernels with at most 13
+    compile-time configurations in all: 4 chunks of split_chunk for the scores kernel; the output kernel
+    for each chunk with one chunk or several, solving or not; 2-3 threshold tiles. Each compiles once."""
+    from asentmax.ops.triton import attention_decode
+
+    configs = set()
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: configs.add((self.name, tuple(sorted(kwargs.items()))))
+
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
+        monkeypatch.setattr(attention_decode, name, Recorder(name))
+    q = torch.zeros(8, 16, n_q, 64)
+    for n_k in range(n_q, 8193, 13):
+        k = torch.zeros(8, 4, n_k, 64)
+        attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True,
+                                                 slopes=None, q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert sum(name == "_decode_scores" for name, _ in configs) == 4
+    assert len(configs) <= 13
+
+
 @pytest.mark.parametrize("batch, n_k", [(64, 40000), (2048, 2048)], ids=["split", "short"])
 def test_decode_workspace_limit(batch, n_k):
     """The kernels index their workspace with int32: a larger problem is refused, not silently wrong, on
