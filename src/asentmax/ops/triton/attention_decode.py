@@ -14,9 +14,9 @@ along the keys instead, so that K and V are each read once, and a grouped cache 
    passes of attention_fwd.py over the stored scores of the whole row (held in registers when the row fits
    in one block, else re-read from L2), then Z = sum_j p_j, 1 / Z and the support size. tau needs every key,
    so it is found here exactly as on the other paths (same passes, same stopping rule), never merged from
-   per-chunk thresholds. Where a pack's rows x cache fit one resident tile (<= 4096 scores: a grouped cache
-   of 1K keys, a multi-head one of 4K) there is no such launch: every output program of the pack solves its
-   rows itself, the same passes over the same stored scores (one L2 read of <= 16 KB a program);
+   per-chunk thresholds. Where a pack's rows x cache are few (<= 16384 scores, see entmax_attention_decode_
+   split: a grouped cache of up to 4K keys, a multi-head one of up to 4K) there is no such launch: every
+   output program of the pack solves its rows itself, the same passes over the same stored scores;
 3. output: one program per (key chunk, batch, pack of heads) accumulates p @ v / Z over its chunk. A cache
    of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and the
    last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
@@ -141,7 +141,7 @@ def _decode_output(
     count_offset, head_dim, inv_am1, two_minus_alpha, tol, max_iter,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_C: tl.constexpr, MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, SOLVE: tl.constexpr,
-    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """sum_j p_j v_j / Z over chunk pid_c for the rows of pack pid_p (as _decode_scores): into Out
     (B, H, Nq, D) when the cache is one chunk. Otherwise to Work[partial_offset + (row * n_chunks + pid_c) *
@@ -149,8 +149,9 @@ def _decode_output(
     the pack's partials are stored) sums them over the chunks into Out, in Out's dtype.
 
     SOLVE: there was no _decode_threshold launch; each program first finds the thresholds of its pack's rows
-    itself (solve_rows on a resident tile of ROWS x SOLVE_BLOCK, the pack's scores of every chunk), every
-    program of the pack the same values by the same passes, and reads them back after a barrier."""
+    itself (solve_rows on tiles of ROWS x SOLVE_BLOCK over the pack's scores of every chunk, held in
+    registers when RESIDENT, else re-read from L2 each pass), every program of the pack the same values by
+    the same passes, and reads them back after a barrier."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -163,7 +164,7 @@ def _decode_output(
         rows_r = pid_p * pack * n_q + tl.arange(0, ROWS)
         solve_rows(Work, Tau, Support, rows_r, tl.arange(0, ROWS) < pack * n_q, s_stride, max_offset,
                    inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter, ROWS, 32, SOLVE_BLOCK,
-                   True, MODE)
+                   RESIDENT, MODE)
         tl.debug_barrier()  # the rows' tau and 1 / Z, stored in the ROWS layout, are read in the BLOCK_M one
     tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
     inv_z = tl.load(Work + inv_z_offset + rows, mask=row_in, other=0.0)
@@ -194,6 +195,7 @@ def _decode_output(
 # The split path's launch configuration (entmax_attention_decode_split's docstring gives the rule).
 CHUNKS = (1024, 512, 256, 128)  # keys a program, a multiple of _BLOCK_N; few values: few compiled variants
 TARGET_PROGRAMS = 256  # about two programs per SM of an H200 (132 SMs)
+SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
 
 
 def split_chunk(programs_per_chunk, n_k):
@@ -244,10 +246,18 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     the chunk is the largest of 1024, 512, 256, 128 keys that gives at least TARGET_PROGRAMS = 256 programs
     (about two per SM of the H200), else 128. Multi-head attention (B * H / pack = 128 at B = 8, H = 16)
     keeps chunks of 1024 at every cache of >= 2K keys, as before this rule; grouped caches get smaller
-    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on). `solve` (default: the
-    pack's next_power_of_2(pack * Nq) rows x padded cache fit threshold_tile's resident 4096) has the output
-    kernel find the thresholds instead of a launch of _decode_threshold. num_warps 4 in the K- and V-reading
-    kernels (a 16 x 64 score tile), threshold_tile's in the threshold kernel and in a solving output kernel.
+    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on).
+
+    `solve` has the output kernel find the thresholds instead of a launch of _decode_threshold: one launch
+    less (a Triton launch costs tens of microseconds of host time: in results/decode_gpu.md the split path's
+    four launches took 0.045-0.15 ms at 1K caches where the one-launch kernel took 0.02-0.05 ms), paid by
+    every output program re-reading its pack's scores on each threshold pass. Default: when that is at most
+    SOLVE_SCORES = 16384 scores (64 KB) a program and 256 x that over all programs: the pack's
+    next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped caches
+    of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
+    H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head caches of 8K keys and more, keep
+    the threshold launch. num_warps 4 in the K- and V-reading kernels (a 16 x 64 score tile),
+    threshold_tile's in the threshold kernel and in a solving output kernel.
     """
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
@@ -281,8 +291,9 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         DOT_PRECISION=precision, num_warps=4)
     rows = next_power_of_2(pack * n_q)
     solve_tile, solve_warps = threshold_tile(rows * s_stride)
-    if solve is None:
-        solve = s_stride <= solve_tile // rows  # the pack's scores fit one resident threshold tile
+    if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
+        solve = (rows * s_stride <= SOLVE_SCORES
+                 and n_chunks * n_packs * rows * s_stride <= SOLVE_SCORES * TARGET_PROGRAMS)
     if not solve:
         row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
         _decode_threshold[(n_rows,)](
@@ -294,6 +305,6 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
         SINGLE_CHUNK=n_chunks == 1, SOLVE=solve, ROWS=rows if solve else 1,
-        SOLVE_BLOCK=solve_tile // rows if solve else 1, DOT_PRECISION=precision,
-        num_warps=solve_warps if solve else 4)
+        SOLVE_BLOCK=solve_tile // rows if solve else 1, RESIDENT=solve and s_stride <= solve_tile // rows,
+        DOT_PRECISION=precision, num_warps=solve_warps if solve else 4)
     return out, tau, support
