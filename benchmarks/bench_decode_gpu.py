@@ -5,8 +5,8 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
   included);
 - launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes the
   one-launch kernel of asentmax/ops/triton/attention_decode_short.py for multi-head caches of <= SHORT_CACHE
-  keys and the split-over-keys kernels of attention_decode.py for grouped caches and longer ones, with
-  split_chunk's chunks (path: short / split);
+  keys and grouped ones of <= GROUPED_SHORT_WORK keys x head dim, and the split-over-keys kernels of
+  attention_decode.py for longer ones, with split_chunk's chunks (path: short / split; takes_short_path);
 - old launcher: the rule before grouped caches took the split path (the one-launch kernel, a program per
   query head, up to SHORT_CACHE keys, else the split kernels with chunks of 1024 keys and the thresholds in
   their own launch), on today's kernels;
@@ -85,7 +85,8 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if takes_short_path(h // hkv, nq, cache) else "split", ours_ms=timed(ours),
+                   path="short" if takes_short_path(h // hkv, nq, cache, dim) else "split",
+                   ours_ms=timed(ours),
                    launcher_ms=timed(lambda: entmax_attention_decode(q, k, v, **options)),
                    old_launcher_ms=timed(old_launcher), sdpa_ms=timed(sdpa), softmax_max_abs_diff=softmax_err)
         if cache <= BOTH_PATHS_UP_TO:
@@ -117,9 +118,10 @@ def markdown(report):
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
              "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
              "takes the one-launch kernel (path short) for multi-head caches of up to "
-             f"{info['short_cache']} keys, the split kernels (split_chunk's chunks) for grouped and longer "
-             "caches; old launcher = the rule before (one-launch kernel, a program per query head, up to "
-             f"{info['short_cache']} keys, else split with chunks of 1024 and a threshold launch), on the "
+             f"{info['short_cache']} keys and grouped ones of up to 65536 keys x head dim, the split kernels "
+             "(split_chunk's chunks) for longer caches; old launcher = the rule before (one-launch kernel, "
+             f"a program per query head, up to {info['short_cache']} keys, else split with chunks of 1024 "
+             "and a threshold launch), on the "
              "same kernels; short / split = each launcher forced (split 1024: chunks of 1024 keys; no-solve: "
              "the thresholds in their own launch); per head / packed (GQA) = the "
              "launcher's path with one program per query head / per pack of the query heads sharing a KV "

@@ -1,14 +1,14 @@
 """The decoding kernels (Nq <= 16, no gradients) vs the fp64 reference (docs/method.md section 3), on each of
-their code paths. Multi-head attention at caches of <= SHORT_CACHE keys: the one-launch kernel
-(attention_decode_short.py) with its threshold tile in registers or re-read from memory (many query rows).
-Grouped-query attention at every cache length, and every longer cache: the split-over-keys kernels
-(attention_decode.py), chunks by split_chunk: one chunk (output written directly), several chunks (partial
-outputs summed by the pack's last program), a score row held in registers (<= 4096 keys) or streamed
-(> 4096). Grouped-query attention: the split path packs the query heads of a KV head into one program
-(heads_per_program); GQA_CASES check each layout on both paths, forced, and SPLIT_GQA_CASES the launcher's
-default at groups 2, 4, 8 and MHA over caches of 1 to 4100 keys, with NAPE slopes (ALiBi on half the heads)
-and q_scale. The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate
-NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
+their code paths. Caches of <= SHORT_CACHE keys (multi-head) or <= GROUPED_SHORT_WORK keys x head dim
+(grouped): the one-launch kernel (attention_decode_short.py) with its threshold tile in registers or re-read
+from memory (many query rows). Longer caches: the split-over-keys kernels (attention_decode.py), chunks by
+split_chunk: one chunk (output written directly), several chunks (partial outputs summed by the pack's last
+program), thresholds by their own launch (a score row held in registers, <= 4096 keys, or streamed) or solved
+in the output kernel. Grouped-query attention: the split path packs the query heads of a KV head into one
+program (heads_per_program); GQA_CASES check each layout on both paths, forced, and SPLIT_GQA_CASES the split
+path's defaults at groups 2, 4, 8 and MHA over caches of 1 to 4100 keys, with NAPE slopes (ALiBi on half the
+heads) and q_scale. The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launchers
+allocate NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
 """
 
 import os
@@ -148,8 +148,8 @@ def test_decode_gqa_packed_heads(monkeypatch, case, path):
     check_decode(case)
 
 
-# the launcher's default on grouped caches (the split path, split_chunk's chunks: 128 keys here, so 1000 keys
-# are 8 chunks and 4100 keys 33, summed by two blocks of chunk_sum) and on MHA, alpha 1, 1.5, 2 and general
+# the split path's defaults on grouped caches (split_chunk's chunks: 128 keys here, so 1000 keys are 8 chunks
+# and 4100 keys 33, summed by two blocks of chunk_sum) and on MHA, alpha 1, 1.5, 2 and general
 SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
     (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # group 2, a single key
     (1.0, True, 2, 8, 2, 1, 17, 16, torch.float32, ALL),  # group 4, softmax, one chunk
@@ -159,7 +159,7 @@ SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
     (1.0, False, 1, 8, 1, 1, 1000, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, softmax; the
     # output kernel solves 8 rows x 1024 keys re-read from L2 (in registers up to 4096 scores)
     (1.5, True, 2, 8, 1, 1, 1000, 16, torch.float32, ALL),  # group 8
-    (1.5, True, 2, 4, 4, 1, 1000, 16, torch.float32, ALL),  # MHA: the one-launch kernel
+    (1.5, True, 2, 4, 4, 1, 1000, 16, torch.float32, ALL),  # MHA
     (1.75, True, 2, 8, 2, 1, 4100, 16, torch.float32, ALL),  # group 4, 33 chunks, threshold launch, streamed
     (1.5, True, 1, 8, 1, 2, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8 x Nq 2
     (2.0, True, 1, 2, 2, 1, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # MHA, split (> 2048)
@@ -168,7 +168,12 @@ SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
 
 @interpreter
 @pytest.mark.parametrize("case", SPLIT_GQA_CASES, ids=case_id)
-def test_decode_gqa_split_default(case):
+def test_decode_split_path(monkeypatch, case):
+    """The split path (forced: at these head dims the launcher takes the one-launch kernel up to 4096 keys)
+    with its default chunks and threshold solving."""
+    from asentmax.ops.triton import attention_decode
+
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: False)
     check_decode(case)
 
 
@@ -204,28 +209,32 @@ def test_heads_per_program(group, n_q, pack):
     assert heads_per_program(group, n_q) == pack
 
 
-@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, grid", [
-    (3, 8, 8, 1, 100, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
-    (3, 8, 8, 1, 3000, {"_decode_scores": (12, 24), "_decode_output": (12, 24)}),  # MHA, 24 packs: 256 keys
-    (3, 8, 2, 1, 100, {"_decode_scores": (1, 6), "_decode_output": (1, 6)}),
-    (3, 8, 2, 1, 3000, {"_decode_scores": (24, 6), "_decode_output": (24, 6)}),
-    (8, 16, 4, 1, 1024, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
-    (8, 16, 4, 1, 4096, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
-    (8, 16, 4, 4, 4096, {"_decode_scores": (8, 32), "_decode_threshold": (512,), "_decode_output": (8, 32)}),
-    (8, 16, 16, 1, 8192, {"_decode_scores": (8, 128), "_decode_threshold": (128,),
-                          "_decode_output": (8, 128)}),
-    (8, 16, 16, 1, 4096, {"_decode_scores": (4, 128), "_decode_output": (4, 128)}),
-    (8, 32, 4, 4, 1024, {"_decode_scores": (4, 64), "_decode_output": (4, 64)}),  # packs of 4 heads, 16 rows
-    (8, 32, 4, 1, 4096, {"_decode_scores": (8, 32), "_decode_threshold": (256,), "_decode_output": (8, 32)}),
-    (2, 8, 4, 16, 500, {"_decode_short": (16,)}),  # group 2 x Nq 16 rows: no pack fits, per head
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, grid", [
+    (3, 8, 8, 1, 100, 64, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
+    (3, 8, 8, 1, 3000, 64, {"_decode_scores": (12, 24), "_decode_output": (12, 24)}),  # 24 packs: 256 keys
+    (3, 8, 2, 1, 100, 64, {"_decode_short": (24,)}),  # grouped, 6400 keys x head dim: per query head
+    (3, 8, 2, 1, 3000, 64, {"_decode_scores": (24, 6), "_decode_output": (24, 6)}),
+    (8, 16, 4, 1, 1024, 64, {"_decode_short": (128,)}),  # 65536 keys x head dim, the most
+    (8, 16, 4, 1, 1024, 128, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
+    (8, 16, 4, 1, 4096, 64, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
+    (8, 16, 4, 4, 4096, 64, {"_decode_scores": (8, 32), "_decode_threshold": (512,),
+                             "_decode_output": (8, 32)}),
+    (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_output": (4, 128)}),
+    (8, 16, 16, 1, 8192, 64, {"_decode_scores": (8, 128), "_decode_threshold": (128,),
+                              "_decode_output": (8, 128)}),
+    (8, 32, 4, 4, 1024, 128, {"_decode_scores": (4, 64), "_decode_output": (4, 64)}),  # packs of 4, 16 rows
+    (8, 32, 4, 1, 4096, 64, {"_decode_scores": (8, 32), "_decode_threshold": (256,),
+                             "_decode_output": (8, 32)}),
+    (2, 8, 4, 16, 500, 64, {"_decode_short": (16,)}),  # group 2 x Nq 16 rows: no pack fits, per head
 ])
-def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, grid):
-    """The launcher's path and grids: the one-launch kernel for multi-head attention up to SHORT_CACHE keys
-    (a program per (batch, query head)); else the split kernels, whose K- and V-reading programs run over
-    (key chunk, batch, pack of query heads sharing a KV head), so each KV head is read once per pack, with
-    split_chunk's chunks (B = 8, Hkv = 4: 128 keys at 1K, 512 at 4K: 256 programs), and a threshold
-    program per query row, except where the output kernel solves them (no _decode_threshold launch): a
-    pack's rows x padded cache <= 16384 scores, times the programs <= 2^22."""
+def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
+    """The launcher's path and grids: the one-launch kernel (a program per (batch, query head)) for
+    multi-head attention up to SHORT_CACHE keys and grouped caches up to GROUPED_SHORT_WORK keys x head dim;
+    else the split kernels, whose K- and V-reading programs run over (key chunk, batch, pack of query heads
+    sharing a KV head), so each KV head is read once per pack, with split_chunk's chunks (B = 8, Hkv = 4:
+    128 keys at 1K, 512 at 4K: 256 programs), and a threshold program per query row, except where the output
+    kernel solves them (no _decode_threshold launch): a pack's rows x padded cache <= 16384 scores, times the
+    programs <= 2^22."""
     from asentmax.ops.triton import attention_decode, attention_decode_short
 
     grids = {}
@@ -241,7 +250,7 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, grid
     monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
     for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
         monkeypatch.setattr(attention_decode, name, Recorder(name))
-    q, k = torch.zeros(batch, heads, n_q, 16), torch.zeros(batch, kv_heads, n_k, 16)
+    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     assert grids == grid
@@ -272,10 +281,12 @@ def test_decode_rows_sum_to_one(n_k):
 
 
 @pytest.mark.parametrize("kv_heads, n_k, path", [(2, 1, "short"), (2, 2048, "short"), (2, 2049, "split"),
-                                                 (2, 40000, "split"), (1, 1, "split"), (1, 2048, "split")])
+                                                 (2, 40000, "split"), (1, 1, "short"), (1, 1024, "short"),
+                                                 (1, 1025, "split"), (1, 2048, "split")])
 def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, path):
-    """Multi-head caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones and grouped caches
-    (here 2 query heads on one KV head) the split over the keys."""
+    """Multi-head caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the
+    keys; grouped caches (here 2 query heads on one KV head, head dim 64) up to GROUPED_SHORT_WORK = 65536
+    keys x head dim the one-launch kernel, longer ones the split."""
     from asentmax.ops.triton import attention_decode
 
     assert attention_decode.SHORT_CACHE == 2048
@@ -283,7 +294,7 @@ def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, path):
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
                             lambda *args, name=name, **kwargs: taken.append(name))
-    q, k = torch.empty(1, 2, 1, 16, device="meta"), torch.empty(1, kv_heads, n_k, 16, device="meta")
+    q, k = torch.empty(1, 2, 1, 64, device="meta"), torch.empty(1, kv_heads, n_k, 64, device="meta")
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     assert taken == [path]
@@ -313,7 +324,8 @@ def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
 
 @pytest.mark.parametrize("n_q", [1, 4])
 def test_decode_split_compiles_few_variants(monkeypatch, n_q):
-    """A grouped cache (B = 8, H = 16, Hkv = 4) growing to 8K keys launches the split kernels with at most 15
+    """A grouped cache (B = 8, H = 16, Hkv = 4) growing to 8K keys on the split path (forced from 1 key on)
+    launches its kernels with at most 15
     compile-time configurations in all: 4 chunks of split_chunk for the scores kernel; the output kernel
     for each chunk with one chunk or several, solving its thresholds (in registers or re-read) or not; 2-3
     threshold tiles. Each compiles once a process."""
@@ -330,6 +342,7 @@ def test_decode_split_compiles_few_variants(monkeypatch, n_q):
 
     for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
         monkeypatch.setattr(attention_decode, name, Recorder(name))
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: False)
     q = torch.zeros(8, 16, n_q, 64)
     for n_k in range(n_q, 8193, 13):
         k = torch.zeros(8, 4, n_k, 64)

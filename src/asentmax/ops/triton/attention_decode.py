@@ -196,6 +196,7 @@ def _decode_output(
 CHUNKS = (1024, 512, 256, 128)  # keys a program, a multiple of _BLOCK_N; few values: few compiled variants
 TARGET_PROGRAMS = 256  # about two programs per SM of an H200 (132 SMs)
 SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
+GROUPED_SHORT_WORK = 1024 * 64  # most keys x head dim of a grouped cache the one-launch kernel takes
 
 
 def split_chunk(programs_per_chunk, n_k):
@@ -207,28 +208,35 @@ def split_chunk(programs_per_chunk, n_k):
     return CHUNKS[-1]
 
 
-def takes_short_path(group, n_q, n_k):
-    """True where entmax_attention_decode takes the one-launch kernel: caches of <= SHORT_CACHE keys whose
-    query heads cannot share a program (heads_per_program = 1: multi-head attention, or groups whose
-    group * n_q rows do not divide into tiles of MAX_QUERIES)."""
-    return n_k <= SHORT_CACHE and heads_per_program(group, n_q) == 1
+def takes_short_path(group, n_q, n_k, head_dim):
+    """True where entmax_attention_decode takes the one-launch kernel (a program per query head): caches of
+    <= SHORT_CACHE keys whose query heads cannot share a program (heads_per_program = 1: multi-head
+    attention, or groups whose group * n_q rows do not fit a tile of MAX_QUERIES), and grouped caches of at
+    most GROUPED_SHORT_WORK keys x head dim. A program of the one-launch kernel streams its head's whole
+    cache, so its time grows with keys x head dim (on the H200 with groups of 4 at B = 8: 0.022 ms at 1K keys
+    and head dim 64, 1.8x SDPA; 0.038-0.054 ms at 2K keys or head dim 128, 2.4-2.8x; results/decode_gpu.md,
+    seventh session), while the split path costs about two launches whatever the cache."""
+    if heads_per_program(group, n_q) == 1:
+        return n_k <= SHORT_CACHE
+    return n_k * head_dim <= GROUPED_SHORT_WORK
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    Multi-head attention at caches of at most SHORT_CACHE keys takes the one-launch kernel of
-    attention_decode_short.py (a program per query head); grouped-query attention at every cache length, and
-    every cache longer than SHORT_CACHE, the split over the keys (a program per key chunk and pack of query
-    heads sharing a KV head, heads_per_program; chunks by split_chunk). The one-launch kernel reads a head's
+    Multi-head attention at caches of at most SHORT_CACHE keys, and grouped-query attention at caches of at
+    most GROUPED_SHORT_WORK keys x head dim, take the one-launch kernel of attention_decode_short.py (a
+    program per query head; takes_short_path); longer caches the split over the keys (a program per key
+    chunk and pack of query heads sharing a KV head, heads_per_program; chunks by split_chunk). The
+    one-launch kernel reads a head's
     whole cache in one program, so its time grows with the cache at B * H programs; a grouped cache packed
     into one program per KV head leaves only B * Hkv programs (32 for B = 8, Hkv = 4), too few for 132 SMs
     (results/decode_gpu.md, seventh session), while the split path reads each KV head once per pack and
     still has B * Hkv * chunks programs. SHORT_CACHE = 2048 by measurement (results/decode_gpu.md, both
     paths forced in one run on the H200): at 1K-2K the one-launch kernel is faster in 9 of 10 rows.
     """
-    if takes_short_path(q.shape[1] // k.shape[1], q.shape[2], k.shape[2]):
+    if takes_short_path(q.shape[1] // k.shape[1], q.shape[2], k.shape[2], q.shape[3]):
         launcher = entmax_attention_decode_short
     else:
         launcher = entmax_attention_decode_split
