@@ -19,8 +19,9 @@ slope and threshold.
 K and V are each read once per program. The stages hand their results to each other through the scratch
 behind a barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the
 next power of two of pack * Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode
-picks this path for multi-head caches of at most SHORT_CACHE keys (grouped caches take the split path, whose
-programs read a KV head once per pack and still number B * Hkv * chunks: attention_decode.takes_short_path).
+picks this path for multi-head caches of at most SHORT_CACHE keys and grouped ones of at most
+GROUPED_SHORT_WORK keys x head dim (longer grouped caches take the split path, whose programs read a KV head
+once per pack and still number B * Hkv * chunks: attention_decode.takes_short_path).
 """
 
 import torch
