@@ -4,15 +4,19 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call) of
 - ours: `entmax_attention(..., alpha, backend="triton")` under no_grad, the public call (argument checks
   included);
 - launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes the
-  one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys and
-  the split-over-keys kernels of attention_decode.py beyond;
+  one-launch kernel of asentmax/ops/triton/attention_decode_short.py for multi-head caches of <= SHORT_CACHE
+  keys and grouped ones of <= GROUPED_SHORT_WORK keys x head dim, and the split-over-keys kernels of
+  attention_decode.py for longer ones, with split_chunk's chunks (path: short / split; takes_short_path);
+- old launcher: the rule before grouped caches took the split path (the one-launch kernel, a program per
+  query head, up to SHORT_CACHE keys, else the split kernels with chunks of 1024 keys and the thresholds in
+  their own launch), on today's kernels;
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
-  threshold belongs; split 256: the split launcher with chunks of 256 keys instead of 1024 (4x the programs,
-  for the few packs of a grouped cache);
+  threshold belongs (split: split_chunk's chunks); split 1024: the split launcher with chunks of 1024 keys
+  (the chunk before split_chunk); split no-solve: split with the thresholds always in their own launch
+  (solve=False; the default solves them in the output kernel where a pack's scores fit 4096);
 - per head, packed (GQA rows only): the launcher's path with one program per query head (pack=1, which
   reads each KV head once per query head of its group) and with one per pack of a KV head's query heads
-  (attention_common.heads_per_program, which reads it once per pack); the launcher takes the per-head layout
-  on the one-launch path and the packed one on the split path;
+  (attention_common.heads_per_program, which reads it once per pack; the split path's default);
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads).
 Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
 with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4, groups of 4) at 1K, 2K and 4K (q_len 1,
@@ -54,6 +58,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         SHORT_CACHE,
         entmax_attention_decode,
         entmax_attention_decode_split,
+        takes_short_path,
     )
     from asentmax.ops.triton.attention_decode_short import entmax_attention_decode_short
 
@@ -71,23 +76,32 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
     def timed(launcher):
         return do_bench(launcher, warmup=10, rep=60, return_mode="median")
 
+    def old_launcher():
+        if cache <= SHORT_CACHE:
+            return entmax_attention_decode_short(q, k, v, **options)
+        return entmax_attention_decode_split(q, k, v, chunk=1024, solve=False, **options)
+
     with torch.no_grad():
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if cache <= SHORT_CACHE else "split", ours_ms=timed(ours),
+                   path="short" if takes_short_path(h // hkv, nq, cache, dim) else "split",
+                   ours_ms=timed(ours),
                    launcher_ms=timed(lambda: entmax_attention_decode(q, k, v, **options)),
-                   sdpa_ms=timed(sdpa), softmax_max_abs_diff=softmax_err)
+                   old_launcher_ms=timed(old_launcher), sdpa_ms=timed(sdpa), softmax_max_abs_diff=softmax_err)
         if cache <= BOTH_PATHS_UP_TO:
             row["short_ms"] = timed(lambda: entmax_attention_decode_short(q, k, v, **options))
             row["split_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, **options))
-            row["split256_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, chunk=256, **options))
+            row["split1024_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, chunk=1024, **options))
+            row["split_no_solve_ms"] = timed(lambda: entmax_attention_decode_split(q, k, v, solve=False,
+                                                                                   **options))
         if hkv != h:
-            path = entmax_attention_decode_short if cache <= SHORT_CACHE else entmax_attention_decode_split
+            path = entmax_attention_decode_short if row["path"] == "short" else entmax_attention_decode_split
             row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
             row["packed_ms"] = timed(lambda: path(q, k, v, pack=heads_per_program(h // hkv, nq), **options))
     row["ours_vs_sdpa"] = row["ours_ms"] / row["sdpa_ms"]
     row["launcher_vs_sdpa"] = row["launcher_ms"] / row["sdpa_ms"]
+    row["old_launcher_vs_sdpa"] = row["old_launcher_ms"] / row["sdpa_ms"]
     print({key: round(val, 4) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
     return row
 
@@ -103,22 +117,27 @@ def markdown(report):
              f"Command: `{info['command']}` ({info['seconds']:.0f} s)", "",
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
              "flushed). ours = public entmax_attention call; launcher = entmax_attention_decode alone, which "
-             f"takes the one-launch kernel (path short) up to {info['short_cache']} keys, the split kernels "
-             "beyond; short / split = each launcher forced (split 256: chunks of 256 keys, not 1024); per "
-             "head / packed (GQA) = the launcher's path with one program per query head / per pack of the "
-             "query heads sharing a KV head (the launcher: per head on the short path, packed on the split "
-             "path). softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
-             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | short ms | split ms "
-             "| split 256 ms | per head ms | packed ms | SDPA ms | ours/SDPA | launcher/SDPA "
-             "| softmax abs diff |",
-             "|---" * 18 + "|"]
+             "takes the one-launch kernel (path short) for multi-head caches of up to "
+             f"{info['short_cache']} keys and grouped ones of up to 65536 keys x head dim, the split kernels "
+             "(split_chunk's chunks) for longer caches; old launcher = the rule before (one-launch kernel, "
+             f"a program per query head, up to {info['short_cache']} keys, else split with chunks of 1024 "
+             "and a threshold launch), on the "
+             "same kernels; short / split = each launcher forced (split 1024: chunks of 1024 keys; no-solve: "
+             "the thresholds in their own launch); per head / packed (GQA) = the "
+             "launcher's path with one program per query head / per pack of the query heads sharing a KV "
+             "head. softmax |diff| = max |ours(alpha=1) - SDPA|.", "",
+             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | old launcher ms | short ms "
+             "| split ms | split 1024 ms | split no-solve ms | per head ms | packed ms | SDPA ms | ours/SDPA "
+             "| launcher/SDPA | old/SDPA | softmax abs diff |",
+             "|---" * 21 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
-                     f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | {ms(r, 'short_ms')} | "
-                     f"{ms(r, 'split_ms')} | {ms(r, 'split256_ms')} | {ms(r, 'per_head_ms')} | "
-                     f"{ms(r, 'packed_ms')} | "
-                     f"{r['sdpa_ms']:.4f} | "
+                     f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | "
+                     f"{r['old_launcher_ms']:.4f} | {ms(r, 'short_ms')} | {ms(r, 'split_ms')} | "
+                     f"{ms(r, 'split1024_ms')} | {ms(r, 'split_no_solve_ms')} | "
+                     f"{ms(r, 'per_head_ms')} | {ms(r, 'packed_ms')} | {r['sdpa_ms']:.4f} | "
                      f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
+                     f"{r['old_launcher_vs_sdpa']:.2f} | "
                      f"{r['softmax_max_abs_diff']:.2g} |")
     return "\n".join(lines) + "\n"
 

@@ -10,10 +10,18 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   earlier in the same process;
 - first compiled step: seconds until the first compiled step returned (tracing and compiling), and until
   every bucket's shape had run once, with the number of graphs compiled;
+- CUDA graphs (on CUDA only): the same compiled bare step in torch.compile's mode reduce-overhead, as
+  `--cuda-graphs` runs it (compiled_for_training(mode="reduce-overhead"): Inductor's cudagraph trees),
+  timed after two untimed passes over the batches (a width's graphs are recorded at its second call); its
+  ms/step, samples/s, speed-up over the compiled row and the number of CUDA graphs captured (one forward
+  and one backward per width, plus the empty graph that makes a tree's memory pool);
 - whole loop: the real trainer (asentmax.trainer.train with the task workload, compile and fused AdamW
-  as on the command line's defaults) for --loop-steps steps; its steady-state ms/step from log.csv's
-  elapsed_s between the first log line after the warm-up and the last one (compilation, the final
-  validation and the checkpoint are outside that window); its ratio to the bare compiled step;
+  as on the command line's defaults, CUDA graphs off) for --loop-steps steps; its steady-state ms/step
+  from log.csv's elapsed_s between the first log line after the warm-up and the last one (compilation,
+  the final validation and the checkpoint are outside that window); its ratio to the bare compiled step;
+  on CUDA the same loop again with --cuda-graphs on (a normaliser that trains eagerly under --compile
+  auto records the trainer's refusal) and the largest relative difference between its logged losses and
+  those of the loop without graphs (same seed, same batches: bf16 rounding and atomics only);
 - validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
   trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
   model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
@@ -36,6 +44,7 @@ is timed once for comparison. A time budget (--budget-s) skips the rows that wou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import platform
@@ -135,6 +144,25 @@ def graph_count() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+@contextlib.contextmanager
+def cuda_graph_captures():
+    """Counts the CUDA graphs captured while it is open (calls of torch.cuda.CUDAGraph.capture_begin, which
+    Inductor's cudagraph trees and torch.cuda.graph both go through): yields a list, one entry per
+    capture."""
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counted(graph, *args, **kwargs):
+        captures.append(1)
+        return capture_begin(graph, *args, **kwargs)
+
+    torch.cuda.CUDAGraph.capture_begin = counted
+    try:
+        yield captures
+    finally:
+        torch.cuda.CUDAGraph.capture_begin = capture_begin
+
+
 def first_error_line(error: Exception) -> str:
     lines = str(error).strip().splitlines() or [""]
     return f"{type(error).__name__}: {lines[0][:160]}"
@@ -160,10 +188,17 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
         row.update(compiled_timings(args, model, step, batches, device))
     except Exception as error:  # a normaliser that does not compile is a result, not the end of the run
         row["compile_error"] = first_error_line(error)
-    for kind in ("eager", "compiled"):
+    if device.type == "cuda":
+        try:
+            row.update(graphed_timings(args, model, step, batches, device))
+        except Exception as error:
+            row["graphs_error"] = first_error_line(error)
+    for kind in ("eager", "compiled", "graphs"):
         if f"{kind}_ms" in row:
             row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
             row[f"{kind}_tflops"] = flops / (row[f"{kind}_ms"] * 1e-3) / 1e12
+    if "compiled_ms" in row and "graphs_ms" in row:
+        row["graphs_vs_compiled"] = row["compiled_ms"] / row["graphs_ms"]
     return row
 
 
@@ -189,6 +224,21 @@ def compiled_timings(args, model, step, batches, device) -> dict:
     timings["compiled_ms"] = time_steps(step, compiled, batches, args.steps, device)
     if args.profile:
         profile_steps(args, step, compiled, batches, device)
+    return timings
+
+
+def graphed_timings(args, model, step, batches, device) -> dict:
+    """The compiled bare step replayed as CUDA graphs (the trainer's --cuda-graphs): ms/step after two
+    untimed passes over `batches` (every width warms up at its first call and is recorded at its second),
+    and the CUDA graphs captured."""
+    torch._dynamo.reset()
+    with cuda_graph_captures() as captures:
+        forward = compiled_for_training(model, backend=args.compile_backend, mode="reduce-overhead")
+        for _ in range(2):
+            for batch in batches:
+                step(forward, batch)
+        timings = {"graphs_ms": time_steps(step, forward, batches, args.steps, device)}
+    timings["cuda_graphs"] = len(captures)
     return timings
 
 
@@ -255,27 +305,30 @@ def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
     return n * batch_size / (time.perf_counter() - start)
 
 
-def loop_row(args, normaliser: str, batch_size: int, device, task) -> dict:
-    """The real trainer for --loop-steps steps; steady-state ms/step from its log.csv."""
+def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: str = "off") -> dict:
+    """The real trainer for --loop-steps steps; steady-state ms/step from its log.csv, and its logged
+    losses. Keys start with "loop_", or "graphs_loop_" with cuda_graphs "on"."""
     workload = TaskWorkload(task="mqmtar", val_multipliers=(1,), val_samples=args.val_samples,
                             sampling="device")  # what "auto" gives on CUDA; the smoke run on CPU too
     train_config = TrainConfig(steps=args.loop_steps, batch_size=batch_size, lr=1e-4, warmup_steps=10,
                                log_every=args.log_every, val_every=0, checkpoint_every=0,
-                               device=device.type)
+                               device=device.type, cuda_graphs=cuda_graphs)
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
         train(workload, train_config, model_config(args, normaliser, task), run_dir, progress=False)
         total_s = time.perf_counter() - start
         with open(Path(run_dir) / "log.csv", newline="") as f:
-            log = [(int(r["step"]), float(r["elapsed_s"])) for r in csv.DictReader(f)]
+            log = [(int(r["step"]), float(r["elapsed_s"]), float(r["loss"])) for r in csv.DictReader(f)]
     if len(log) < 2:
         raise ValueError(f"--loop-steps {args.loop_steps} gives {len(log)} log line(s) at --log-every "
                          f"{args.log_every}; the steady state needs two")
-    (first_step, first_s), (last_step, last_s) = log[len(log) // 3], log[-1]
+    (first_step, first_s, _), (last_step, last_s, _) = log[len(log) // 3], log[-1]
     loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
-    return {"loop_ms": loop_ms, "loop_samples_s": batch_size / (loop_ms * 1e-3), "loop_total_s": total_s,
-            "loop_compiled": train_config.uses("compile", device),
-            "loop_first_log_s": log[0][1], "loop_window": [first_step, last_step]}
+    prefix = "graphs_loop" if cuda_graphs == "on" else "loop"
+    return {f"{prefix}_ms": loop_ms, f"{prefix}_samples_s": batch_size / (loop_ms * 1e-3),
+            f"{prefix}_total_s": total_s, f"{prefix}_compiled": train_config.uses("compile", device),
+            f"{prefix}_first_log_s": log[0][1], f"{prefix}_window": [first_step, last_step],
+            f"{prefix}_losses": [loss for _, _, loss in log]}
 
 
 def model_config(args, normaliser: str, task):
@@ -291,6 +344,17 @@ def fmt(value, digits: int = 1) -> str:
     return str(value)
 
 
+COLUMNS = ("attention", "batch", "eager ms", "compiled ms", "compiled samples/s", "vs softmax compiled",
+           "CUDA graphs ms", "CUDA graphs samples/s", "CUDA graphs / compiled", "loop ms", "loop samples/s",
+           "loop / bare compiled", "loop with CUDA graphs samples/s", "its loss difference",
+           "data % of loop step", "validation ms (% of training)", "checkpoint ms (%)", "TFLOP/s",
+           "% of ceiling", "first step s", "all shapes s", "graphs", "CUDA graphs captured")
+
+
+def fmt_sci(value) -> str:
+    return "-" if value is None else f"{value:.1e}"
+
+
 def write(out: Path, meta: dict, rows: list[dict]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
@@ -303,31 +367,38 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
         f"at batch {meta['host_batch']}  ",
         f"compile: backend {meta['compile_backend']}, shapes: {meta['shapes']}; "
         f"bare steps timed: {meta['steps']} over {meta['batches']} pre-drawn batches", "",
-        "| attention | batch | eager ms | compiled ms | compiled samples/s | vs softmax compiled | "
-        "loop ms | loop samples/s | loop / bare compiled | data % of loop step | "
-        "validation ms (% of training) | checkpoint ms (%) | TFLOP/s | % of ceiling | first step s | "
-        "all shapes s | graphs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
     ]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * 14)
+            lines.append(f"| {r['normaliser']} | {r['batch']} | {r['skipped']} |" + " |" * (len(COLUMNS) - 3))
             continue
         best = "compiled" if "compiled_ms" in r else "eager"
         lines.append(
             f"| {r['normaliser']} | {r['batch']} | {fmt(r['eager_ms'], 2)} | "
             f"{fmt(r.get('compiled_ms'), 2)} | "
             f"{fmt(r.get('compiled_samples_s'), 0)} | {fmt(r.get('vs_softmax'), 2)} | "
+            f"{fmt(r.get('graphs_ms'), 2)} | {fmt(r.get('graphs_samples_s'), 0)} | "
+            f"{fmt(r.get('graphs_vs_compiled'), 2)} | "
             f"{fmt(r.get('loop_ms'), 2)} | "
             f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
+            f"{fmt(r.get('graphs_loop_samples_s'), 0)} | {fmt_sci(r.get('graphs_loop_loss_diff'))} | "
             f"{fmt(r.get('data_percent'), 1)} | {fmt(r['val_ms'], 0)} ({fmt(r.get('val_percent'), 1)}) | "
             f"{fmt(r['checkpoint_ms'], 0)} ({fmt(r.get('checkpoint_percent'), 1)}) | "
             f"{fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
-            f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} |")
-        for key in ("compile_error", "loop_error"):
+            f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} | "
+            f"{fmt(r.get('cuda_graphs'))} |")
+        for key in ("compile_error", "graphs_error", "loop_error", "graphs_loop_error"):
             if key in r:
-                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * 15)
-    lines += ["", "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+                lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * (len(COLUMNS) - 2))
+    lines += ["", "CUDA graphs: the compiled bare step replayed as CUDA graphs (torch.compile mode "
+              "reduce-overhead, as --cuda-graphs runs it), after two untimed passes; / compiled: the "
+              "compiled row's ms over its ms; CUDA graphs captured: one forward and one backward per width, "
+              "plus one empty graph per memory pool. "
+              "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
+              "loop with CUDA graphs: the same loop with --cuda-graphs on, and its loss difference: the "
+              "largest relative difference between its logged losses and the loop's without graphs; "
               "loop / bare: the bare compiled step's ms (eager where compiling failed) over the loop's; "
               "data %: the device sampler's ms per batch (alone, synchronised) over the loop's ms/step, "
               "an upper bound (the trainer draws batches one step ahead on a side stream); "
@@ -421,6 +492,14 @@ def main(argv=None) -> int:
                         row[f"{what}_percent"] = 100 * cost / (cost + EVERY * row["loop_ms"])
                 except Exception as error:
                     row["loop_error"] = first_error_line(error)
+                if device.type == "cuda":
+                    try:  # the trainer refuses --cuda-graphs on for a normaliser it trains eagerly
+                        row.update(loop_row(args, normaliser, batch_size, device, task, cuda_graphs="on"))
+                        if "loop_losses" in row:  # the same steps logged, so the lists have one length
+                            pairs = zip(row["graphs_loop_losses"], row["loop_losses"], strict=True)
+                            row["graphs_loop_loss_diff"] = max(abs(a - b) / abs(b) for a, b in pairs)
+                    except Exception as error:
+                        row["graphs_loop_error"] = first_error_line(error)
             rows.append(row)
             write(args.out, meta, rows)
             print(json.dumps(row), flush=True)

@@ -48,6 +48,7 @@ def record_launches(alphas, dims):
         for alpha in alphas:
             for dim in dims:
                 launch_all(alpha, dim)
+                launch_decode_chunks(alpha, dim)
             launch_training_shape(alpha)
             if alpha != 1.0:
                 for n in (1000, MAX_BLOCK_N + 1):
@@ -79,6 +80,18 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
         entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
                                 **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
                                        kpm=torch.ones(batch, cache, dtype=torch.uint8)))
+
+
+def launch_decode_chunks(alpha, dim, batch=8, heads=16):
+    """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py), where the
+    split path takes each of split_chunk's chunks: grouped caches (4 KV heads) of 1K (head dim 128; 64 takes
+    the one-launch kernel), 2K and 4K keys (chunks of 128, 256 and 512 keys) and a multi-head one of 4K keys
+    (1024), solving the thresholds in the output kernel or not."""
+    for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096)):
+        q = torch.randn(batch, heads, n_q, dim, dtype=torch.bfloat16)
+        k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
+        entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5,
+                                causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40)
 
 
 def forward_backward(q, k, v, options):

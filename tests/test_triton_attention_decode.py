@@ -1,13 +1,14 @@
 """The decoding kernels (Nq <= 16, no gradients) vs the fp64 reference (docs/method.md section 3), on each of
-their code paths. Caches of <= SHORT_CACHE keys: the one-launch kernel (attention_decode_short.py) with its
-threshold tile in registers or re-read from memory (many query rows). Longer caches: the split-over-keys
-kernels (attention_decode.py): one chunk (output written directly), several chunks (partial outputs reduced
-by a fourth kernel), a score row held in registers (<= 4096 keys) or streamed (> 4096). Grouped-query
-attention: the split path packs the query heads of a KV head into one program (heads_per_program), the
-one-launch kernel takes a program per head unless packs are asked for: GQA_CASES check each layout on both
-paths, forced, with per-head slopes and q_scale. The interpreter
-tests run under TRITON_INTERPRET=1 with every buffer the launchers allocate NaN-poisoned; the `gpu` ones
-repeat the check in bf16 at decoding sizes on a CUDA device.
+their code paths. Caches of <= SHORT_CACHE keys (multi-head) or <= GROUPED_SHORT_WORK keys x head dim
+(grouped): the one-launch kernel (attention_decode_short.py) with its threshold tile in registers or re-read
+from memory (many query rows). Longer caches: the split-over-keys kernels (attention_decode.py), chunks by
+split_chunk: one chunk (output written directly), several chunks (partial outputs summed by the pack's last
+program), thresholds by their own launch (a score row held in registers, <= 4096 keys, or streamed) or solved
+in the output kernel. Grouped-query attention: the split path packs the query heads of a KV head into one
+program (heads_per_program); GQA_CASES check each layout on both paths, forced, and SPLIT_GQA_CASES the split
+path's defaults at groups 2, 4, 8 and MHA over caches of 1 to 4100 keys, with NAPE slopes (ALiBi on half the
+heads) and q_scale. The interpreter tests run under TRITON_INTERPRET=1 with every buffer the launchers
+allocate NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on a CUDA device.
 """
 
 import os
@@ -88,7 +89,8 @@ def case_id(case):
 ALL = ("key_padding_mask", "alibi_slopes", "q_scale")
 # bf16 runs on the GPU only (GPU_CASES): the triton 3.6 interpreter's tl.dot on bf16 operands returns garbage.
 CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with the mask: batch 1 sees no key
-    # one launch (Nk <= SHORT_CACHE = 2048); threshold tile rows x keys in registers up to 4096, else re-read
+    # MHA: one launch (Nk <= SHORT_CACHE = 2048); threshold tile rows x keys in registers up to 4096, else
+    # re-read; GQA (Hkv < H): the split path
     (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # a single key, GQA
     (1.0, True, 2, 2, 1, 1, 17, 16, torch.float32, ("key_padding_mask", "q_scale")),  # softmax
     (1.25, True, 1, 4, 4, 4, 17, 32, torch.float16, ("alibi_slopes", "q_scale")),  # causal offset, 4 rows
@@ -99,7 +101,7 @@ CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras); B = 2 with th
     (2.0, False, 2, 1, 1, 3, 1999, 48, torch.float32, ("key_padding_mask", "q_scale")),
     (1.5, True, 1, 2, 2, 4, 2048, 16, torch.float32, ("q_scale",)),  # the longest cache; 4 rows re-read
     (1.0, False, 2, 2, 1, 1, 2048, 16, torch.float32, ("alibi_slopes", "key_padding_mask")),  # resident
-    # split over keys (Nk > SHORT_CACHE), chunks of 1024 keys
+    # split over keys (Nk > SHORT_CACHE), chunks of split_chunk's 128 keys (few programs per chunk)
     (1.25, True, 2, 2, 1, 2, 2049, 16, torch.float32, ALL),  # just past the one-launch path, GQA
     (1.5, True, 2, 1, 1, 2, 6000, 16, torch.float32, ("key_padding_mask",)),  # 6 chunks, streamed rows
     (1.0, False, 1, 2, 2, 1, 4097, 16, torch.float32, ("alibi_slopes",)),  # softmax, streamed
@@ -121,7 +123,7 @@ GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
     (1.0, True, 1, 4, 1, 4, 100, 64, torch.float32, ALL),  # softmax, group 4 x Nq 4 = 16 rows
     (1.25, True, 1, 8, 1, 4, 50, 32, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, packs of 4
     (1.5, True, 1, 6, 2, 5, 90, 48, torch.float32, ("alibi_slopes", "q_scale")),  # group 3, 15 rows
-    (2.0, True, 2, 4, 1, 2, 2100, 32, torch.float32, ALL),  # group 4, split: 3 chunks and the reduce
+    (2.0, True, 2, 4, 1, 2, 2100, 32, torch.float32, ALL),  # group 4, split: 17 chunks of 128 keys, summed
 ]
 
 
@@ -129,13 +131,13 @@ GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
 @pytest.mark.parametrize("path", ["short", "short-packed", "split"])
 @pytest.mark.parametrize("case", GQA_CASES, ids=case_id)
 def test_decode_gqa_packed_heads(monkeypatch, case, path):
-    """Each path forced (SHORT_CACHE moved past or below the cache) on grouped heads: the split path packs
-    them per KV head, the one-launch kernel takes a program per head, or (short-packed) the packs of
-    heads_per_program that its `pack` option allows."""
+    """Each path forced (takes_short_path replaced) on grouped heads: the split path packs them per KV head,
+    the one-launch kernel takes a program per head, or (short-packed) the packs of heads_per_program that its
+    `pack` option allows."""
     from asentmax.ops.triton import attention_decode
     from asentmax.ops.triton.attention_common import heads_per_program
 
-    monkeypatch.setattr(attention_decode, "SHORT_CACHE", 0 if path == "split" else 10**6)
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: path != "split")
     if path == "short-packed":
         short = attention_decode.entmax_attention_decode_short
 
@@ -146,15 +148,45 @@ def test_decode_gqa_packed_heads(monkeypatch, case, path):
     check_decode(case)
 
 
+# the split path's defaults on grouped caches (split_chunk's chunks: 128 keys here, so 1000 keys are 8 chunks
+# and 4100 keys 33, summed by two blocks of chunk_sum) and on MHA, alpha 1, 1.5, 2 and general
+SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
+    (1.5, True, 2, 4, 2, 1, 1, 16, torch.float32, ALL),  # group 2, a single key
+    (1.0, True, 2, 8, 2, 1, 17, 16, torch.float32, ALL),  # group 4, softmax, one chunk
+    (2.0, False, 2, 8, 1, 1, 17, 16, torch.float32, ALL),  # group 8, sparsemax
+    (1.5, True, 2, 4, 2, 2, 1000, 16, torch.float32, ALL),  # group 2, 8 chunks
+    (1.25, True, 2, 8, 2, 1, 1000, 16, torch.float32, ALL),  # group 4
+    (1.0, False, 1, 8, 1, 1, 1000, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8, softmax; the
+    # output kernel solves 8 rows x 1024 keys re-read from L2 (in registers up to 4096 scores)
+    (1.5, True, 2, 8, 1, 1, 1000, 16, torch.float32, ALL),  # group 8
+    (1.5, True, 2, 4, 4, 1, 1000, 16, torch.float32, ALL),  # MHA
+    (1.75, True, 2, 8, 2, 1, 4100, 16, torch.float32, ALL),  # group 4, 33 chunks, threshold launch, streamed
+    (1.5, True, 1, 8, 1, 2, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # group 8 x Nq 2
+    (2.0, True, 1, 2, 2, 1, 4096, 16, torch.float32, ("alibi_slopes", "q_scale")),  # MHA, split (> 2048)
+]
+
+
+@interpreter
+@pytest.mark.parametrize("case", SPLIT_GQA_CASES, ids=case_id)
+def test_decode_split_path(monkeypatch, case):
+    """The split path (forced: at these head dims the launcher takes the one-launch kernel up to 4096 keys)
+    with its default chunks and threshold solving."""
+    from asentmax.ops.triton import attention_decode
+
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: False)
+    check_decode(case)
+
+
 @interpreter
 @pytest.mark.parametrize("path, option", [("short", dict(pack=4)), ("split", dict(pack=1)),
-                                          ("split", dict(chunk=256))], ids=["short-pack4", "split-pack1",
-                                                                            "split-chunk256"])
+                                          ("split", dict(chunk=256)), ("split", dict(solve=False))],
+                         ids=["short-pack4", "split-pack1", "split-chunk256", "split-threshold-launch"])
 def test_decode_launcher_options(path, option):
     """The launchers' options that bench_decode_gpu.py times (the layout the launcher does not take: packs of
-    4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks and the
-    reduce here) compute what the defaults compute, which test_decode_gqa_packed_heads checks against the
-    reference."""
+    4 heads on the one-launch path, a program per head on the split path; chunk=256: two chunks here, not
+    the default's three; solve=False: the thresholds by their own launch, where the default solves these 8
+    rows x 384 keys in the output kernel, held in registers) compute what the defaults compute, which
+    test_decode_gqa_packed_heads checks against the reference."""
     from asentmax.ops.triton import attention_decode
 
     launcher = getattr(attention_decode, f"entmax_attention_decode_{path}")
@@ -177,11 +209,32 @@ def test_heads_per_program(group, n_q, pack):
     assert heads_per_program(group, n_q) == pack
 
 
-@pytest.mark.parametrize("n_k", [100, 3000])
-def test_decode_gqa_programs(monkeypatch, n_k):
-    """At Nq = 1 the one-launch kernel (short caches) launches one program per (batch, query head), the
-    split path's K-reading kernels one per (key chunk, batch, KV head): each KV head is read once for its
-    group there (the layouts the H200 measurements picked, attention_decode_short's docstring)."""
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, grid", [
+    (3, 8, 8, 1, 100, 64, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
+    (3, 8, 8, 1, 3000, 64, {"_decode_scores": (12, 24), "_decode_output": (12, 24)}),  # 24 packs: 256 keys
+    (3, 8, 2, 1, 100, 64, {"_decode_short": (24,)}),  # grouped, 6400 keys x head dim: per query head
+    (3, 8, 2, 1, 3000, 64, {"_decode_scores": (24, 6), "_decode_output": (24, 6)}),
+    (8, 16, 4, 1, 1024, 64, {"_decode_short": (128,)}),  # 65536 keys x head dim, the most
+    (8, 16, 4, 1, 1024, 128, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
+    (8, 16, 4, 1, 4096, 64, {"_decode_scores": (8, 32), "_decode_output": (8, 32)}),
+    (8, 16, 4, 4, 4096, 64, {"_decode_scores": (8, 32), "_decode_threshold": (512,),
+                             "_decode_output": (8, 32)}),
+    (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_output": (4, 128)}),
+    (8, 16, 16, 1, 8192, 64, {"_decode_scores": (8, 128), "_decode_threshold": (128,),
+                              "_decode_output": (8, 128)}),
+    (8, 32, 4, 4, 1024, 128, {"_decode_scores": (4, 64), "_decode_output": (4, 64)}),  # packs of 4, 16 rows
+    (8, 32, 4, 1, 4096, 64, {"_decode_scores": (8, 32), "_decode_threshold": (256,),
+                             "_decode_output": (8, 32)}),
+    (2, 8, 4, 16, 500, 64, {"_decode_short": (16,)}),  # group 2 x Nq 16 rows: no pack fits, per head
+])
+def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
+    """The launcher's path and grids: the one-launch kernel (a program per (batch, query head)) for
+    multi-head attention up to SHORT_CACHE keys and grouped caches up to GROUPED_SHORT_WORK keys x head dim;
+    else the split kernels, whose K- and V-reading programs run over (key chunk, batch, pack of query heads
+    sharing a KV head), so each KV head is read once per pack, with split_chunk's chunks (B = 8, Hkv = 4:
+    128 keys at 1K, 512 at 4K: 256 programs), and a threshold program per query row, except where the output
+    kernel solves them (no _decode_threshold launch): a pack's rows x padded cache <= 16384 scores, times the
+    programs <= 2^22."""
     from asentmax.ops.triton import attention_decode, attention_decode_short
 
     grids = {}
@@ -194,18 +247,23 @@ def test_decode_gqa_programs(monkeypatch, n_k):
             grids[self.name] = grid
             return lambda *args, **kwargs: None
 
-    for module, name in ((attention_decode_short, "_decode_short"), (attention_decode, "_decode_scores"),
-                         (attention_decode, "_decode_output")):
-        monkeypatch.setattr(module, name, Recorder(name))
-    for name in ("_decode_threshold", "_decode_reduce"):
+    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
         monkeypatch.setattr(attention_decode, name, Recorder(name))
-    q, k = torch.zeros(3, 8, 1, 16), torch.zeros(3, 2, n_k, 16)
+    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
-    if n_k <= attention_decode.SHORT_CACHE:
-        assert grids == {"_decode_short": (3 * 8,)}
-    else:
-        assert grids["_decode_scores"] == grids["_decode_output"] == (3, 3 * 2)  # 3 chunks of 1024 keys
+    assert grids == grid
+
+
+@pytest.mark.parametrize("programs_per_chunk, n_k, chunk", [
+    (32, 1024, 128), (32, 2048, 256), (32, 4096, 512), (32, 8192, 1024), (32, 16384, 1024),
+    (128, 1024, 512), (128, 4096, 1024), (8, 1024, 128), (8, 4096, 128), (8, 32768, 1024), (2, 1, 128)])
+def test_split_chunk(programs_per_chunk, n_k, chunk):
+    """The largest of 1024, 512, 256, 128 keys a program that gives >= 256 programs, else 128."""
+    from asentmax.ops.triton.attention_decode import split_chunk
+
+    assert split_chunk(programs_per_chunk, n_k) == chunk
 
 
 @interpreter
@@ -222,9 +280,13 @@ def test_decode_rows_sum_to_one(n_k):
     assert (out[empty] == 0).all()
 
 
-@pytest.mark.parametrize("n_k, path", [(1, "short"), (2048, "short"), (2049, "split"), (40000, "split")])
-def test_decode_launcher_picks_path(monkeypatch, n_k, path):
-    """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys."""
+@pytest.mark.parametrize("kv_heads, n_k, path", [(2, 1, "short"), (2, 2048, "short"), (2, 2049, "split"),
+                                                 (2, 40000, "split"), (1, 1, "short"), (1, 1024, "short"),
+                                                 (1, 1025, "split"), (1, 2048, "split")])
+def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, path):
+    """Multi-head caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the
+    keys; grouped caches (here 2 query heads on one KV head, head dim 64) up to GROUPED_SHORT_WORK = 65536
+    keys x head dim the one-launch kernel, longer ones the split."""
     from asentmax.ops.triton import attention_decode
 
     assert attention_decode.SHORT_CACHE == 2048
@@ -232,7 +294,7 @@ def test_decode_launcher_picks_path(monkeypatch, n_k, path):
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
                             lambda *args, name=name, **kwargs: taken.append(name))
-    q, k = torch.empty(1, 2, 1, 16, device="meta"), torch.empty(1, 2, n_k, 16, device="meta")
+    q, k = torch.empty(1, 2, 1, 64, device="meta"), torch.empty(1, kv_heads, n_k, 64, device="meta")
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     assert taken == [path]
@@ -260,6 +322,36 @@ def test_decode_short_compiles_few_variants(monkeypatch, n_q, most):
     assert 1 < len(configs) <= most
 
 
+@pytest.mark.parametrize("n_q", [1, 4])
+def test_decode_split_compiles_few_variants(monkeypatch, n_q):
+    """A grouped cache (B = 8, H = 16, Hkv = 4) growing to 8K keys on the split path (forced from 1 key on)
+    launches its kernels with at most 15
+    compile-time configurations in all: 4 chunks of split_chunk for the scores kernel; the output kernel
+    for each chunk with one chunk or several, solving its thresholds (in registers or re-read) or not; 2-3
+    threshold tiles. Each compiles once a process."""
+    from asentmax.ops.triton import attention_decode
+
+    configs = set()
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: configs.add((self.name, tuple(sorted(kwargs.items()))))
+
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
+        monkeypatch.setattr(attention_decode, name, Recorder(name))
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: False)
+    q = torch.zeros(8, 16, n_q, 64)
+    for n_k in range(n_q, 8193, 13):
+        k = torch.zeros(8, 4, n_k, 64)
+        attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True,
+                                                 slopes=None, q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert sum(name == "_decode_scores" for name, _ in configs) == 4
+    assert len(configs) <= 15
+
+
 @pytest.mark.parametrize("batch, n_k", [(64, 40000), (2048, 2048)], ids=["split", "short"])
 def test_decode_workspace_limit(batch, n_k):
     """The kernels index their workspace with int32: a larger problem is refused, not silently wrong, on
@@ -285,3 +377,23 @@ GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_m
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_decode_matches_reference_gpu(case):
     check_decode(case, "cuda")
+
+
+@pytest.mark.gpu
+@on_cuda
+@pytest.mark.parametrize("n_k", [1000, 20000])
+def test_decode_split_sum_race_free_gpu(n_k):
+    """The split path's last program per pack sums the chunks' partials after an atomic count: with the
+    workspace NaN-poisoned on every call, 30 calls at B * Hkv = 64 packs of 4 heads (split_chunk: 4 chunks
+    of 256 keys, 20 of 1024) give finite outputs, bitwise equal (the sum runs in chunk order, whichever
+    program arrives last); a partial read before it is stored would be NaN or differ."""
+    from asentmax.ops.triton.attention_decode import entmax_attention_decode_split, split_chunk
+
+    q, k, v, _ = inputs(16, 16, 4, 1, n_k, 64, torch.bfloat16, device="cuda")
+    assert split_chunk(64, n_k) < n_k
+    options = dict(mode=1, alpha=1.5, scale=0.125, causal=False, slopes=None, q_scale=None, kpm=None,
+                   tol=3e-2, max_iter=40)
+    with torch.no_grad(), nan_poisoned_empty():
+        outs = [entmax_attention_decode_split(q, k, v, **options)[0] for _ in range(30)]
+    assert torch.isfinite(outs[0]).all()
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])

@@ -221,6 +221,7 @@ def _saved_run(args):
     """The checkpoint of --run-dir to resume and the --steps to extend it to (None: keep its steps)."""
     from asentmax.runs import CHECKPOINT_NAME
     from asentmax.train import extended, load_run
+    from asentmax.trainer import check_cuda_graphs
 
     train_overrides = _given(args, args.train_names)
     steps = train_overrides.pop("steps", None)
@@ -233,6 +234,11 @@ def _saved_run(args):
     saved = load_run(args.run_dir)
     _check_device(saved.train_config.device)
     _check_world(saved.train_config)
+    try:
+        saved.train_config.validate()
+        check_cuda_graphs(saved.train_config, saved.model_config, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError as error:
+        raise UsageError(f"{error} (the run's saved configuration)") from None
     if steps is not None and steps != saved.train_config.steps:
         try:
             extended(saved.train_config, steps, saved.checkpoint["step"])
@@ -245,7 +251,7 @@ def _new_run(args):
     """(workload, TrainConfig, ModelConfig) of the flags, checked, with --run-dir ready for them."""
     from asentmax.tasks import get_task
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig
+    from asentmax.trainer import TrainConfig, check_cuda_graphs
 
     run_dir: Path = args.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -258,6 +264,7 @@ def _new_run(args):
         train_config.validate()
         model_config = workload.model_config(_given(args, args.model_names))
         workload.check_model(model_config)
+        check_cuda_graphs(train_config, model_config, int(os.environ.get("WORLD_SIZE", "1")))
     except (ValueError, TypeError) as error:
         raise UsageError(str(error)) from None
     _check_device(train_config.device)

@@ -19,6 +19,12 @@ Speed (issue 14): on CUDA the model is torch.compile'd by default with the seque
 dynamic (`compiled_for_training`: one graph for every length bucket) and AdamW is fused; with a workload
 whose batches are drawn on the device (asentmax.tasks.device_sampling) no step between log steps waits
 for the device. `--lr-scaling sqrt` is the large-batch rule: peak lr = lr * sqrt(batch-size / 128).
+`--cuda-graphs` (off by default) compiles in torch.compile's mode "reduce-overhead": Inductor's CUDA graph
+trees record the compiled forward and backward of each bucket width once and replay them, so a step
+launches two graphs instead of hundreds of kernels (the step was host-bound: results/train_gpu_profile.md).
+Only the model's forward and backward are graphed: the loss, clipping, fused AdamW, the loss window and the
+batches stay eager, and nothing a graph returns outlives its step (the logits are reduced to the loss at
+once, the gradients are set to None after AdamW), so the next replay may overwrite it.
 
 Data-parallel training runs under `torchrun` (gloo on CPU, NCCL on CUDA). A checkpoint also resumes
 under another number of processes (say 2 GPUs -> 1): model, optimizer and schedule continue, rank 0's
@@ -98,6 +104,11 @@ class TrainConfig:
     compile: str = field(default="auto", metadata={"help": (
         "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
         "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
+    cuda_graphs: str = field(default="off", metadata={"help": (
+        "replay the compiled forward and backward as CUDA graphs (torch.compile mode reduce-overhead: "
+        "recorded once per length bucket; a step then launches two graphs instead of hundreds of "
+        "kernels; loss, clipping and AdamW stay eager): auto (where the step is compiled, on one CUDA "
+        "GPU, and no attention call reads the device: nn/attention.py cuda_graph_refusal) | on | off")})
     fused: str = field(default="auto", metadata={"help": "fused AdamW: auto (on CUDA) | on | off"})
     temperature_lr_scale: float = field(default=1.0, metadata={"help": (
         "learning-rate multiplier of the length-aware temperature parameters (ASEntmax's beta/gamma "
@@ -127,9 +138,17 @@ class TrainConfig:
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.amp not in ("auto", "bf16", "off"):
             raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
-        for name in ("compile", "fused"):
+        for name in ("compile", "fused", "cuda_graphs"):
             if getattr(self, name) not in ("auto", "on", "off"):
-                raise ValueError(f"{name} must be auto, on or off, got {getattr(self, name)!r}")
+                raise ValueError(f"{name.replace('_', '-')} must be auto, on or off, "
+                                 f"got {getattr(self, name)!r}")
+        if self.cuda_graphs == "on":
+            if self.compile == "off":
+                raise ValueError("--cuda-graphs on replays the compiled step and --compile is off; "
+                                 "drop one of them")
+            if self.device == "cpu" or (self.device == "auto" and not torch.cuda.is_available()):
+                raise ValueError("--cuda-graphs on needs a CUDA GPU (CUDA graphs capture GPU kernels); use "
+                                 "--cuda-graphs off or auto on the CPU")
         if self.lr_scaling not in LR_SCALINGS:
             raise ValueError(f"lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
 
@@ -157,15 +176,23 @@ LR_SCALINGS = ("none", "sqrt")
 LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3), where the presets' lr holds
 
 
-def compiled_for_training(model, backend: str = "inductor"):
+def compiled_for_training(model, backend: str = "inductor", mode: str | None = None):
     """torch.compile'd `model` as a function of input_ids whose sequence dimension is marked dynamic: the
     batches of every length bucket share one graph (a dimension that cannot stay symbolic falls back to
     one graph per bucket width, a handful, never one per batch).
 
     Before the first compiled call one row goes through the plain model (eval mode, no grad, so no
     dropout draws and no DDP hooks): state the model builds lazily per device (the ALiBi slopes' device
-    copy) then exists before tracing, instead of changing a guard and recompiling at the second step."""
-    compiled = torch.compile(model, backend=backend)
+    copy) then exists before tracing, instead of changing a guard and recompiling at the second step.
+
+    mode="reduce-overhead" (--cuda-graphs): the same compiled code, replayed as CUDA graphs by Inductor's
+    cudagraph trees, one forward and one backward graph per bucket width, each recorded at its second
+    call (the first warms up). Each call then starts a new training step
+    (torch.compiler.cudagraph_mark_step_begin): the outputs of the previous call, and the gradients its
+    backward left, belong to the graphs' memory and are overwritten, so the caller runs one forward and
+    one backward per step and sets the gradients to None (zero_grad) before the next call."""
+    compiled = torch.compile(model, backend=backend, mode=mode)
+    graphed = mode == "reduce-overhead"
     plain = getattr(model, "module", model)  # under DDP, the wrapped model
     primed = False
 
@@ -179,6 +206,8 @@ def compiled_for_training(model, backend: str = "inductor"):
                 plain.train(was_training)
             primed = True
         torch._dynamo.maybe_mark_dynamic(input_ids, 1)
+        if graphed:
+            torch.compiler.cudagraph_mark_step_begin()
         return compiled(input_ids)
 
     return forward
@@ -274,6 +303,38 @@ def compiles(train_config: TrainConfig, model_config, world: Distributed) -> boo
         print(f"note: {normaliser.name} trains eagerly (--compile auto): torch.compile is known to get its "
               "gradients wrong (nn/normalisers.py); --compile on forces it", file=sys.stderr)
     return False
+
+
+def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) -> None:
+    """ValueError (one line) when --cuda-graphs on cannot run with this model and number of processes; the
+    settings alone are checked by TrainConfig.validate."""
+    from asentmax.nn.attention import cuda_graph_refusal
+    from asentmax.nn.normalisers import get_normaliser
+
+    if train_config.cuda_graphs != "on":
+        return
+    if world_size > 1:
+        raise ValueError(f"--cuda-graphs on runs in one process, got {world_size} (CUDA graphs under DDP "
+                         "are not supported here); use --cuda-graphs off or auto under torchrun")
+    normaliser = get_normaliser(model_config.attention)
+    if train_config.compile == "auto" and not normaliser.compiles:
+        raise ValueError(f"--cuda-graphs on replays the compiled step, and {normaliser.name} trains "
+                         "eagerly under --compile auto (nn/normalisers.py); add --compile on or use "
+                         "--cuda-graphs off")
+    refusal = cuda_graph_refusal(model_config)
+    if refusal is not None:
+        raise ValueError(f"--cuda-graphs on: {refusal}; use --cuda-graphs off or auto")
+
+
+def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed) -> bool:
+    """Whether a compiled step (`compiles`) is replayed as CUDA graphs: --cuda-graphs on (TrainConfig.validate
+    and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device for a model whose
+    attention a graph can capture (nn/attention.py cuda_graph_refusal)."""
+    from asentmax.nn.attention import cuda_graph_refusal
+
+    value = train_config.cuda_graphs
+    return value == "on" or (value == "auto" and world.device.type == "cuda" and not world.active
+                             and cuda_graph_refusal(model_config) is None)
 
 
 def parameter_groups(model) -> list[dict]:
@@ -450,6 +511,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     workload.check_model(model_config)
 
     world = setup_distributed(train_config.device)
+    check_cuda_graphs(train_config, model_config, world.world_size)
     if train_config.batch_size % world.world_size:
         raise ValueError(f"batch-size {train_config.batch_size} not divisible by {world.world_size} ranks")
     local_batch = train_config.batch_size // world.world_size
@@ -483,7 +545,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
     step_model = ddp_model
     if compiles(train_config, model_config, world):
-        step_model = compiled_for_training(ddp_model)
+        mode = "reduce-overhead" if uses_cuda_graphs(train_config, model_config, world) else None
+        step_model = compiled_for_training(ddp_model, mode=mode)
 
     commit = git_commit()
     if world.is_main:

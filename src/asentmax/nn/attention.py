@@ -30,12 +30,33 @@ from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import apply_rotary
 from asentmax.nn.stats import AttentionStats, attention_stats
 from asentmax.nn.temperature import log_key_counts, make_temperature
-from asentmax.ops.attention import entmax_attention
+from asentmax.ops.attention import entmax_attention, resolve_backend
 from asentmax.ops.entmax import compute_dtype
 
 # Largest explicit SDPA mask (elements) before softmax/SSMax switch to entmax_attention(alpha=1):
 # 2^27 fp32 elements = 512 MiB.
 SDPA_MASK_LIMIT = 2**27
+
+# entmax_attention backends that read the device inside a call (whether a row is empty picks a branch; a
+# row's support size sets a shape): CUDA stream capture refuses such reads.
+DEVICE_READING_BACKENDS = ("chunked", "reference")
+
+
+def cuda_graph_refusal(config: ModelConfig) -> str | None:
+    """None when the attention of `config` in training on CUDA can be captured in a CUDA graph, else why
+    not: its entmax_attention calls (the entmax family's, and softmax's beside SDPA for masks over
+    SDPA_MASK_LIMIT) would run on a backend in DEVICE_READING_BACKENDS, chosen or as the fused kernels'
+    fallback (alpha > 2, head_dim > 256). SDPA, top-k and the fused Triton kernels never read the device."""
+    normaliser = get_normaliser(config.attention)
+    if normaliser.family == "topk":
+        return None
+    alpha = normaliser.alpha(config.alpha)
+    backend = resolve_backend(config.attention_backend, True, alpha, config.head_dim, torch.float32)
+    if backend not in DEVICE_READING_BACKENDS:
+        return None
+    return (f"{config.attention} attention (alpha {alpha:g}, head_dim {config.head_dim}, --attention-backend "
+            f"{config.attention_backend}) runs on the {backend} backend, which reads the device inside its "
+            "calls: no CUDA graph can capture them")
 
 
 @dataclass

@@ -28,7 +28,7 @@ from asentmax.ops import chunked, reference
 from asentmax.ops import triton as triton_backend
 from asentmax.ops.types import BACKENDS, AttentionAux, validate_attention_args
 
-__all__ = ["BACKENDS", "AttentionAux", "choose_backend", "entmax_attention"]
+__all__ = ["BACKENDS", "AttentionAux", "choose_backend", "entmax_attention", "resolve_backend"]
 
 
 _SUPPORT = {"reference": reference.SUPPORT, "chunked": chunked.SUPPORT, "triton": triton_backend.SUPPORT}
@@ -41,14 +41,20 @@ def _triton_available() -> bool:
 
 
 def choose_backend(backend: str, q: torch.Tensor, alpha: float) -> str:
-    """The backend that computes a call: "auto" resolved, then "chunked" for a call outside the chosen
-    backend's BackendSupport. ValueError when "triton" is asked for and cannot run."""
+    """The backend that computes a call with queries `q`: resolve_backend of q's device, head_dim, dtype."""
+    return resolve_backend(backend, q.is_cuda, alpha, q.shape[-1], q.dtype)
+
+
+def resolve_backend(backend: str, on_cuda: bool, alpha: float, head_dim: int, dtype: torch.dtype) -> str:
+    """The backend that computes a call: "auto" resolved (triton for CUDA tensors when available), then
+    "chunked" for a call outside the chosen backend's BackendSupport. ValueError when "triton" is asked
+    for and cannot run. Also asked without a tensor (the trainer, before it captures CUDA graphs)."""
     if backend == "auto":
-        backend = "triton" if q.is_cuda and _triton_available() else "chunked"
+        backend = "triton" if on_cuda and _triton_available() else "chunked"
     elif backend == "triton" and not _triton_available():
         raise ValueError("backend='triton' needs the triton package and a CUDA device "
                          "(or TRITON_INTERPRET=1)")
-    if _SUPPORT[backend].refusal(alpha, q.shape[-1], q.dtype) is not None:
+    if _SUPPORT[backend].refusal(alpha, head_dim, dtype) is not None:
         return "chunked"
     return backend
 

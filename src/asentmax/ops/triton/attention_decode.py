@@ -1,24 +1,31 @@
 """Entmax attention for a few queries against a key cache (decoding): the launcher, and the split over keys.
 
-Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py. With
-Nq <= 16 the fused forward would give each (batch, head) a single program that streams the whole cache
-several times. Here the work is split along the keys instead, so that K and V are each read once:
+Layout (batch, heads, seq, head_dim); arXiv:2506.16640, section 2 with the semantics of attention_fwd.py:
+z = q_scale * scale * q.k - slope * |pos(r) - j|, p = alpha-entmax(z) = [(alpha - 1) z - tau]_+^(1/(alpha-1))
+with tau such that sum_j p_j = 1 (softmax when alpha = 1), out = p @ v. With Nq <= 16 the fused forward would
+give each (batch, head) a single program that streams the whole cache several times. Here the work is split
+along the keys instead, so that K and V are each read once, and a grouped cache once per group:
 
 1. scores: one program per (key chunk, batch, pack of query heads sharing a KV head: the whole group of
-   grouped-query attention while group * Nq <= 16, attention_common.heads_per_program) writes s = c * z for
-   its chunk (Nq x Nk fp32 a head, small next to K) and the chunk's row max;
-2. threshold: one program per query row: max, then the bracketing threshold passes of attention_fwd.py
-   over the stored scores (held in registers when the row fits in one block, else re-read from L2), then
-   Z = sum_j p_j, 1 / Z and the support size;
+   grouped-query attention while group * Nq <= 16, attention_common.heads_per_program; their rows are the
+   rows of one score tile, so q.k is one tl.dot) writes s = c * z for its chunk (Nq x Nk fp32 a head, small
+   next to K) and the chunk's row max;
+2. threshold: one program per query row: the row max over the chunks' maxima, then the bracketing threshold
+   passes of attention_fwd.py over the stored scores of the whole row (held in registers when the row fits
+   in one block, else re-read from L2), then Z = sum_j p_j, 1 / Z and the support size. tau needs every key,
+   so it is found here exactly as on the other paths (same passes, same stopping rule), never merged from
+   per-chunk thresholds. Where a pack's rows x cache are few (<= 16384 scores, see entmax_attention_decode_
+   split: a grouped cache of up to 4K keys, a multi-head one of up to 4K) there is no such launch: every
+   output program of the pack solves its rows itself, the same passes over the same stored scores;
 3. output: one program per (key chunk, batch, pack of heads) accumulates p @ v / Z over its chunk. A cache
-   of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and
-4. reduce: one program per query row adds them and writes the output in q's dtype.
+   of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and the
+   last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
 
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
-tensors and these three or four launches. At short caches that fixed cost still dominates, so
-entmax_attention_decode, the launcher, sends caches of at most SHORT_CACHE keys to the one-launch kernel of
-attention_decode_short.py instead. Forward only: the autograd wrapper uses the fused kernels when gradients
-are needed.
+tensors and these three launches (two when the output kernel solves). Multi-head attention at caches of at
+most SHORT_CACHE keys takes the one-launch kernel of attention_decode_short.py instead
+(entmax_attention_decode, the launcher). Forward only: the autograd wrapper uses the fused kernels when
+gradients are needed.
 """
 
 import torch
@@ -41,21 +48,22 @@ from asentmax.ops.triton.attention_common import (
 )
 from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
 
-_BLOCK_M, _BLOCK_N, _CHUNK = MAX_QUERIES, 64, 1024
+_BLOCK_M, _BLOCK_N = MAX_QUERIES, 64
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
 def _decode_scores(
     Q, K, Work, QScale, Slopes, KPM,
     sqb, sqh, sqm, skb, skh, skn,
-    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, head_dim, scale, bias_mult,
+    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, head_dim, scale, bias_mult,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Scores of chunk pid_c for the rows of pack pid_p (packed_queries): Work[row * s_stride + j], -inf on
     keys j >= n_k up to s_stride (the padding is written, so the later kernels read whole chunks unmasked),
-    and the chunk's row max at Work[max_offset + row * n_chunks + pid_c]."""
+    and the chunk's row max at Work[max_offset + row * n_chunks + pid_c]. The program of chunk 0 also sets
+    the pack's arrival count of _decode_output (Work[count_offset + pid_p]) to 0."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -73,6 +81,31 @@ def _decode_scores(
                                             KPM + b * n_k, n_k, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
                                             DOT_PRECISION))
     tl.store(Work + max_offset + rows * n_chunks + pid_c, m, mask=row_in)
+    if pid_c == 0:
+        tl.store(Work + count_offset + pid_p, 0.0)
+
+
+@triton.jit
+def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+               two_minus_alpha, tol, max_iter, ROWS: tl.constexpr, MAX_TILE: tl.constexpr,
+               BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
+    """Thresholds of the score rows `rows` (ROWS,) (those with r_in): each row's max over its chunks' maxima
+    (read MAX_TILE chunks at a time), then stored_rows_threshold over the row's stored scores, in tiles of
+    (ROWS, BLOCK). Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no
+    visible key)."""
+    offs_c = tl.arange(0, MAX_TILE)
+    m_part = tl.full([ROWS, MAX_TILE], float("-inf"), tl.float32)
+    for start in range(0, n_chunks, MAX_TILE):
+        chunk = start + offs_c
+        m_part = tl.maximum(m_part, tl.load(Work + max_offset + rows[:, None] * n_chunks + chunk[None, :],
+                                            mask=r_in[:, None] & (chunk < n_chunks)[None, :],
+                                            other=float("-inf")))
+    t, inv_z, count = stored_rows_threshold(Work + rows.to(tl.int64)[:, None] * s_stride, r_in[:, None],
+                                            s_stride, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
+                                            max_iter, BLOCK, RESIDENT, MODE)
+    tl.store(Tau + rows, t, mask=r_in)
+    tl.store(Work + inv_z_offset + rows, inv_z, mask=r_in)
+    tl.store(Support + rows, count, mask=r_in)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])
@@ -80,33 +113,45 @@ def _decode_threshold(
     Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
     BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr,
 ):
-    """One program per query row, handled as a (1, BLOCK) tile so that the fused kernel's helpers apply.
-    Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no visible key)."""
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)[None, :]
-    m_part = tl.full([1, BLOCK], float("-inf"), tl.float32)
-    for start in range(0, n_chunks, BLOCK):
-        m_part = tl.maximum(m_part, tl.load(Work + max_offset + row * n_chunks + start + offs,
-                                            mask=start + offs < n_chunks, other=float("-inf")))
-    one = tl.arange(0, 1)
-    s_row = Work + row.to(tl.int64) * s_stride + one[:, None]  # (1, 1)
-    t, inv_z, count = stored_rows_threshold(s_row, one[:, None] < 1, s_stride, tl.max(m_part, 1), inv_am1,
-                                            two_minus_alpha, tol, max_iter, BLOCK, RESIDENT, MODE)
-    tl.store(Tau + row + one, t)
-    tl.store(Work + inv_z_offset + row + one, inv_z)
-    tl.store(Support + row + one, count)
+    """One program per query row (solve_rows on a tile of one row, so that the fused kernel's helpers
+    apply)."""
+    rows = tl.program_id(0) + tl.arange(0, 1)
+    solve_rows(Work, Tau, Support, rows, rows >= 0, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+               two_minus_alpha, tol, max_iter, 1, BLOCK, BLOCK, RESIDENT, MODE)
 
 
-@triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
+@triton.jit
+def chunk_sum(base, n_chunks, head_dim, d_in, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    """sum over c < n_chunks of the partial outputs base[c * head_dim + d], (BLOCK_D,) fp32. Read at L2 (.cg):
+    other programs wrote them."""
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_C, BLOCK_D], tl.float32)
+    for start in range(0, n_chunks, BLOCK_C):
+        chunk = start + offs_c
+        acc += tl.load(base + chunk[:, None] * head_dim + offs_d[None, :],
+                       mask=(chunk[:, None] < n_chunks) & d_in[None, :], other=0.0, cache_modifier=".cg")
+    return tl.sum(acc, 0)
+
+
+@triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks", "max_iter"])
 def _decode_output(
-    V, Work, Tau, Out, svb, svh, svn,
-    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, head_dim, inv_am1,
+    V, Work, Tau, Support, Out, svb, svh, svn,
+    n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
+    count_offset, head_dim, inv_am1, two_minus_alpha, tol, max_iter,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_C: tl.constexpr, MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, SOLVE: tl.constexpr,
+    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """sum_j p_j v_j / Z over chunk pid_c for the rows of pack pid_p (as _decode_scores): into Out
-    (B, H, Nq, D) when the cache is one chunk, else to Work[partial_offset + (row * n_chunks + pid_c) *
-    head_dim + d] for _decode_reduce."""
+    (B, H, Nq, D) when the cache is one chunk. Otherwise to Work[partial_offset + (row * n_chunks + pid_c) *
+    head_dim + d]; then the program adds 1 to the pack's arrival count, and the one that arrives last (all
+    the pack's partials are stored) sums them over the chunks into Out, in Out's dtype.
+
+    SOLVE: there was no _decode_threshold launch; each program first finds the thresholds of its pack's rows
+    itself (solve_rows on tiles of ROWS x SOLVE_BLOCK over the pack's scores of every chunk, held in
+    registers when RESIDENT, else re-read from L2 each pass), every program of the pack the same values by
+    the same passes, and reads them back after a barrier."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -115,6 +160,12 @@ def _decode_output(
     row_in = offs_m < pack * n_q
     d_in = offs_d < head_dim
     rows = pid_p * pack * n_q + offs_m
+    if SOLVE:
+        rows_r = pid_p * pack * n_q + tl.arange(0, ROWS)
+        solve_rows(Work, Tau, Support, rows_r, tl.arange(0, ROWS) < pack * n_q, s_stride, max_offset,
+                   inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter, ROWS, 32, SOLVE_BLOCK,
+                   RESIDENT, MODE)
+        tl.debug_barrier()  # the rows' tau and 1 / Z, stored in the ROWS layout, are read in the BLOCK_M one
     tau = tl.load(Tau + rows, mask=row_in, other=float("inf"))
     inv_z = tl.load(Work + inv_z_offset + rows, mask=row_in, other=0.0)
     v_base = V + b * svb + ((pid_p % n_packs) * pack // group) * svh
@@ -131,83 +182,137 @@ def _decode_output(
     else:
         tl.store(Work + partial_offset + (rows[:, None] * n_chunks + pid_c) * head_dim + offs_d[None, :], acc,
                  mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is stored before the arrival is counted (release)
+        arrived = tl.atomic_add(Work + count_offset + pid_p, 1.0, sem="acq_rel", scope="gpu")
+        if arrived == n_chunks - 1:  # exact: counts < 2^24 in fp32
+            for r in range(0, pack * n_q):
+                row = pid_p * pack * n_q + r
+                total = chunk_sum(Work + partial_offset + row * n_chunks * head_dim, n_chunks, head_dim, d_in,
+                                  BLOCK_C, BLOCK_D)
+                tl.store(Out + row * head_dim + offs_d, total.to(Out.dtype.element_ty), mask=d_in)
 
 
-@triton.jit(do_not_specialize=["n_chunks"])
-def _decode_reduce(Work, Out, partial_offset, n_chunks, head_dim, BLOCK_C: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    """Out[row] = sum over the chunks of the row's partial outputs, in Out's dtype. One program per row."""
-    row = tl.program_id(0)
-    offs_c = tl.arange(0, BLOCK_C)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_in = offs_d < head_dim
-    base = Work + partial_offset + row * n_chunks * head_dim
-    acc = tl.zeros([BLOCK_C, BLOCK_D], tl.float32)
-    for start in range(0, n_chunks, BLOCK_C):
-        chunk = start + offs_c
-        acc += tl.load(base + chunk[:, None] * head_dim + offs_d[None, :],
-                       mask=(chunk[:, None] < n_chunks) & d_in[None, :], other=0.0)
-    tl.store(Out + row * head_dim + offs_d, tl.sum(acc, 0).to(Out.dtype.element_ty), mask=d_in)
+# The split path's launch configuration (entmax_attention_decode_split's docstring gives the rule).
+CHUNKS = (1024, 512, 256, 128)  # keys a program, a multiple of _BLOCK_N; few values: few compiled variants
+TARGET_PROGRAMS = 256  # about two programs per SM of an H200 (132 SMs)
+SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
+GROUPED_SHORT_WORK = 1024 * 64  # most keys x head dim of a grouped cache the one-launch kernel takes
+
+
+def split_chunk(programs_per_chunk, n_k):
+    """Keys a program of the split path: the largest of CHUNKS that still gives >= TARGET_PROGRAMS programs
+    (programs_per_chunk = batch * heads / pack of them per key chunk), else the smallest."""
+    for chunk in CHUNKS:
+        if programs_per_chunk * cdiv(n_k, chunk) >= TARGET_PROGRAMS:
+            return chunk
+    return CHUNKS[-1]
+
+
+def takes_short_path(group, n_q, n_k, head_dim):
+    """True where entmax_attention_decode takes the one-launch kernel (a program per query head): caches of
+    <= SHORT_CACHE keys whose query heads cannot share a program (heads_per_program = 1: multi-head
+    attention, or groups whose group * n_q rows do not fit a tile of MAX_QUERIES), and grouped caches of at
+    most GROUPED_SHORT_WORK keys x head dim. A program of the one-launch kernel streams its head's whole
+    cache, so its time grows with keys x head dim (on the H200 with groups of 4 at B = 8: 0.022 ms at 1K keys
+    and head dim 64, 1.8x SDPA; 0.038-0.054 ms at 2K keys or head dim 128, 2.4-2.8x; results/decode_gpu.md,
+    seventh session), while the split path costs about two launches whatever the cache."""
+    if heads_per_program(group, n_q) == 1:
+        return n_k <= SHORT_CACHE
+    return n_k * head_dim <= GROUPED_SHORT_WORK
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    Caches of at most SHORT_CACHE keys take the one-launch kernel of attention_decode_short.py (a program per
-    query head), longer ones the split over the keys below (a program per key chunk and pack of query heads,
-    heads_per_program). The one-launch kernel reads a head's whole cache in one program, so its time grows
-    with the cache at B * H programs, while
-    the split path's fixed cost of four launches dominates at short caches. SHORT_CACHE = 2048 by measurement
-    (results/decode_gpu.md, both paths forced in one run on the H200, before the packing): at 1K-2K the
-    one-launch kernel is faster in 9 of 10 rows, at 4K the split in 5 of 6 (q_len 4, head dim 128, GQA).
+    Multi-head attention at caches of at most SHORT_CACHE keys, and grouped-query attention at caches of at
+    most GROUPED_SHORT_WORK keys x head dim, take the one-launch kernel of attention_decode_short.py (a
+    program per query head; takes_short_path); longer caches the split over the keys (a program per key
+    chunk and pack of query heads sharing a KV head, heads_per_program; chunks by split_chunk). The
+    one-launch kernel reads a head's
+    whole cache in one program, so its time grows with the cache at B * H programs; a grouped cache packed
+    into one program per KV head leaves only B * Hkv programs (32 for B = 8, Hkv = 4), too few for 132 SMs
+    (results/decode_gpu.md, seventh session), while the split path reads each KV head once per pack and
+    still has B * Hkv * chunks programs. SHORT_CACHE = 2048 by measurement (results/decode_gpu.md, both
+    paths forced in one run on the H200): at 1K-2K the one-launch kernel is faster in 9 of 10 rows.
     """
-    launcher = entmax_attention_decode_short if k.shape[2] <= SHORT_CACHE else entmax_attention_decode_split
+    if takes_short_path(q.shape[1] // k.shape[1], q.shape[2], k.shape[2], q.shape[3]):
+        launcher = entmax_attention_decode_short
+    else:
+        launcher = entmax_attention_decode_split
     return launcher(q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes,
                     q_scale=q_scale, kpm=kpm, tol=tol, max_iter=max_iter)
 
 
 def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None, chunk=_CHUNK):
-    """entmax_attention_decode by the split-over-keys kernels (any cache length; the path for long caches).
-    `pack` as in attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk`
-    keys a program (a multiple of 64: fewer keys give more programs, e.g. for a grouped cache's few packs)."""
+                                  max_iter, pack=None, chunk=None, solve=None):
+    """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
+    attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
+    program (a multiple of 64).
+
+    Launch rule (the default chunk, split_chunk): the programs of a key chunk are the B * H / pack packs, and
+    the chunk is the largest of 1024, 512, 256, 128 keys that gives at least TARGET_PROGRAMS = 256 programs
+    (about two per SM of the H200), else 128. Multi-head attention (B * H / pack = 128 at B = 8, H = 16)
+    keeps chunks of 1024 at every cache of >= 2K keys, as before this rule; grouped caches get smaller
+    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on).
+
+    `solve` has the output kernel find the thresholds instead of a launch of _decode_threshold: one launch
+    less (a Triton launch costs tens of microseconds of host time: in results/decode_gpu.md the split path's
+    four launches took 0.045-0.15 ms at 1K caches where the one-launch kernel took 0.02-0.05 ms), paid by
+    every output program re-reading its pack's scores on each threshold pass. Default: when that is at most
+    SOLVE_SCORES = 16384 scores (64 KB) a program and 256 x that over all programs: the pack's
+    next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped caches
+    of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
+    H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head caches of 8K keys and more, keep
+    the threshold launch. num_warps 4 in the K- and V-reading kernels (a 16 x 64 score tile),
+    threshold_tile's in the threshold kernel and in a solving output kernel.
+    """
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
     if pack is None:
         pack = heads_per_program(group, n_q)
     n_k = k.shape[2]
+    n_packs = batch * heads // pack
+    if chunk is None:
+        chunk = split_chunk(n_packs, n_k)
     n_chunks = cdiv(n_k, chunk)
     s_stride = n_chunks * chunk  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
     block_d = max(16, next_power_of_2(dim))
     c, inv_am1 = logit_constants(mode, alpha)
     # workspace: scores (n_rows, s_stride) | chunk maxima (n_rows, n_chunks) | 1 / Z (n_rows,)
-    # | partial outputs (n_rows, n_chunks, dim), the last only with more than one chunk
+    # | arrival counts (n_packs,) | partial outputs (n_rows, n_chunks, dim), the last only with > 1 chunk
     max_offset = n_rows * s_stride
     inv_z_offset = max_offset + aligned(n_rows * n_chunks)
-    partial_offset = inv_z_offset + aligned(n_rows)
+    count_offset = inv_z_offset + aligned(n_rows)
+    partial_offset = count_offset + aligned(n_packs)
     partials = n_rows * n_chunks * dim if n_chunks > 1 else 0
     work, out, tau, support = decode_buffers(q, partial_offset + partials)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _decode_scores[(n_chunks, batch * heads // pack)](
+    _decode_scores[(n_chunks, n_packs)](
         q, k, work, q_scale if q_scale is not None else tau, slopes if slopes is not None else tau,
         kpm if kpm is not None else support,
         *q.stride()[:3], *k.stride()[:3],
-        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, dim, scale, c,
+        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, dim, scale, c,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
         DOT_PRECISION=precision, num_warps=4)
-    row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
-    _decode_threshold[(n_rows,)](
-        work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol, max_iter,
-        BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
-    _decode_output[(n_chunks, batch * heads // pack)](
-        v, work, tau, out, *v.stride()[:3],
-        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, inv_z_offset, partial_offset, dim, inv_am1,
-        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, MODE=mode,
-        SINGLE_CHUNK=n_chunks == 1, DOT_PRECISION=precision, num_warps=4)
-    if n_chunks > 1:
-        _decode_reduce[(n_rows,)](work, out, partial_offset, n_chunks, dim, BLOCK_C=16, BLOCK_D=block_d,
-                                  num_warps=4)
+    rows = next_power_of_2(pack * n_q)
+    solve_tile, solve_warps = threshold_tile(rows * s_stride)
+    if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
+        solve = (rows * s_stride <= SOLVE_SCORES
+                 and n_chunks * n_packs * rows * s_stride <= SOLVE_SCORES * TARGET_PROGRAMS)
+    if not solve:
+        row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
+        _decode_threshold[(n_rows,)](
+            work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol,
+            max_iter, BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
+    _decode_output[(n_chunks, n_packs)](
+        v, work, tau, support, out, *v.stride()[:3],
+        heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
+        count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
+        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
+        SINGLE_CHUNK=n_chunks == 1, SOLVE=solve, ROWS=rows if solve else 1,
+        SOLVE_BLOCK=solve_tile // rows if solve else 1, RESIDENT=solve and s_stride <= solve_tile // rows,
+        DOT_PRECISION=precision, num_warps=solve_warps if solve else 4)
     return out, tau, support

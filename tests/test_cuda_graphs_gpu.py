@@ -1,0 +1,139 @@
+"""GPU checks of --cuda-graphs (asentmax.trainer, issue 14; run on the H200, skipped elsewhere).
+
+The trainer with the compiled forward and backward replayed as CUDA graphs (torch.compile mode
+reduce-overhead) trains as the compiled trainer without them: the same loss at every step and the same
+parameters after the run, for softmax (SDPA), entmax and ASEntmax (the fused Triton custom ops) on MQMTAR
+batches of two length buckets, in fp32 (where the two runs differ only by Inductor's atomic adds). Each
+bucket width records one forward and one backward graph, at its second step, and nothing is recorded
+after that (no graph per batch, no re-recording); Inductor skips no graph; and the graphed steps after the
+recordings never wait for the device.
+
+Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from asentmax.nn import Transformer
+from asentmax.runs import load_checkpoint
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.trainer import TrainConfig, train
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train_gpu.py"
+MODEL = dict(d_model=128, n_layers=2, n_heads=4, d_ff=256, position="nape")
+BATCH, STEPS = 32, 16
+
+
+def cuda_graph_captures():
+    """benchmarks/bench_train_gpu.py's counter of CUDA graph captures (torch.cuda.CUDAGraph.capture_begin)."""
+    spec = importlib.util.spec_from_file_location("bench_train_gpu", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.cuda_graph_captures()
+
+
+class ObservedWorkload(TaskWorkload):
+    """MQMTAR in two length buckets, noting each training batch's width and how many CUDA graphs had been
+    captured before its step; the steps whose index is in `checked` run under CUDA's sync debug mode
+    "error" (a host-device synchronisation there raises)."""
+
+    def observe(self, captures: list, checked=()) -> ObservedWorkload:
+        self.captures, self.checked, self.widths, self.captures_before = captures, set(checked), [], []
+        return self
+
+    def batches(self, **kwargs):
+        for index, batch in enumerate(super().batches(**kwargs)):
+            torch.cuda.set_sync_debug_mode("error" if index in self.checked else "default")
+            self.widths.append(batch.input_ids.shape[1])
+            self.captures_before.append(len(self.captures))
+            yield batch
+
+
+def workload() -> ObservedWorkload:
+    return ObservedWorkload(task="mqmtar", length_buckets=2, val_multipliers=(1,), val_samples=4)
+
+
+def trained(run_dir: Path, attention: str, cuda_graphs: str, steps: int = STEPS, log_every: int = 1,
+            checked=()):
+    """(workload observed, model config, logged losses, final parameters, CUDA graphs captured, Inductor's
+    cudagraph skips) of one fp32 run of the trainer."""
+    torch._dynamo.reset()
+    counters.clear()
+    config = TrainConfig(steps=steps, batch_size=BATCH, lr=1e-3, warmup_steps=2, log_every=log_every,
+                         val_every=0, checkpoint_every=0, amp="off", device="cuda", cuda_graphs=cuda_graphs)
+    with cuda_graph_captures() as captures:
+        observed = workload().observe(captures, checked)
+        model_config = observed.model_config({**MODEL, "attention": attention})
+        try:
+            train(observed, config, model_config, run_dir, progress=False)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    with open(run_dir / "log.csv", newline="") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    parameters = load_checkpoint(run_dir / "checkpoint.pt")["model"]
+    return observed, model_config, losses, parameters, len(captures), counters["inductor"]["cudagraph_skips"]
+
+
+def relative_update_difference(initial: dict, reference: dict, other: dict) -> float:
+    """||other - reference|| / ||reference - initial|| over all parameters: how much the two runs' parameter
+    updates differ, relative to the update."""
+    difference = sum(float((other[k].double() - reference[k].double()).square().sum()) for k in reference)
+    update = sum(float((reference[k].double() - initial[k].double()).square().sum()) for k in reference)
+    return (difference / update) ** 0.5
+
+
+def settled_index(widths: list[int]) -> int:
+    """The batch index at which every width has appeared twice (its graphs are then recorded)."""
+    second = [[i for i, w in enumerate(widths) if w == width][1] for width in set(widths)]
+    return max(second)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "entmax", "asentmax"])
+def test_graphed_training_equals_compiled_training(attention, tmp_path):
+    observed, model_config, losses, parameters, captures, _ = trained(tmp_path / "compiled", attention, "off")
+    assert captures == 0  # off means off
+    graphed, _, graphed_losses, graphed_parameters, graphed_captures, skips = trained(
+        tmp_path / "graphed", attention, "on")
+
+    assert graphed.widths == observed.widths  # the same batches
+    widths = graphed.widths
+    assert len(set(widths)) == 2 and all(widths.count(w) >= 2 for w in set(widths)), widths  # the premise
+    assert len(graphed_losses) == STEPS
+    torch.testing.assert_close(torch.tensor(graphed_losses), torch.tensor(losses), rtol=1e-4, atol=1e-6)
+    torch.manual_seed(0)  # the trainer's initial parameters (TrainConfig.seed 0)
+    initial = Transformer(model_config).state_dict()
+    difference = relative_update_difference(initial, parameters, graphed_parameters)
+    assert difference < 1e-3, difference
+
+    # one forward and one backward graph per width (plus one empty graph that makes the memory pool),
+    # all recorded by the step at which every width had appeared twice
+    assert skips == 0
+    assert 2 * len(set(widths)) <= graphed_captures <= 2 * len(set(widths)) + 1, graphed_captures
+    settled = settled_index(widths)
+    assert graphed.captures_before[settled + 1:] == [graphed_captures] * (STEPS - settled - 1), (
+        widths, graphed.captures_before)
+
+
+def test_graphed_steps_never_wait_for_the_device(tmp_path):
+    """After the recordings, the steps between log steps make no host-device synchronisation (the
+    replays, the eager loss, clipping and AdamW, the device-side loss window and the device sampler);
+    the last step (log line, validation, checkpoint) reads the device and is not checked."""
+    ahead = workload().batches(seed=0, start_step=0, rank=0, world_size=1, local_batch_size=BATCH,
+                               device=torch.device("cuda"))
+    widths = [batch.input_ids.shape[1] for batch in itertools.islice(ahead, 40)]
+    start = settled_index(widths) + 1
+    steps = start + 6
+    observed, *_, captures, skips = trained(tmp_path / "run", "asentmax", "on", steps=steps, log_every=100,
+                                            checked=range(start, steps - 1))
+    assert observed.widths == widths[:steps] and skips == 0
+    assert observed.captures_before[start:] == [captures] * (steps - start)
