@@ -86,9 +86,10 @@ class SSMaxTemperature(nn.Module):
 
     With one row of log(n_i + 1) for the batch (AttentionContext.log_n_keys when no key is padded, as in
     training), theta is built as (1, H, T) and expanded to (B, H, T): the gradient of s is then the sum over
-    the batch of d theta (the expand's backward) times log(n_i + 1), summed over positions. That is the
-    form whose torch.compile gradient was exact on the H200, where Inductor's code for the same sum with a
-    (B, 1, T) factor got s wrong (results/gpu_tests_session4.md; benchmarks/diagnose_ssmax_compile.py)."""
+    the batch of d theta (the expand's backward) times log(n_i + 1), summed over positions. That form's
+    torch.compile gradient was exact in an isolated check on the H200, where Inductor's code for the same
+    sum with a (B, 1, T) factor got s wrong (results/gpu_tests_session4.md); whether it is right in the
+    model there: benchmarks/diagnose_ssmax_compile.py."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
