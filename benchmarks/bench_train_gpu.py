@@ -19,9 +19,9 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   as on the command line's defaults, CUDA graphs off) for --loop-steps steps; its steady-state ms/step
   from log.csv's elapsed_s between the first log line after the warm-up and the last one (compilation,
   the final validation and the checkpoint are outside that window); its ratio to the bare compiled step;
-  on CUDA the same loop again with --cuda-graphs on (a normaliser that trains eagerly under --compile
-  auto records the trainer's refusal) and the largest relative difference between its logged losses and
-  those of the loop without graphs (same seed, same batches: bf16 rounding and atomics only);
+  on CUDA the same loop again with --cuda-graphs on (a refusal by the trainer is recorded) and the
+  largest relative difference between its logged losses and those of the loop without graphs (same
+  seed, same batches: bf16 rounding and atomics only);
 - validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
   trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
   model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
@@ -493,7 +493,7 @@ def main(argv=None) -> int:
                 except Exception as error:
                     row["loop_error"] = first_error_line(error)
                 if device.type == "cuda":
-                    try:  # the trainer refuses --cuda-graphs on for a normaliser it trains eagerly
+                    try:  # a refusal of --cuda-graphs on (nn/attention.py cuda_graph_refusal) is recorded
                         row.update(loop_row(args, normaliser, batch_size, device, task, cuda_graphs="on"))
                         if "loop_losses" in row:  # the same steps logged, so the lists have one length
                             pairs = zip(row["graphs_loop_losses"], row["loop_losses"], strict=True)

@@ -1,10 +1,9 @@
 """GPU checks of torch.compile (run on the H200; skipped elsewhere): with Inductor and the Triton kernels
 as custom ops, torch.compile(model, fullgraph=True) equals eager for every normaliser and position, in
 training (forward and every gradient, fp32) and in KV-cache greedy decoding; the number of compiled graphs
-across three lengths stays bounded; and a decoding step makes no host synchronisation. SSMax's training
-parity is a strict expected failure: Inductor's CUDA code gives the gradient of its s wrong on the H200
-(torch 2.11; results/gpu_tests_session4.md, results/gpu_tests_session5.md), so nn/normalisers.py marks it
-compiles=False; the test turns into an error when a torch version fixes it.
+across three lengths stays bounded; and a decoding step makes no host synchronisation. SSMax trains
+through the fused kernel's softmax mode: through SDPA, Inductor's CUDA code gave the gradient of its s wrong
+(torch 2.11; results/gpu_tests_session4.md, results/gpu_tests_session8.md).
 
 Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_compile_gpu.py
 """
@@ -44,14 +43,8 @@ def assert_same_training(model, call, ids):
     assert_same_gradients(grads, eager_grads, 1e-2)
 
 
-INDUCTOR_SSMAX_BUG = pytest.mark.xfail(
-    strict=True, reason="Inductor's CUDA code (torch 2.11) gives SSMax's s a wrong gradient: "
-    "results/gpu_tests_session5.md")
-
-
 @pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("attention", [pytest.param(n, marks=INDUCTOR_SSMAX_BUG) if n == "ssmax" else n
-                                       for n in NAMES])
+@pytest.mark.parametrize("attention", NAMES)
 def test_compiled_training_equals_eager(attention, position):
     model = cuda_model(attention, position)
     call, counter = compiled(model, "inductor")

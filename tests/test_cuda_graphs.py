@@ -64,14 +64,11 @@ def test_auto_and_off_never_refuse():
         check_cuda_graphs(TrainConfig(**settings), ModelConfig(attention="ssmax", **MODEL), world_size=2)
 
 
-def test_on_needs_one_process_and_a_compiled_normaliser(triton_runs):
+def test_on_needs_one_process(triton_runs):
     on = TrainConfig(cuda_graphs="on")
     with pytest.raises(ValueError, match="one process, got 2"):
         check_cuda_graphs(on, ModelConfig(attention="asentmax", **MODEL), world_size=2)
-    with pytest.raises(ValueError, match="ssmax trains eagerly under --compile auto"):
-        check_cuda_graphs(on, ModelConfig(attention="ssmax", **MODEL), world_size=1)
-    check_cuda_graphs(TrainConfig(cuda_graphs="on", compile="on"), ModelConfig(attention="ssmax", **MODEL), 1)
-    for name in ("softmax", "topk", "entmax", "asentmax"):
+    for name in ("softmax", "ssmax", "topk", "entmax", "asentmax"):
         check_cuda_graphs(on, ModelConfig(attention=name, **MODEL), world_size=1)
 
 
@@ -124,13 +121,12 @@ def test_the_cli_refuses_in_one_line_before_writing(tmp_path, capsys, extra, mes
 
 @pytest.mark.parametrize("extra,world_size,message", [
     (["--cuda-graphs", "on"], "2", "one process, got 2"),
-    (["--cuda-graphs", "on", "--attention", "ssmax"], "1", "ssmax trains eagerly"),
     (["--cuda-graphs", "on", "--attention", "entmax", "--attention-backend", "chunked"], "1",
      "runs on the chunked backend"),
 ])
 def test_the_cli_refuses_what_cuda_graphs_cannot_run_on_a_gpu(tmp_path, capsys, monkeypatch, triton_runs,
                                                               extra, world_size, message):
-    """torchrun, a normaliser trained eagerly, attention that reads the device: as on a GPU machine
+    """torchrun, attention that reads the device: as on a GPU machine
     (is_available patched), refused before any process group or file."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("WORLD_SIZE", world_size)

@@ -11,7 +11,7 @@ from torch._dynamo.testing import CompileCounter
 
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks.workload import TaskWorkload
-from asentmax.trainer import Distributed, TrainConfig, compiled_for_training, compiles, train
+from asentmax.trainer import TrainConfig, compiled_for_training, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -55,22 +55,6 @@ def test_compile_and_fused_settings():
     for bad in (dict(compile="yes"), dict(fused=True), dict(lr_scaling="linear")):
         with pytest.raises(ValueError, match="compile|fused|lr-scaling"):
             TrainConfig(**bad).validate()
-
-
-def test_compile_auto_keeps_a_normaliser_with_known_wrong_compiled_gradients_eager(capsys):
-    """SSMax's compiled gradient of s was wrong on the H200 (results/gpu_tests_session4.md): compile=auto
-    trains it eagerly and says so; compile=on forces it with a warning; the others compile."""
-    cuda = Distributed(device=torch.device("cuda"))
-    model = dict(vocab_size=40, d_model=32, n_layers=1, n_heads=2, d_ff=64)
-    assert not compiles(TrainConfig(), ModelConfig(attention="ssmax", **model), cuda)
-    assert "trains eagerly" in capsys.readouterr().err
-    assert compiles(TrainConfig(compile="on"), ModelConfig(attention="ssmax", **model), cuda)
-    assert "warning" in capsys.readouterr().err
-    for name in ("softmax", "topk", "entmax", "asentmax"):
-        assert compiles(TrainConfig(), ModelConfig(attention=name, **model), cuda)
-    assert not compiles(TrainConfig(), ModelConfig(attention="asentmax", **model),
-                        Distributed(device=torch.device("cpu")))
-    assert capsys.readouterr().err == ""
 
 
 class SyncCheckedWorkload(TaskWorkload):

@@ -284,52 +284,25 @@ def lr_multipliers(config: TrainConfig, n_groups: int) -> list[WarmupCosine]:
     return [run, temperatures][:n_groups]
 
 
-def compiles(train_config: TrainConfig, model_config, world: Distributed) -> bool:
-    """Whether the training step is torch.compile'd: `compile` on, or auto on CUDA for a normaliser whose
-    compiled gradients are right (nn/normalisers.py `compiles`); says so when auto keeps one eager."""
-    from asentmax.nn.normalisers import get_normaliser
-
-    if not train_config.uses("compile", world.device):
-        return False
-    normaliser = get_normaliser(model_config.attention)
-    if normaliser.compiles:
-        return True
-    if train_config.compile == "on":
-        if world.is_main:
-            print(f"warning: --compile on for {normaliser.name}, whose gradients torch.compile is known to "
-                  "get wrong (nn/normalisers.py)", file=sys.stderr)
-        return True
-    if world.is_main:
-        print(f"note: {normaliser.name} trains eagerly (--compile auto): torch.compile is known to get its "
-              "gradients wrong (nn/normalisers.py); --compile on forces it", file=sys.stderr)
-    return False
-
-
 def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) -> None:
     """ValueError (one line) when --cuda-graphs on cannot run with this model and number of processes; the
     settings alone are checked by TrainConfig.validate."""
     from asentmax.nn.attention import cuda_graph_refusal
-    from asentmax.nn.normalisers import get_normaliser
 
     if train_config.cuda_graphs != "on":
         return
     if world_size > 1:
         raise ValueError(f"--cuda-graphs on runs in one process, got {world_size} (CUDA graphs under DDP "
                          "are not supported here); use --cuda-graphs off or auto under torchrun")
-    normaliser = get_normaliser(model_config.attention)
-    if train_config.compile == "auto" and not normaliser.compiles:
-        raise ValueError(f"--cuda-graphs on replays the compiled step, and {normaliser.name} trains "
-                         "eagerly under --compile auto (nn/normalisers.py); add --compile on or use "
-                         "--cuda-graphs off")
     refusal = cuda_graph_refusal(model_config)
     if refusal is not None:
         raise ValueError(f"--cuda-graphs on: {refusal}; use --cuda-graphs off or auto")
 
 
 def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed) -> bool:
-    """Whether a compiled step (`compiles`) is replayed as CUDA graphs: --cuda-graphs on (TrainConfig.validate
-    and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device for a model whose
-    attention a graph can capture (nn/attention.py cuda_graph_refusal)."""
+    """Whether the compiled step (--compile) is replayed as CUDA graphs: --cuda-graphs on
+    (TrainConfig.validate and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device
+    for a model whose attention a graph can capture (nn/attention.py cuda_graph_refusal)."""
     from asentmax.nn.attention import cuda_graph_refusal
 
     value = train_config.cuda_graphs
@@ -544,7 +517,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         ddp_model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[world.device.index] if world.device.type == "cuda" else None)
     step_model = ddp_model
-    if compiles(train_config, model_config, world):
+    if train_config.uses("compile", world.device):
         mode = "reduce-overhead" if uses_cuda_graphs(train_config, model_config, world) else None
         step_model = compiled_for_training(ddp_model, mode=mode)
 

@@ -14,12 +14,11 @@ Fields:
   sdpa         True: computed by torch scaled_dot_product_attention (the plain-torch softmax path);
   fixed_alpha  entmax family: None = ModelConfig.alpha, else this alpha;
   label        the method's name in the paper's tables;
-  compiles     False: torch.compile with Inductor is known to give this normaliser wrong gradients, so
-               training runs it eagerly unless compiling is forced (SSMax: the gradient of its per-head s
-               came out wrong on the H200 with torch 2.11, results/gpu_tests_session4.md and
-               results/gpu_tests_session5.md; not reproduced by Inductor's CPU code; its temperature now
-               takes the form that was exact there, and benchmarks/diagnose_ssmax_compile.py says on the
-               GPU whether that, or sdpa=False, makes compiles=True right).
+
+SSMax runs through the fused kernel's softmax mode (sdpa False), not SDPA: with SDPA, torch.compile + Inductor
+gave the gradient of its s wrong on the H200 (torch 2.11) in a compiled model for each of three forms
+of theta (by up to 2.8e6 relative), while the kernel's route, which returns d theta itself as ASEntmax's
+does, compiled right (benchmarks/diagnose_ssmax_compile.py; results/gpu_tests_session8.md).
 
 To add a normaliser, add one entry to NORMALISERS (and tests). A new family needs its weights in
 `Normaliser.probabilities` and its kernel choice in nn/attention.py.
@@ -44,7 +43,6 @@ class Normaliser:
     temperature: str | None = None
     sdpa: bool = False
     fixed_alpha: float | None = None
-    compiles: bool = True
 
     def alpha(self, config_alpha: float) -> float:
         """The alpha of the kernel that computes it: 1 for the softmax and top-k families."""
@@ -79,7 +77,7 @@ def topk_probabilities(z: torch.Tensor, k: int) -> torch.Tensor:
 
 NORMALISERS = (
     Normaliser("softmax", "Softmax", "softmax", sdpa=True),
-    Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax", sdpa=True, compiles=False),
+    Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax"),
     Normaliser("topk", "Top-K", "topk"),
     Normaliser("entmax", "Entmax", "entmax"),
     Normaliser("asentmax", "ASEntmax", "entmax", temperature="asentmax"),
