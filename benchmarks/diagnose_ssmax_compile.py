@@ -3,7 +3,8 @@
 SSMax (arXiv:2506.16640, section 2; docs/method.md section 4) scales query i of head h by
 theta_hi = delta + s_h log(n_i + 1). On the H200 (torch 2.11) Inductor's CUDA code returned a wrong gradient
 of s when log(n_i + 1) entered theta as a (B, 1, T) tensor (results/gpu_tests_session4.md,
-results/gpu_tests_session5.md), so nn/normalisers.py trains SSMax eagerly (compiles=False). This script
+results/gpu_tests_session5.md), so SSMax trained eagerly until this script's H200 run
+(results/gpu_tests_session8.md: only the kernel route was right) moved it onto the fused kernel. This script
 compiles each candidate formulation below and prints, one line per candidate, the relative error
 max |g - g_eager| / max |g_eager| of the worst parameter gradient (and of s) against eager fp32 on the same
 device, for
@@ -24,21 +25,18 @@ parallel (fresh Inductor and Triton caches each), so that one run takes about a 
 
 Candidates (the package's code, patched in the child process; nothing here changes the package):
   product           the old form: log(n_i + 1) as (B, 1, T), theta (B, m, T); SDPA. The H200 failure.
-  broadcast         the package's form: one row of log(n_i + 1), (1, 1, T), when nothing is padded (training),
-                    theta (1, H, T) expanded to (B, H, T); SDPA. The form that was exact in isolation.
+  broadcast         the package's theta: one row of log(n_i + 1), (1, 1, T), when nothing is padded
+                    (training), theta (1, H, T) expanded to (B, H, T); SDPA. Exact in the isolated check of
+                    the fourth session, wrong in a model in the eighth's.
   matmul            theta = delta + log_n (B*T, 1) @ s (1, m): d s = log_n^T @ d theta is a matmul (cuBLAS)
                     instead of a reduction in Inductor's generated code; SDPA.
-  kernel            broadcast, but attention by entmax_attention(alpha=1), the fused Triton kernel's softmax
-                    mode, which returns d theta itself (ASEntmax's route, whose compiled gradients are right
-                    on the H200): nn/normalisers.py `sdpa=False` for ssmax.
+  kernel            the package's form: broadcast, but attention by entmax_attention(alpha=1), the fused
+                    Triton kernel's softmax mode, which returns d theta itself (ASEntmax's route, whose
+                    compiled gradients are right on the H200; nn/normalisers.py: ssmax's sdpa off).
   asentmax          control: the package's ASEntmax (it reads the same one-row log(n_i + 1)).
 
-What a right candidate means for the package (the lead's one-line change; then remove the strict xfail
-INDUCTOR_SSMAX_BUG from test_compiled_training_equals_eager in tests/test_compile_gpu.py):
-  broadcast         nn/normalisers.py, the ssmax entry: compiles=False -> compiles=True.
-  kernel            the same entry: Normaliser("ssmax", "SSMax", "softmax", temperature="ssmax") (sdpa and
-                    compiles at their defaults, False and True).
-  matmul            needs SSMaxTemperature.forward changed first (this script's apply_patches has the form).
+The H200 run of the eighth session found product, broadcast and matmul wrong in the static model (2.8e6)
+and kernel right in every part, so the package took the kernel route.
 (results/gpu_tests_session5.md: the product form stayed wrong with Inductor's mix-order reduction off.)
 
     PYTHONPATH=src python benchmarks/diagnose_ssmax_compile.py                   # the H200
@@ -63,10 +61,10 @@ import torch
 import torch.nn.functional as F
 
 CANDIDATES = {  # name -> (attention, patches of apply_patches)
-    "product": ("ssmax", ("rows",)),
-    "broadcast": ("ssmax", ()),
-    "matmul": ("ssmax", ("rows", "matmul")),
-    "kernel": ("ssmax", ("kernel",)),
+    "product": ("ssmax", ("rows", "sdpa")),
+    "broadcast": ("ssmax", ("sdpa",)),
+    "matmul": ("ssmax", ("rows", "matmul", "sdpa")),
+    "kernel": ("ssmax", ()),
     "asentmax": ("asentmax", ()),
 }
 PARTS = ("isolated", "static", "trainer", "bf16")
@@ -99,9 +97,9 @@ def apply_patches(patches):
             theta = self.delta + scaled.view(rows, t, -1).transpose(1, 2)
             return _with_unscaled_heads(theta, self.n_heads).expand(n_keys.shape[0], -1, -1)
         SSMaxTemperature.forward = forward
-    if "kernel" in patches:
+    if "sdpa" in patches:  # SSMax through torch SDPA, as before the package took the kernel's route
         table = normalisers._BY_NAME
-        table["ssmax"] = dataclasses.replace(table["ssmax"], sdpa=False)
+        table["ssmax"] = dataclasses.replace(table["ssmax"], sdpa=True)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
