@@ -210,15 +210,23 @@ def _plot_training(results: list[dict], path: Path) -> bool:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(14, 4.8))
-    styles = ("-", "--", ":", "-.")
+    # colour = run (the loss panel's legend), line style = validation length (the same style for a length
+    # in every run, so runs validated at different lengths stay comparable)
+    lengths = sorted({length for _, curve in curves for length in curve["validation"]})
+    styles = {length: ("-", "--", ":", "-.")[k % 4] for k, length in enumerate(lengths)}
+    markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
     for i, (result, curve) in enumerate(curves):
-        colour, name = f"C{i % 10}", f"{method_label(result)} ({run_name(result)})"
-        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1, label=name)
-        for j, (length, (samples, matches)) in enumerate(sorted(curve["validation"].items())):
-            ax_val.plot(samples, [100 * m for m in matches], styles[j % len(styles)], color=colour,
-                        marker=".", label=f"{name}, length {length}")
+        colour = f"C{i % 10}"
+        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1,
+                     label=f"{method_label(result)} ({run_name(result)})")
+        for length, (samples, matches) in sorted(curve["validation"].items()):
+            ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
+                        marker=markers[length])
+    handles = [Line2D([], [], color="black", linestyle=styles[length], marker=markers[length],
+                      label=f"validation length {length}") for length in lengths]
     ax_loss.set_yscale("log")
     ax_loss.set_ylabel("training loss (nats per target token)")
     ax_val.set_ylabel("validation exact match %")
@@ -227,7 +235,8 @@ def _plot_training(results: list[dict], path: Path) -> bool:
         ax.set_xlabel("training samples seen")
         ax.grid(alpha=0.3)
     ax_loss.legend(fontsize=7)
-    ax_val.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax_val.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  title="colour: the run (left)", title_fontsize=7)
     fig.suptitle("training: loss and validation during the run")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
