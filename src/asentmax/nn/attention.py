@@ -110,8 +110,7 @@ class AttentionContext:
     def log_n_keys(self, dtype: torch.dtype) -> torch.Tensor:
         """temperature.log_key_counts(n_keys, dtype), (B|1, 1, T), computed once per forward call for every
         layer's temperature module. (1, 1, T) when no key is padded: n_i is then the same in every row
-        (training batches), and SSMax's compiled backward sums d theta * log(n_i + 1) over a broadcast
-        row (nn/temperature.py SSMaxTemperature says why)."""
+        (training batches), so one row serves the batch."""
         if dtype not in self._log_n_keys:
             n_keys = self.n_keys if self.key_padding_mask is not None else self.n_keys[:1]
             self._log_n_keys[dtype] = log_key_counts(n_keys, dtype)

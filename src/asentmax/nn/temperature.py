@@ -85,11 +85,9 @@ class SSMaxTemperature(nn.Module):
     """theta_hi = delta + s_h log(n_i + 1) (arXiv:2506.16640, section 2; docs/method.md section 4).
 
     With one row of log(n_i + 1) for the batch (AttentionContext.log_n_keys when no key is padded, as in
-    training), theta is built as (1, H, T) and expanded to (B, H, T): the gradient of s is then the sum over
-    the batch of d theta (the expand's backward) times log(n_i + 1), summed over positions. That form's
-    torch.compile gradient was exact in an isolated check on the H200, where Inductor's code for the same
-    sum with a (B, 1, T) factor got s wrong (results/gpu_tests_session4.md); whether it is right in the
-    model there: benchmarks/diagnose_ssmax_compile.py."""
+    training), theta is built as (1, H, T) and expanded to (B, H, T). Through SDPA, torch.compile's gradient
+    of s was wrong on the H200 in this form as in the (B, 1, T) one; through the fused kernel, which SSMax
+    attention uses (nn/normalisers.py), it is right (results/gpu_tests_session8.md)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
