@@ -3,8 +3,9 @@ section 2; docs/method.md section 4): theta_hi = delta + s_h log(n_i + 1) on the
 NoPE half under NAPE), z_ij = theta_hi (q_i . k_j) / sqrt(D) + m_h (j - i) over the real keys j <= i,
 p = softmax(z). The output and the gradients of s, of the q/k/v/o projections and of the input are checked
 eager and torch.compile'd (aot_eager, and Inductor's CPU code), at T = 1, odd lengths and left padding, for
-both theta forms, through SDPA (the table's route) and through entmax_attention(alpha=1) (the route of
-nn/normalisers.py `sdpa=False`: the fused kernel's softmax mode on CUDA, the chunked backend here)."""
+both theta forms, through SDPA (ssmax's route until its compiled gradient of s proved wrong on the H200)
+and through entmax_attention(alpha=1) (the package's route, nn/normalisers.py: the fused kernel's softmax
+mode on CUDA, the chunked backend here)."""
 
 import dataclasses
 import math
@@ -29,8 +30,7 @@ def make_layer(position, form, route):
         attn.temperature.s.copy_(torch.tensor([0.9, 0.2, 1.7, 0.5])[:attn.temperature.s.numel()])
         for name in PROJECTIONS:
             getattr(attn, name).weight.mul_(4.0)  # peaked attention: theta matters
-    if route == "kernel":
-        attn.normaliser = dataclasses.replace(attn.normaliser, sdpa=False)
+    attn.normaliser = dataclasses.replace(attn.normaliser, sdpa=route == "sdpa")  # the package: kernel
     return model, attn
 
 
