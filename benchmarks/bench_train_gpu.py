@@ -311,7 +311,8 @@ def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: 
     earlier version measured 13.9 ms a step for ASEntmax where the command line took 23: results/
     train_loop_gpu.md); steady-state ms/step from its log.csv, and its logged losses. Keys start with
     "loop_", or "graphs_loop_" with cuda_graphs "on"."""
-    sizes = ["--d-model", "32", "--n-layers", "2", "--n-heads", "4", "--d-ff", "64"] if args.smoke else []
+    sizes = [arg for name, value in model_sizes(args).items()
+             for arg in (f"--{name.replace('_', '-')}", str(value))]
     with tempfile.TemporaryDirectory() as run_dir:
         command = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--attention", normaliser,
                    "--position", "nape", *sizes, "--steps", str(args.loop_steps), "--batch-size",
@@ -340,9 +341,13 @@ def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: 
             f"{prefix}_losses": [loss for _, _, loss in log]}
 
 
+def model_sizes(args) -> dict:
+    """ModelConfig overrides of the preset: a tiny model for --smoke, none otherwise."""
+    return dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
+
+
 def model_config(args, normaliser: str, task):
-    sizes = dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
-    return mqmtar_model(task.vocab_size, attention=normaliser, position="nape", **sizes)
+    return mqmtar_model(task.vocab_size, attention=normaliser, position="nape", **model_sizes(args))
 
 
 def fmt(value, digits: int = 1) -> str:

@@ -211,8 +211,13 @@ def _run_train(args) -> None:
     _report_training(summary, args.run_dir)
 
 
+def _world_size() -> int:
+    """Processes torchrun launched (1 without it)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def _check_world(train_config) -> None:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = _world_size()
     if train_config.batch_size % world_size:
         raise UsageError(f"--batch-size {train_config.batch_size} is not divisible by {world_size} processes")
 
@@ -236,7 +241,7 @@ def _saved_run(args):
     _check_world(saved.train_config)
     try:
         saved.train_config.validate()
-        check_cuda_graphs(saved.train_config, saved.model_config, int(os.environ.get("WORLD_SIZE", "1")))
+        check_cuda_graphs(saved.train_config, saved.model_config, _world_size())
     except ValueError as error:
         raise UsageError(f"{error} (the run's saved configuration)") from None
     if steps is not None and steps != saved.train_config.steps:
@@ -264,7 +269,7 @@ def _new_run(args):
         train_config.validate()
         model_config = workload.model_config(_given(args, args.model_names))
         workload.check_model(model_config)
-        check_cuda_graphs(train_config, model_config, int(os.environ.get("WORLD_SIZE", "1")))
+        check_cuda_graphs(train_config, model_config, _world_size())
     except (ValueError, TypeError) as error:
         raise UsageError(str(error)) from None
     _check_device(train_config.device)

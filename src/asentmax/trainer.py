@@ -159,7 +159,8 @@ class TrainConfig:
         return self.lr
 
     def uses(self, name: str, device: torch.device) -> bool:
-        """Whether the "compile" / "fused" setting is on for `device` ("auto": on CUDA only)."""
+        """Whether the "compile" / "fused" / "cuda_graphs" setting is on for `device` ("auto": on CUDA
+        only; cuda_graphs' auto has further conditions: uses_cuda_graphs)."""
         value = getattr(self, name)
         return value == "on" or (value == "auto" and device.type == "cuda")
 
@@ -305,9 +306,9 @@ def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed
     for a model whose attention a graph can capture (nn/attention.py cuda_graph_refusal)."""
     from asentmax.nn.attention import cuda_graph_refusal
 
-    value = train_config.cuda_graphs
-    return value == "on" or (value == "auto" and world.device.type == "cuda" and not world.active
-                             and cuda_graph_refusal(model_config) is None)
+    if not train_config.uses("cuda_graphs", world.device):
+        return False
+    return train_config.cuda_graphs == "on" or (not world.active and cuda_graph_refusal(model_config) is None)
 
 
 def parameter_groups(model) -> list[dict]:
