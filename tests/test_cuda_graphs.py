@@ -38,8 +38,8 @@ def _one_line_error(capsys) -> str:
     return err
 
 
-def test_off_by_default_and_for_runs_saved_before_the_setting():
-    assert TrainConfig().cuda_graphs == "off"
+def test_auto_by_default_and_off_for_runs_saved_before_the_setting():
+    assert TrainConfig().cuda_graphs == "auto"
     assert TrainConfig.from_dict({"steps": 3, "compile": True}).cuda_graphs == "off"
 
 
@@ -104,7 +104,8 @@ def test_auto_means_one_cuda_process(triton_runs):
     assert uses_cuda_graphs(auto, model, Distributed(device=cuda))
     assert not uses_cuda_graphs(auto, model, Distributed(device=cpu))
     assert not uses_cuda_graphs(auto, model, Distributed(rank=1, world_size=2, device=cuda))
-    assert not uses_cuda_graphs(TrainConfig(), model, Distributed(device=cuda))
+    assert uses_cuda_graphs(TrainConfig(), model, Distributed(device=cuda))  # auto is the default
+    assert not uses_cuda_graphs(TrainConfig(cuda_graphs="off"), model, Distributed(device=cuda))
     assert uses_cuda_graphs(on, model, Distributed(device=cuda))
 
 

@@ -128,7 +128,7 @@ def test_graphed_steps_never_wait_for_the_device(tmp_path):
     """After the recordings, the steps between log steps make no host-device synchronisation (the
     replays, the eager loss, clipping and AdamW, the device-side loss window and the device sampler);
     the last step (log line, validation, checkpoint) reads the device and is not checked."""
-    ahead = workload().batches(seed=0, start_step=0, rank=0, world_size=1, local_batch_size=BATCH,
+    ahead = workload().observe([]).batches(seed=0, start_step=0, rank=0, world_size=1, local_batch_size=BATCH,
                                device=torch.device("cuda"))
     widths = [batch.input_ids.shape[1] for batch in itertools.islice(ahead, 40)]
     start = settled_index(widths) + 1

@@ -19,7 +19,7 @@ Speed (issue 14): on CUDA the model is torch.compile'd by default with the seque
 dynamic (`compiled_for_training`: one graph for every length bucket) and AdamW is fused; with a workload
 whose batches are drawn on the device (asentmax.tasks.device_sampling) no step between log steps waits
 for the device. `--lr-scaling sqrt` is the large-batch rule: peak lr = lr * sqrt(batch-size / 128).
-`--cuda-graphs` (off by default) compiles in torch.compile's mode "reduce-overhead": Inductor's CUDA graph
+`--cuda-graphs` (auto by default: on where it can run) compiles in torch.compile's mode "reduce-overhead": Inductor's CUDA graph
 trees record the compiled forward and backward of each bucket width once and replay them, so a step
 launches two graphs instead of hundreds of kernels (the step was host-bound: results/train_gpu_profile.md).
 Only the model's forward and backward are graphed: the loss, clipping, fused AdamW, the loss window and the
@@ -104,7 +104,7 @@ class TrainConfig:
     compile: str = field(default="auto", metadata={"help": (
         "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
         "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
-    cuda_graphs: str = field(default="off", metadata={"help": (
+    cuda_graphs: str = field(default="auto", metadata={"help": (
         "replay the compiled forward and backward as CUDA graphs (torch.compile mode reduce-overhead: "
         "recorded once per length bucket; a step then launches two graphs instead of hundreds of "
         "kernels; loss, clipping and AdamW stay eager): auto (where the step is compiled, on one CUDA "
@@ -170,6 +170,7 @@ class TrainConfig:
         for name in ("compile", "fused"):  # saved as booleans before "auto" existed
             if isinstance(values.get(name), bool):
                 values[name] = "on" if values[name] else "off"
+        values.setdefault("cuda_graphs", "off")  # runs saved before the setting trained without graphs
         return cls(**values)
 
 
