@@ -72,8 +72,8 @@ class ModelConfig:
     tie_embeddings: bool = _field(True, "share the input embedding and the output head")
     zero_embedding_id: int | None = _field(
         None, "a token id whose embedding is 0 at init and never trained (torch's padding_idx; needs an "
-        "untied head). The paper's code has it for id 0 (Gemma-2's pad_token_id), its MQMTAR blank; "
-        "ours is 4")
+        "untied head). The paper's code has it for id 0 (Gemma-2's pad_token_id), its MQMTAR blank "
+        "(ours is id 4)")
     dropout: float = _field(0.0, "dropout on embeddings and residual branches")
     norm_eps: float = _field(1e-5, "RMSNorm epsilon")
     init_std: float = _field(0.02, "std of the normal init of every Linear and Embedding weight")
