@@ -14,6 +14,7 @@ import torch
 from asentmax.nn import KVCache, ModelConfig, Transformer
 from asentmax.nn.generation import generate
 from asentmax.nn.normalisers import NAMES
+from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from conftest import randomize_temperatures
 from test_compile import assert_same_gradients, compiled, loss_and_grads, recompile_reasons
 
@@ -22,10 +23,10 @@ VOCAB = 64
 POSITIONS = ("nope", "alibi", "rope", "nape")
 
 
-def cuda_model(attention, position) -> Transformer:
+def cuda_model(attention, position, **overrides) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB, d_model=128, n_layers=2, n_heads=8, d_ff=256, topk_k=8,
-                      attention=attention, position=position)
+                      attention=attention, position=position, **overrides)
     model = Transformer(cfg).cuda()
     randomize_temperatures(model)
     return model
@@ -47,6 +48,15 @@ def assert_same_training(model, call, ids):
 @pytest.mark.parametrize("attention", NAMES)
 def test_compiled_training_equals_eager(attention, position):
     model = cuda_model(attention, position)
+    call, counter = compiled(model, "inductor")
+    assert_same_training(model, call, ids_of(4, 130))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_compiled_paper_code_blocks_equal_eager(attention):
+    """The Gemma-2 blocks of the paper's code (nn/presets.py PAPER_CODE_BLOCKS, a frozen zero embedding)."""
+    model = cuda_model(attention, "nape", **PAPER_CODE_BLOCKS, zero_embedding_id=4)
     call, counter = compiled(model, "inductor")
     assert_same_training(model, call, ids_of(4, 130))
     assert counter.frame_count == 1

@@ -163,7 +163,8 @@ def _train_parser(sub):
     train_names = add_config_flags(p, TrainConfig, choices=train_choices)
     model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,
                      "alibi_slopes": config.ALIBI_SLOPES, "asentmax_init": config.ASENTMAX_INITS,
-                     "ssmax_form": config.SSMAX_FORMS, "attention_backend": config.BACKENDS}
+                     "ssmax_form": config.SSMAX_FORMS, "attention_backend": config.BACKENDS,
+                     "norm_placement": config.NORM_PLACEMENTS}
     model_names = add_config_flags(p, ModelConfig, skip=("vocab_size",) + tuple(train_names + workload_names),
                                    choices=model_choices)
     field_help = {f.name: f.metadata.get("help", f.name.replace("_", " "))

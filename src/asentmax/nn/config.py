@@ -3,6 +3,10 @@
 The attention normalisers and position schemes are those of arXiv:2506.16640, section 2:
   attention: a name of nn/normalisers.py NORMALISERS (each normaliser is defined there, once)
   position:  nope | alibi | rope | nape (first H/2 heads ALiBi, the rest NoPE; scaling on NoPE heads only)
+The block design defaults to Llama-style pre-norm blocks; norm_placement="sandwich", mlp="geglu",
+scale_embeddings, scaled_residual_init=False, tie_embeddings=False, norm_eps=1e-6 and zero_embedding_id
+reproduce the Gemma-2 blocks of the paper's code (arXiv:2506.16640, section 4 and its code;
+results/paper/README.md), as presets.PAPER_CODE_BLOCKS bundles them.
 Every default lives here, once. Presets (presets.py) are plain functions that override fields.
 """
 
@@ -16,9 +20,10 @@ from asentmax.nn.normalisers import get_normaliser
 from asentmax.ops.types import BACKENDS
 
 POSITIONS = ("nope", "alibi", "rope", "nape")
-MLPS = ("swiglu", "gelu")
+MLPS = ("swiglu", "geglu", "gelu")
+NORM_PLACEMENTS = ("pre", "sandwich")
 ALIBI_SLOPES = ("harmonic", "geometric")
-ASENTMAX_INITS = ("zero", "reference")
+ASENTMAX_INITS = ("zero", "reference", "normal")
 SSMAX_FORMS = ("delta", "plain")
 
 
@@ -35,7 +40,14 @@ class ModelConfig:
     n_heads: int = _field(8, "attention (query) heads; must divide d_model")
     n_kv_heads: int | None = _field(None, "key/value heads for grouped-query attention; None = n_heads")
     d_ff: int = _field(1024, "MLP hidden size")
-    mlp: str = _field("swiglu", "MLP: swiglu | gelu")
+    mlp: str = _field(
+        "swiglu", "MLP: swiglu = down(silu(gate x) * up x) (Llama) | geglu = down(gelu_tanh(gate x) * up x) "
+        "(Gemma-2, the paper's code) | gelu = down(gelu(up x))")
+    norm_placement: str = _field(
+        "pre", "RMSNorm in each block: pre = x + f(norm(x)) (Llama) | sandwich = x + norm(f(norm(x))), "
+        "a second RMSNorm on the attention and MLP outputs (Gemma-2, the paper's code)")
+    scale_embeddings: bool = _field(
+        False, "multiply the token embeddings by sqrt(d_model) (Gemma-2, the paper's code)")
     attention: str = _field("asentmax", f"attention normaliser: {' | '.join(ATTENTIONS)}")
     alpha: float = _field(1.5, "alpha of alpha-entmax (entmax, asentmax), > 1; 1.5 in the paper")
     topk_k: int = _field(32, "topk: softmax over each query's k largest logits (32 in the paper's Sort runs)")
@@ -50,16 +62,25 @@ class ModelConfig:
     # plateau only with zero-initialised projections; to be confirmed by measurement.
     asentmax_init: str = _field(
         "zero", "ASEntmax beta/gamma projections at init: zero (weights and biases 0: beta = log 2, "
-        "gamma = 0) | reference (nn.Linear's random weights, zero biases: beta ~ softplus(0), gamma ~ 0)")
+        "gamma = 0) | reference (nn.Linear's random weights, zero biases: beta ~ softplus(0), gamma ~ 0) | "
+        "normal (weights normal(0, init_std), zero biases: transformers' init, the paper's code)")
     ssmax_form: str = _field("delta", "SSMax: delta (theta = delta + s_h log(n+1), the paper's runs) | "
                                       "plain (theta = s_h log(n+1))")
     ssmax_s_init: float | None = _field(
         None, "initial SSMax s_h; None = 0 for the delta form (starts as softmax), 1/log(65) for the plain "
         "form (theta = 1 at length 64)")
     tie_embeddings: bool = _field(True, "share the input embedding and the output head")
+    zero_embedding_id: int | None = _field(
+        None, "a token id whose embedding is 0 at init and never trained (torch's padding_idx; needs an "
+        "untied head). The paper's code has it for id 0 (Gemma-2's pad_token_id), its MQMTAR blank "
+        "(ours is id 4)")
     dropout: float = _field(0.0, "dropout on embeddings and residual branches")
     norm_eps: float = _field(1e-5, "RMSNorm epsilon")
-    init_std: float = _field(0.02, "std of the normal weight init (residual outputs / sqrt(2 n_layers))")
+    init_std: float = _field(0.02, "std of the normal init of every Linear and Embedding weight")
+    scaled_residual_init: bool = _field(
+        True, "init the residual-branch outputs (attention output, MLP down projection) with std init_std "
+        "/ sqrt(2 n_layers) (GPT-2); false: init_std as every other weight (transformers' init, the paper's "
+        "code)")
     attention_backend: str = _field(
         "auto", "entmax_attention backend for entmax/asentmax (and long-context softmax/ssmax): "
         + " | ".join(BACKENDS))
@@ -75,7 +96,8 @@ class ModelConfig:
                  f"{name} must be a positive int, got {value!r}")
         for name, allowed in (("attention", ATTENTIONS), ("position", POSITIONS), ("mlp", MLPS),
                               ("alibi_slopes", ALIBI_SLOPES), ("asentmax_init", ASENTMAX_INITS),
-                              ("ssmax_form", SSMAX_FORMS), ("attention_backend", BACKENDS)):
+                              ("ssmax_form", SSMAX_FORMS), ("attention_backend", BACKENDS),
+                              ("norm_placement", NORM_PLACEMENTS)):
             value = getattr(self, name)
             need(value in allowed, f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
         need(self.d_model % self.n_heads == 0,
@@ -107,6 +129,16 @@ class ModelConfig:
                  f"plain-form SSMax needs ssmax_s_init > 0 (theta = s log(n+1)), got {self.ssmax_s_init!r}")
         need(self.norm_eps > 0, f"norm_eps must be > 0, got {self.norm_eps!r}")
         need(self.init_std > 0, f"init_std must be > 0, got {self.init_std!r}")
+        for name in ("scale_embeddings", "scaled_residual_init"):
+            value = getattr(self, name)
+            need(isinstance(value, bool), f"{name} must be true or false, got {value!r}")
+        zero_id = self.zero_embedding_id
+        if zero_id is not None:
+            need(isinstance(zero_id, int) and not isinstance(zero_id, bool)
+                 and 0 <= zero_id < self.vocab_size,
+                 f"zero_embedding_id must be a token id in [0, {self.vocab_size}), got {zero_id!r}")
+            need(not self.tie_embeddings,
+                 "zero_embedding_id needs tie_embeddings=False (a tied head would train that embedding)")
 
     @property
     def head_dim(self) -> int:

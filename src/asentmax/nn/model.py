@@ -1,5 +1,10 @@
-"""Decoder-only Transformer (Llama-style: pre-norm RMSNorm blocks, SwiGLU or GeLU MLP, optional GQA)
-whose attention normaliser and position scheme come from ModelConfig (arXiv:2506.16640, section 2).
+"""Decoder-only Transformer whose attention normaliser and position scheme come from ModelConfig
+(arXiv:2506.16640, section 2), with optional GQA. Blocks are Llama-style by default (pre-norm RMSNorm,
+SwiGLU MLP, tied head, GPT-2 residual init); the ModelConfig fields norm_placement="sandwich", mlp="geglu",
+scale_embeddings, scaled_residual_init=False and zero_embedding_id give the Gemma-2 blocks of the paper's
+code (arXiv:2506.16640, section 4 and its code; results/paper/README.md):
+  h = sqrt(d_model) * embed(ids);  h = h + norm(attn(norm(h)));  h = h + norm(mlp(norm(h)));
+  logits = head(norm(h)),  mlp(x) = down(gelu_tanh(gate x) * up x).
 
 forward(input_ids (B, T), attention_mask=None (B, T) bool True = real token, cache=None) -> logits (B, T, V).
 Positions and n_i count the real tokens of each row only, so left padding changes nothing for the real
@@ -24,6 +29,9 @@ from asentmax.ops.entmax import compute_dtype
 
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight, normalised in fp32 for half inputs; weight starts at 1 (the same
+    function as Gemma-2's (1 + weight) with weight 0)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -36,32 +44,49 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
+    """swiglu: down(silu(gate x) * up x); geglu: down(gelu_tanh(gate x) * up x) (Gemma-2's
+    gelu_pytorch_tanh); gelu: down(gelu(up x))."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.kind = config.mlp
         self.w_up = nn.Linear(config.d_model, config.d_ff, bias=False)
-        self.w_gate = nn.Linear(config.d_model, config.d_ff, bias=False) if self.kind == "swiglu" else None
+        gated = self.kind in ("swiglu", "geglu")
+        self.w_gate = nn.Linear(config.d_model, config.d_ff, bias=False) if gated else None
         self.w_down = nn.Linear(config.d_ff, config.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.w_gate is not None:
+        if self.kind == "swiglu":
             return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        if self.kind == "geglu":
+            return self.w_down(F.gelu(self.w_gate(x), approximate="tanh") * self.w_up(x))
         return self.w_down(F.gelu(self.w_up(x)))
 
 
 class Block(nn.Module):
+    """pre: x + f(norm(x)); sandwich: x + norm(f(norm(x))) (the *_post_norm modules), for f the attention,
+    then the MLP. The attention's temperature reads the normed input norm(x) in both."""
+
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
+        sandwich = config.norm_placement == "sandwich"
         self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
         self.attn = Attention(config, layer)
+        self.attn_post_norm = RMSNorm(config.d_model, config.norm_eps) if sandwich else None
         self.mlp_norm = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MLP(config)
+        self.mlp_post_norm = RMSNorm(config.d_model, config.norm_eps) if sandwich else None
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, ctx, cache, want_stats):
         attended, stats = self.attn(self.attn_norm(x), ctx, cache, want_stats)
+        if self.attn_post_norm is not None:
+            attended = self.attn_post_norm(attended)
         x = x + self.dropout(attended)
-        x = x + self.dropout(self.mlp(self.mlp_norm(x)))
+        transformed = self.mlp(self.mlp_norm(x))
+        if self.mlp_post_norm is not None:
+            transformed = self.mlp_post_norm(transformed)
+        x = x + self.dropout(transformed)
         return x, stats
 
 
@@ -71,7 +96,8 @@ class Transformer(nn.Module):
         if not isinstance(config, ModelConfig):
             raise TypeError(f"Transformer expects a ModelConfig, got {type(config).__name__}")
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.embed = nn.Embedding(config.vocab_size, config.d_model, padding_idx=config.zero_embedding_id)
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embeddings else None
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm = RMSNorm(config.d_model, config.norm_eps)
@@ -93,9 +119,12 @@ class Transformer(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, std=std)
-        for block in self.blocks:  # residual-branch outputs scaled as in GPT-2
-            nn.init.normal_(block.attn.wo.weight, std=std / math.sqrt(2 * self.config.n_layers))
-            nn.init.normal_(block.mlp.w_down.weight, std=std / math.sqrt(2 * self.config.n_layers))
+                if module.padding_idx is not None:
+                    nn.init.zeros_(module.weight[module.padding_idx])
+        if self.config.scaled_residual_init:  # residual-branch outputs scaled as in GPT-2
+            for block in self.blocks:
+                nn.init.normal_(block.attn.wo.weight, std=std / math.sqrt(2 * self.config.n_layers))
+                nn.init.normal_(block.mlp.w_down.weight, std=std / math.sqrt(2 * self.config.n_layers))
         for block in self.blocks:
             if block.attn.temperature is not None:
                 block.attn.temperature.reset_parameters()
@@ -114,7 +143,10 @@ class Transformer(nn.Module):
         """Logits (B, T, V); with return_stats=True, (logits, [AttentionStats per layer]).
         With a cache, input_ids are the new tokens: their keys/values are appended to it."""
         ctx = self._context(input_ids, attention_mask, cache)
-        x = self.dropout(self.embed(input_ids))
+        x = self.embed(input_ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        x = self.dropout(x)
         stats: list[AttentionStats] = []
         for block in self.blocks:
             x, layer_stats = block(x, ctx, cache, return_stats)

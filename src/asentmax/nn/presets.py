@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from asentmax.nn.config import ModelConfig
 
+# The Gemma-2 decoder blocks of the paper's code (arXiv:2506.16640, section 4 and its code, synthetic/:
+# transformers' Gemma2 with sliding windows and soft-capping off; results/paper/README.md), as field
+# overrides for any preset: mqmtar_model(vocab_size, **PAPER_CODE_BLOCKS). On the command line:
+# --norm-placement sandwich --mlp geglu --scale-embeddings true --scaled-residual-init false
+# --tie-embeddings false --norm-eps 1e-6 --asentmax-init normal. Its frozen zero embedding is task-specific
+# (zero_embedding_id: the MQMTAR blank, id 4 here), so it is not in the bundle.
+PAPER_CODE_BLOCKS = dict(norm_placement="sandwich", mlp="geglu", scale_embeddings=True,
+                         scaled_residual_init=False, tie_embeddings=False, norm_eps=1e-6,
+                         asentmax_init="normal")
+
 
 def _preset(defaults: dict, vocab_size: int, overrides: dict) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, **{**defaults, **overrides})

@@ -48,11 +48,14 @@ class ASEntmaxTemperature(nn.Module):
         self.beta_proj = nn.Linear(config.d_model, m, bias=True)
         self.gamma_proj = nn.Linear(config.d_model, m, bias=True)
         self.init = config.asentmax_init
+        self.init_std = config.init_std
 
     def reset_parameters(self):
         for proj in (self.beta_proj, self.gamma_proj):
             if self.init == "zero":
                 nn.init.zeros_(proj.weight)
+            elif self.init == "normal":
+                nn.init.normal_(proj.weight, std=self.init_std)
             else:
                 proj.reset_parameters()
             nn.init.zeros_(proj.bias)
