@@ -85,7 +85,12 @@ def gpu_ms(fn, calls=20, replays=15):
     """GPU milliseconds of one fn() without host time: `calls` of fn, each after an L2 flush, captured in a
     CUDA graph, less a graph of the flushes alone; the median over interleaved replays."""
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    fn()  # compiled and warm before the capture
+    side = torch.cuda.Stream()  # warm-up on a side stream before the capture, as torch.cuda.graphs asks
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
 
     def captured(body):
