@@ -83,10 +83,10 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
 
 
 def launch_decode_chunks(alpha, dim, batch=8, heads=16):
-    """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py), where the
-    split path takes each of split_chunk's chunks: grouped caches (4 KV heads) of 1K (head dim 128; 64 takes
-    the one-launch kernel), 2K and 4K keys (chunks of 128, 256 and 512 keys) and a multi-head one of 4K keys
-    (1024), solving the thresholds in the output kernel or not."""
+    """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py): grouped
+    caches (4 KV heads) of 1K and 2K keys on the one-launch kernel (a program per query head), of 4K keys on
+    the split path (packs of 4 heads, chunks of 1024 keys, 4 or 16 rows), and a multi-head one of 4K keys,
+    solving the thresholds in the output kernel or not."""
     for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096)):
         q = torch.randn(batch, heads, n_q, dim, dtype=torch.bfloat16)
         k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))

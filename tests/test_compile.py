@@ -159,6 +159,22 @@ def test_compiled_decoding_equals_eager(attention):
     assert counts[-1] == counts[-2] and counts[-1] <= 4, counts
 
 
+def test_inductor_decoding_compiles_four_graphs():
+    """The same bound through Inductor, which aot_eager cannot show: Inductor returned the prefill's n_real
+    (B,) as a stride-0 broadcast of the prompt length (previous + counts[:, -1] with counts an expanded
+    arange), so the first decoding step after a second prompt length failed the stride guard of the
+    dynamic step and compiled a fifth graph (softmax, entmax and topk on the H200: [3, 5, 5])."""
+    model = make_model("softmax", "nape").eval()
+    call, counter = compiled(model, "inductor")
+    counts = []
+    with recompile_reasons() as reasons:
+        for length in (5, 8, 12):
+            ids = torch.randint(0, VOCAB, (2, length))
+            assert torch.equal(generate(call, ids, 3), generate(model, ids, 3))
+            counts.append(counter.frame_count)
+    assert counts == [3, 4, 4], (counts, reasons)
+
+
 @pytest.mark.skipif(not triton_backend.is_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
 def test_compiled_triton_custom_ops_equal_eager():
     """The Triton kernels' custom ops (fused forward + backward, decoding) compile into one graph."""

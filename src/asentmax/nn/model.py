@@ -209,8 +209,11 @@ class Transformer(nn.Module):
                 contiguous_to_end = True  # real tokens appended to rows that were: nothing to check
             else:
                 contiguous_to_end = _check_contiguous(key_mask)  # a host sync: checked in eager mode only
-        if cache is not None:
-            cache.commit(key_mask, previous + counts[:, -1], contiguous_to_end)
+        if cache is not None:  # not previous + counts[:, -1]: with previous zeros Inductor returned that
+            # column of counts itself (stride 0 when expanded, t when a cumsum), and the next decoding step's
+            # stride guard compiled one graph more for each
+            real = t if attention_mask is None else attention_mask.sum(1)
+            cache.commit(key_mask, previous + real, contiguous_to_end)
         rotary = None
         if self.rotary is not None:
             rotary = self.rotary.cos_sin(positions, compute_dtype(self.embed.weight.dtype))

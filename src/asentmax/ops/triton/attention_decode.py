@@ -15,17 +15,16 @@ along the keys instead, so that K and V are each read once, and a grouped cache 
    in one block, else re-read from L2), then Z = sum_j p_j, 1 / Z and the support size. tau needs every key,
    so it is found here exactly as on the other paths (same passes, same stopping rule), never merged from
    per-chunk thresholds. Where a pack's rows x cache are few (<= 16384 scores, see entmax_attention_decode_
-   split: a grouped cache of up to 4K keys, a multi-head one of up to 4K) there is no such launch: every
-   output program of the pack solves its rows itself, the same passes over the same stored scores;
+   split: a cache of up to 4K keys with groups of 4 or without groups, at Nq = 1) there is no such launch:
+   every output program of the pack solves its rows itself, the same passes over the same stored scores;
 3. output: one program per (key chunk, batch, pack of heads) accumulates p @ v / Z over its chunk. A cache
    of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and the
    last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
 
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
-tensors and these three launches (two when the output kernel solves). Multi-head attention at caches of at
-most SHORT_CACHE keys takes the one-launch kernel of attention_decode_short.py instead
-(entmax_attention_decode, the launcher). Forward only: the autograd wrapper uses the fused kernels when
-gradients are needed.
+tensors and these three launches (two when the output kernel solves). Caches of at most SHORT_CACHE keys
+take the one-launch kernel of attention_decode_short.py instead (entmax_attention_decode, the launcher).
+Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
 import torch
@@ -193,50 +192,35 @@ def _decode_output(
 
 
 # The split path's launch configuration (entmax_attention_decode_split's docstring gives the rule).
-CHUNKS = (1024, 512, 256, 128)  # keys a program, a multiple of _BLOCK_N; few values: few compiled variants
-TARGET_PROGRAMS = 256  # about two programs per SM of an H200 (132 SMs)
+SPLIT_CHUNK = 1024  # keys a program, a multiple of _BLOCK_N
 SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
-GROUPED_SHORT_WORK = 1024 * 64  # most keys x head dim of a grouped cache the one-launch kernel takes
+SOLVE_PROGRAMS = 256  # and at most this many times that over all output programs (2 a SM of an H200)
 
 
-def split_chunk(programs_per_chunk, n_k):
-    """Keys a program of the split path: the largest of CHUNKS that still gives >= TARGET_PROGRAMS programs
-    (programs_per_chunk = batch * heads / pack of them per key chunk), else the smallest."""
-    for chunk in CHUNKS:
-        if programs_per_chunk * cdiv(n_k, chunk) >= TARGET_PROGRAMS:
-            return chunk
-    return CHUNKS[-1]
-
-
-def takes_short_path(group, n_q, n_k, head_dim):
-    """True where entmax_attention_decode takes the one-launch kernel (a program per query head): caches of
-    <= SHORT_CACHE keys whose query heads cannot share a program (heads_per_program = 1: multi-head
-    attention, or groups whose group * n_q rows do not fit a tile of MAX_QUERIES), and grouped caches of at
-    most GROUPED_SHORT_WORK keys x head dim. A program of the one-launch kernel streams its head's whole
-    cache, so its time grows with keys x head dim (on the H200 with groups of 4 at B = 8: 0.022 ms at 1K keys
-    and head dim 64, 1.8x SDPA; 0.038-0.054 ms at 2K keys or head dim 128, 2.4-2.8x; results/decode_gpu.md,
-    seventh session), while the split path costs about two launches whatever the cache."""
-    if heads_per_program(group, n_q) == 1:
-        return n_k <= SHORT_CACHE
-    return n_k * head_dim <= GROUPED_SHORT_WORK
+def takes_short_path(n_k):
+    """True where entmax_attention_decode takes the one-launch kernel: caches of at most SHORT_CACHE keys,
+    multi-head or grouped (see entmax_attention_decode)."""
+    return n_k <= SHORT_CACHE
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    Multi-head attention at caches of at most SHORT_CACHE keys, and grouped-query attention at caches of at
-    most GROUPED_SHORT_WORK keys x head dim, take the one-launch kernel of attention_decode_short.py (a
-    program per query head; takes_short_path); longer caches the split over the keys (a program per key
-    chunk and pack of query heads sharing a KV head, heads_per_program; chunks by split_chunk). The
-    one-launch kernel reads a head's
-    whole cache in one program, so its time grows with the cache at B * H programs; a grouped cache packed
-    into one program per KV head leaves only B * Hkv programs (32 for B = 8, Hkv = 4), too few for 132 SMs
-    (results/decode_gpu.md, seventh session), while the split path reads each KV head once per pack and
-    still has B * Hkv * chunks programs. SHORT_CACHE = 2048 by measurement (results/decode_gpu.md, both
-    paths forced in one run on the H200): at 1K-2K the one-launch kernel is faster in 9 of 10 rows.
+    Caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of attention_decode_short.py (a
+    program per query head, grouped or not); longer ones the split over the keys (a program per chunk of
+    SPLIT_CHUNK = 1024 keys and pack of query heads sharing a KV head, heads_per_program). One rule for
+    multi-head and grouped caches, by measurement on the H200 (results/decode_gpu.md: both paths and each
+    option forced in one run, ninth and seventh sessions; B 8, H 16, Hkv 4 unless said): at 1K keys the
+    split path took 0.090 ms where the one-launch kernel took 0.036 (head dim 128) and 0.040 against 0.029
+    (B 1, H 32, Hkv 8); at 2K the one-launch kernel won 3 of the 4 comparisons of the two runs with chunks
+    of 1024 (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10 (0.058-0.117 against
+    0.089-0.401; not at head dim 64 in the ninth run, 0.087 against 0.064, and level at 128 in the seventh,
+    0.117 against 0.114). The split path's smaller
+    chunks for grouped caches (128-512 keys, to reach 256 programs) were never faster than chunks of 1024 in
+    the ninth run's ten grouped rows, 2.7x and 1.4x slower at head dim 128 with 2K and 4K keys.
     """
-    if takes_short_path(q.shape[1] // k.shape[1], q.shape[2], k.shape[2], q.shape[3]):
+    if takes_short_path(k.shape[2]):
         launcher = entmax_attention_decode_short
     else:
         launcher = entmax_attention_decode_split
@@ -248,21 +232,15 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
                                   max_iter, pack=None, chunk=None, solve=None):
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
-    program (a multiple of 64).
-
-    Launch rule (the default chunk, split_chunk): the programs of a key chunk are the B * H / pack packs, and
-    the chunk is the largest of 1024, 512, 256, 128 keys that gives at least TARGET_PROGRAMS = 256 programs
-    (about two per SM of the H200), else 128. Multi-head attention (B * H / pack = 128 at B = 8, H = 16)
-    keeps chunks of 1024 at every cache of >= 2K keys, as before this rule; grouped caches get smaller
-    chunks (B = 8, Hkv = 4: 128 keys at 1K, 256 at 2K, 512 at 4K; 1024 from 8K on).
+    program (a multiple of 64, default SPLIT_CHUNK = 1024: a grid of (cdiv(Nk, chunk), B * H / pack)).
 
     `solve` has the output kernel find the thresholds instead of a launch of _decode_threshold: one launch
     less (a Triton launch costs tens of microseconds of host time: in results/decode_gpu.md the split path's
     four launches took 0.045-0.15 ms at 1K caches where the one-launch kernel took 0.02-0.05 ms), paid by
     every output program re-reading its pack's scores on each threshold pass. Default: when that is at most
-    SOLVE_SCORES = 16384 scores (64 KB) a program and 256 x that over all programs: the pack's
-    next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped caches
-    of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
+    SOLVE_SCORES = 16384 scores (64 KB) a program and SOLVE_PROGRAMS = 256 x that over all programs: the
+    pack's next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped
+    caches of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
     H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head caches of 8K keys and more, keep
     the threshold launch. num_warps 4 in the K- and V-reading kernels (a 16 x 64 score tile),
     threshold_tile's in the threshold kernel and in a solving output kernel.
@@ -274,7 +252,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     n_k = k.shape[2]
     n_packs = batch * heads // pack
     if chunk is None:
-        chunk = split_chunk(n_packs, n_k)
+        chunk = SPLIT_CHUNK
     n_chunks = cdiv(n_k, chunk)
     s_stride = n_chunks * chunk  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
@@ -301,7 +279,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     solve_tile, solve_warps = threshold_tile(rows * s_stride)
     if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
         solve = (rows * s_stride <= SOLVE_SCORES
-                 and n_chunks * n_packs * rows * s_stride <= SOLVE_SCORES * TARGET_PROGRAMS)
+                 and n_chunks * n_packs * rows * s_stride <= SOLVE_SCORES * SOLVE_PROGRAMS)
     if not solve:
         row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
         _decode_threshold[(n_rows,)](
