@@ -125,6 +125,7 @@ def test_host_offsets_follow_the_hypergeometric_law(length, table_size):
 DEVICE_VARIANTS = [({}, length_buckets(32, 64, 4)),
                    (dict(table_size=8, n_queries=7), length_buckets(32, 64, 4)),  # every word, random order
                    (dict(table_size=3, n_queries=1), length_buckets(6, 40, 3)),  # P capped: S up to 13
+                   (dict(table_size=1, n_queries=2), [(6, 60)]),  # one pair, S = L: contexts of 6 to 60
                    ({}, [(4090, 4100)])]
 
 
