@@ -269,3 +269,14 @@ def test_cli_run_saves_the_layout_and_eval_tests_with_it(tmp_path, one_thread):
     (run / "config.json").write_text(json.dumps(config))
     with pytest.raises(RunError, match="is not the checkpoint of the mqmtar run"):
         plan_evaluation(run, EvalConfig(multipliers=(1,), samples=3, device="cpu"))
+
+
+def test_compare_labels_a_run_by_its_layout():
+    from asentmax.report import method_label
+
+    result = {"model_config": {"attention": "asentmax", "position": "nape"}, "workload": {"task": "mqmtar"}}
+    assert method_label(result) == "ASEntmax"  # saved before layouts existed
+    result["workload"]["layout"] = "stretches"
+    assert method_label(result) == "ASEntmax (stretches layout)"
+    result["model_config"]["position"] = "rope"
+    assert method_label(result) == "ASEntmax (rope, stretches layout)"
