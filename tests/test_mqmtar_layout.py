@@ -280,3 +280,26 @@ def test_compare_labels_a_run_by_its_layout():
     assert method_label(result) == "ASEntmax (stretches layout)"
     result["model_config"]["position"] = "rope"
     assert method_label(result) == "ASEntmax (rope, stretches layout)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_stretches_batches_are_laid_out_deterministic_and_never_wait_for_the_device():
+    task = get_task("mqmtar", layout="stretches")
+    buckets = length_buckets(32, 64, 4)
+    sampler = DeviceBatchSampler(task, buckets, "cuda")
+    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
+    try:
+        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=512) for s in range(4)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    again = DeviceBatchSampler(task, buckets, "cuda").batch(seed=0, rank=0, step=3, batch_size=512)
+    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
+    for batch in batches:
+        examples = decode_rows(task, batch.to("cpu"))
+        for example in examples:
+            read_stretches(task, example, row_length(task, buckets, example))
+        reference = collate(task, examples)
+        assert torch.equal(batch.input_ids[:, : reference.input_ids.shape[1]].cpu(), reference.input_ids)

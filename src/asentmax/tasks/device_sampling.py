@@ -8,7 +8,9 @@ Same distribution, different stream. Every example has exactly the distribution 
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
-replacement from the tables, block positions as a uniformly random subset of the items, queries
+replacement from the tables, block positions as a uniformly random subset of the items (layout "random")
+or each block's offset in its stretch as how many of the S - 6 smallest of 2 S - 4 i.i.d. uniform keys
+fall among the first S - 1 (layout "stretches", the paper's code's hypergeometric offsets), queries
 uniform with replacement. An ordered draw of k of n entries without replacement is the first k
 distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws that
 hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
