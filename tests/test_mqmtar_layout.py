@@ -211,6 +211,11 @@ def test_the_workload_carries_the_layout_and_old_runs_load_as_random(tmp_path):
     for example in decode_rows(workload.task_object, batch):
         read_stretches(workload.task_object, example,
                        row_length(workload.task_object, length_buckets(32, 64, 4), example))
+    device = TaskWorkload(task="mqmtar", layout="stretches", sampling="device")  # resumes exactly
+    common = dict(seed=5, rank=1, world_size=2, local_batch_size=4, device="cpu")
+    from_start = device.batches(start_step=0, **common)
+    fourth = [next(from_start) for _ in range(4)][3]
+    assert torch.equal(next(device.batches(start_step=3, **common)).input_ids, fourth.input_ids)
     old = dict(saved)
     del old["layout"]  # a run saved before the option existed
     assert TaskWorkload.from_dict(old).task_object.layout == "random"
