@@ -202,6 +202,7 @@ def test_two_back_answers():
         ("two_back", {"n_symbols": 0}),
         ("mqmtar", {"n_queries": 0}),
         ("mqmtar", {"table_size": 70_000}),
+        ("mqmtar", {"layout": "grid"}),
         ("flipflop", {"p_write": 0.7, "p_read": 0.5}),
         ("local_count", {"min_run": 3, "max_run": 2}),
     ],
@@ -209,5 +210,5 @@ def test_two_back_answers():
 def test_bad_task_arguments(name, kwargs):
     with pytest.raises(ValueError, match=name):
         get_task(name, **kwargs)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=f"task '{name}' has no option no_such_argument"):
         get_task(name, no_such_argument=1)

@@ -142,6 +142,7 @@ class _PresetAction(argparse.Action):
 def _train_parser(sub):
     from asentmax.nn import ModelConfig, config
     from asentmax.tasks import TASK_NAMES
+    from asentmax.tasks.mqmtar import LAYOUTS
     from asentmax.tasks.workload import TaskWorkload
     from asentmax.trainer import TrainConfig
 
@@ -158,7 +159,7 @@ def _train_parser(sub):
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
                    help="synthetic task (its preset applies unless --preset is given)")
-    workload_names = ["task"] + add_config_flags(p, TaskWorkload, skip=("task",))
+    workload_names = ["task"] + add_config_flags(p, TaskWorkload, skip=("task",), choices={"layout": LAYOUTS})
     train_choices = {"device": ("auto", "cpu", "cuda"), "amp": ("auto", "bf16", "off")}
     train_names = add_config_flags(p, TrainConfig, choices=train_choices)
     model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,

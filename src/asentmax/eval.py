@@ -313,9 +313,10 @@ class EvalPlan:
     notes: list[str]  # lines to print before starting
 
 
-def _saved_task(run_dir: Path) -> tuple[str, int]:
-    """(task name, longest training length) of a synthetic-task run, from its config.json (the workload
-    record the trainer writes); RunError naming the file when it is unreadable or not such a run."""
+def _saved_task(run_dir: Path) -> tuple[str, int, str]:
+    """(task name, longest training length, sample layout) of a synthetic-task run, from its config.json
+    (the workload record the trainer writes; a run saved before layouts existed has "random"); RunError
+    naming the file when it is unreadable or not such a run."""
     path = run_dir / CONFIG_NAME
     workload = read_json(path, "run config").get("workload")
     if not isinstance(workload, dict):
@@ -326,7 +327,10 @@ def _saved_task(run_dir: Path) -> tuple[str, int]:
     if not (isinstance(workload.get("task"), str) and isinstance(workload.get("max_length"), int)
             and workload["max_length"] > 0):
         raise RunError(f"{path} has no task and max_length in its workload; restore it from the run")
-    return workload["task"], workload["max_length"]
+    layout = workload.get("layout", "random")
+    if not isinstance(layout, str):
+        raise RunError(f"{path} has a layout that is not a name ({layout!r}); restore it from the run")
+    return workload["task"], workload["max_length"], layout
 
 
 def _model_from_checkpoint(path: Path, checkpoint: dict, attention_backend: str):
@@ -384,28 +388,32 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     """Check everything about evaluating `run_dir` that can fail before any computing (ValueError /
     RunError, one line): the settings, the device, config.json, the checkpoint, the lengths, the output
     location and an earlier result file there. Nothing is written."""
-    from asentmax.tasks import get_task
+    from asentmax.tasks import TASK_NAMES
+    from asentmax.tasks.workload import build_task
 
     config.validate()
     device = eval_device(config)
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunError(f"run dir {run_dir} {'is not a directory' if run_dir.exists() else 'does not exist'}")
-    task_name, max_length = _saved_task(run_dir)
+    task_name, max_length, layout = _saved_task(run_dir)
     best = config.checkpoint == "best"
     checkpoint_path = run_dir / (BEST_NAME if best else CHECKPOINT_NAME)
     if best and not checkpoint_path.is_file():
         raise RunError(f"no {BEST_NAME} in {run_dir}: only a run trained with --keep-best-at keeps one")
     checkpoint = load_checkpoint(checkpoint_path)
     model_config, model_state = _model_from_checkpoint(checkpoint_path, checkpoint, config.attention_backend)
+    if task_name not in TASK_NAMES:
+        raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}")
     try:
-        task = get_task(task_name)
-    except (KeyError, ValueError) as error:
-        raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}") from error
+        task = build_task(task_name, layout)  # the layout the run trained on: its eval sets' layout
+    except ValueError as error:
+        raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
     saved_workload = checkpoint.get("workload")
-    if not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name:
-        raise RunError(f"{checkpoint_path} is not the checkpoint of the {task_name} run that "
-                       f"{run_dir / CONFIG_NAME} describes")
+    if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
+            or saved_workload.get("layout", "random") != layout):
+        raise RunError(f"{checkpoint_path} is not the checkpoint of the {task_name} run ({layout} layout) "
+                       f"that {run_dir / CONFIG_NAME} describes")
     id_length = config.id_length or max_length
     multipliers, left_out = resolve_multipliers(config, id_length, device)
     lengths = multiplier_lengths(id_length, multipliers, task)

@@ -53,10 +53,15 @@ METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 
 
 def method_label(result: dict) -> str:
-    """Paper name of the attention, with the position scheme when it is not the paper's NAPE."""
+    """Paper name of the attention, with the position scheme when it is not the paper's NAPE and the sample
+    layout when it is not the default (MQMTAR's "stretches": results/paper/README.md)."""
     config = result["model_config"]
     name = METHOD_NAMES.get(config["attention"], config["attention"])
-    return name if config.get("position", "nape") == "nape" else f"{name} ({config['position']})"
+    notes = [config["position"]] if config.get("position", "nape") != "nape" else []
+    layout = (result.get("workload") or {}).get("layout", "random")
+    if layout != "random":
+        notes.append(f"{layout} layout")
+    return f"{name} ({', '.join(notes)})" if notes else name
 
 
 def run_name(result: dict) -> str:

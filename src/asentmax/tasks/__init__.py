@@ -13,8 +13,9 @@ symbols from 4 up. Default vocabularies (fixed, independent of the length) and s
 | local_count | 48    | length       | per position, the 0-based count within its run  | local_count.py|
 | two_back    | 37    | length       | per position, the token two steps earlier       | two_back.py   |
 
-For MQMTAR `length` is the paper's L, the pairs-and-blanks context; the 4 queries follow it.
-`task.source_length(length)` returns the exact source length for any task.
+For MQMTAR `length` is the paper's L, the pairs-and-blanks context (P S <= L tokens with layout
+"stretches", the paper's code's); the 4 queries follow it. `task.source_length(length)` returns the exact
+source length for any task.
 
     >>> task = get_task("sort")
     >>> example = task.sample(64, numpy.random.default_rng(0))
@@ -23,7 +24,7 @@ For MQMTAR `length` is the paper's L, the pairs-and-blanks context; the 4 querie
 
 from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, PAD, SEP, Example, Task
 from asentmax.tasks.eval_sets import load_jsonl, make_eval_set, save_jsonl
-from asentmax.tasks.registry import TASK_NAMES, get_task
+from asentmax.tasks.registry import TASK_NAMES, get_task, task_options
 
 __all__ = [
     "PAD",
@@ -35,6 +36,7 @@ __all__ = [
     "Task",
     "TASK_NAMES",
     "get_task",
+    "task_options",
     "make_eval_set",
     "save_jsonl",
     "load_jsonl",

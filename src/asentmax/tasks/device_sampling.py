@@ -8,7 +8,9 @@ Same distribution, different stream. Every example has exactly the distribution 
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
-replacement from the tables, block positions as a uniformly random subset of the items, queries
+replacement from the tables, block positions as a uniformly random subset of the items (layout "random")
+or each block's offset in its stretch as how many of the S - 6 smallest of 2 S - 4 i.i.d. uniform keys
+fall among the first S - 1 (layout "stretches", the paper's code's hypergeometric offsets), queries
 uniform with replacement. An ordered draw of k of n entries without replacement is the first k
 distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws that
 hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
@@ -192,56 +194,77 @@ class _SequenceSampler:
 
 
 class _MQMTARBucket:
-    """MQMTAR constants of one bucket (lengths L = lo + l, P = pairs_for_length(L) <= K blocks, L - 5 P
-    <= M items). A row's fixed tokens are template[max(column_base - l, column_floor)]: the template holds
-    <bos>, a blank, then everything collate puts after the context of a row of length lo (query markers,
-    <sep>, the target's markers, padding), then that row's labels from column lo on, so that they shift
-    with L. Scattered: block j starting at context index c (input column c + 1) holds `k1 k2 :` then
-    `v1 v2 _`; query q's key `k1 k2` is at input column L + 2 + 3 q, the target's `v1 v2` at
-    L + 3 Q + 3 + 3 q and their labels one column earlier; the unused tokens go to distinct sink columns
-    from 2 width on."""
+    """MQMTAR constants of one bucket (lengths L = lo + l, contexts of C = task.context_length(L) tokens
+    from C_lo to C_hi, P = pairs_for_length(L) <= K blocks). A row's fixed tokens are
+    template[max(column_base - shift, column_floor)] with shift = C - C_lo: the template holds <bos>, a
+    blank, then everything collate puts after a context of C_lo tokens (query markers, <sep>, the target's
+    markers, padding), then that row's labels from column C_lo on, so that they shift with C. Scattered:
+    block j at item index i_j (its context index minus 5 j) holds `k1 k2 :` then `v1 v2 _` from input
+    column i_j + 5 j + 1 on; query q's key `k1 k2` is at input column C + 2 + 3 q, the target's `v1 v2` at
+    C + 3 Q + 3 + 3 q and their labels one column earlier; the unused tokens go to distinct sink columns
+    from 2 width on. Layout "random": a row has L - 5 P <= M items; "stretches": block j starts b_j
+    tokens into stretch j of S = L // P, so i_j = (S - 5) j + b_j, and b_j counts how many of the S - 6
+    smallest of 2 S - 4 <= N keys fall among the first S - 1."""
 
     def __init__(self, task: MQMTARTask, bucket: tuple[int, int], device: torch.device):
         lo, hi = bucket
         n_queries, n_lengths = task.n_queries, hi - lo + 1
         length = np.arange(lo, hi + 1)
         pairs = np.array([pairs_for_length(int(n), task.table_size) for n in length])
-        items = length - (BLOCK_TOKENS - 1) * pairs
-        self.n_lengths, self.n_pairs, self.n_items = n_lengths, int(pairs.max()), int(items.max())
+        context = np.array([task.context_length(int(n)) for n in length])
+        c_lo, c_hi = int(context.min()), int(context.max())
+        self.n_lengths, self.n_pairs = n_lengths, int(pairs.max())
+        self.shift = torch.as_tensor(context - c_lo).to(device)
         marked = [QUERY, BLANK, BLANK] * n_queries  # BLANK: where the key / value tokens are scattered
-        shortest = collate(task, [Example([BLANK] * lo + marked, marked)])
-        width = self.width = hi + 6 * n_queries + 2
-        # sink columns: 2 width + r Q + q (+ l) for the query rows' third tokens, then 6 j from `unused_start`
-        self.unused_start = 2 * width + 3 * n_queries + n_lengths
+        shortest = collate(task, [Example([BLANK] * c_lo + marked, marked)])
+        width = self.width = c_hi + 6 * n_queries + 2
+        # sink columns: 2 width + r Q + q (+ shift) for the query rows' third tokens, then 6 j from
+        # `unused_start`
+        self.unused_start = 2 * width + 3 * n_queries + c_hi - c_lo + 1
         columns = self.unused_start + 6 * self.n_pairs + 1
-        padding = hi - lo
-        inputs = [BOS, BLANK, *shortest.input_ids[0, lo + 1 :].tolist(), *[PAD_ID] * padding]
-        labels = [IGNORE_INDEX, *shortest.labels[0, lo:].tolist(), *[IGNORE_INDEX] * padding]
+        padding = c_hi - c_lo
+        inputs = [BOS, BLANK, *shortest.input_ids[0, c_lo + 1 :].tolist(), *[PAD_ID] * padding]
+        labels = [IGNORE_INDEX, *shortest.labels[0, c_lo:].tolist(), *[IGNORE_INDEX] * padding]
         self.template = torch.tensor(inputs + labels + [PAD_ID], device=device)
         column = np.arange(width)
-        base = np.concatenate([column + 1 - lo, len(inputs) + column + 1 - lo, np.zeros(columns - 2 * width)])
+        base = np.concatenate([column + 1 - c_lo, len(inputs) + column + 1 - c_lo,
+                               np.zeros(columns - 2 * width)])
         floor = np.concatenate([np.minimum(column, 1), np.full(width, len(inputs)),
                                 np.full(columns - 2 * width, len(inputs) + len(labels))])
         self.column_base, self.column_floor = (torch.as_tensor(a, dtype=torch.long).to(device)
                                                for a in (base, floor))
         self.pairs = torch.as_tensor(pairs).to(device)
         self.draw_words = _DistinctDraws(task.table_size, self.n_pairs, device)  # keys, values
-        self.masked_items = torch.as_tensor(np.arange(self.n_items) >= items.reshape(-1, 1)).to(device)
         self.unused = torch.as_tensor(np.arange(self.n_pairs) >= pairs.reshape(-1, 1)).to(device)
         pair = np.arange(self.n_pairs)
         self.unused_starts = torch.as_tensor(self.unused_start + pair).to(device)  # sorted + 5 j: 6 j apart
+        if task.layout == "stretches":
+            stretch = (length // pairs).reshape(-1, 1)
+            self.n_places = int(2 * stretch.max() - 4)
+            place = np.arange(self.n_places)
+            masked, kept = place >= 2 * stretch - 4, place < stretch - BLOCK_TOKENS
+            self.masked_places, self.kept = (torch.as_tensor(a).view(n_lengths, 1, -1).to(device)
+                                             for a in (masked, kept))
+            self.places_before = torch.as_tensor(stretch - 1).view(-1, 1, 1).to(device)
+            self.stretch_items = torch.as_tensor((stretch - (BLOCK_TOKENS - 1)) * pair).to(device)
+        else:
+            items = length - (BLOCK_TOKENS - 1) * pairs
+            self.n_items = int(items.max())
+            self.masked_items = torch.as_tensor(np.arange(self.n_items) >= items.reshape(-1, 1)).to(device)
         offset, part = np.arange(3), np.arange(2).reshape(-1, 1, 1)
         block = (BLOCK_TOKENS - 1) * pair.reshape(-1, 1) + 1 + 3 * part + offset  # (2, K, 3)
         self.block_offsets = torch.as_tensor(block[None]).to(device)
         query, part = np.arange(n_queries).reshape(-1, 1), np.arange(3).reshape(-1, 1, 1)
         first = np.array([2, 3 * n_queries + 3, width + 3 * n_queries + 2]).reshape(-1, 1, 1)
-        queries = np.where(offset < 2, lo + first + 3 * query + offset, 2 * width + n_queries * part + query)
-        self.query_offsets = torch.as_tensor(queries[None]).to(device)  # (1, 3, Q, 3), plus l
+        queries = np.where(offset < 2, c_lo + first + 3 * query + offset,
+                           2 * width + n_queries * part + query)
+        self.query_offsets = torch.as_tensor(queries[None]).to(device)  # (1, 3, Q, 3), plus shift
 
 
 class _MQMTARSampler:
-    """MQMTAR (asentmax.tasks.mqmtar): P = pairs_for_length(L) blocks `k1 k2 : v1 v2 _` at uniformly random
-    non-overlapping places in a blank context of L tokens, then n_queries queries `? k1 k2`."""
+    """MQMTAR (asentmax.tasks.mqmtar): P = pairs_for_length(L) blocks `k1 k2 : v1 v2 _` in a blank context,
+    at uniformly random non-overlapping places of L tokens (layout "random") or one in each of P
+    stretches of L // P tokens (layout "stretches"), then n_queries queries `? k1 k2`."""
 
     def __init__(self, task: MQMTARTask, buckets: list[tuple[int, int]], device: torch.device):
         self.task, self.device = task, device
@@ -251,29 +274,45 @@ class _MQMTARSampler:
         self.table = torch.arange(2, device=device).view(1, 2, 1)
         self.query_tables = torch.tensor([0, 1, 1], device=device).view(1, 3, 1)  # keys, values, labels
         self.buckets = [_MQMTARBucket(task, bucket, device) for bucket in buckets]
+        self.block_items = self._stretch_items if task.layout == "stretches" else self._random_items
 
     def width(self, index: int) -> int:
         return self.buckets[index].width
 
+    def _random_items(self, bucket: _MQMTARBucket, row: torch.Tensor, generator) -> torch.Tensor:
+        """(B, K) item indices of the blocks, increasing: a uniformly random P-subset of the L - 5 P items,
+        the j-th block starting at its item index + 5 j (as in MQMTARTask._generate)."""
+        items = torch.rand(row.shape[0], bucket.n_items, generator=generator, device=self.device,
+                           dtype=torch.float64)
+        items = items.masked_fill_(bucket.masked_items[row], 2.0)
+        items = torch.where(bucket.unused[row], bucket.unused_starts, _smallest_keys(items, bucket.n_pairs))
+        return items.sort(dim=1).values
+
+    def _stretch_items(self, bucket: _MQMTARBucket, row: torch.Tensor, generator) -> torch.Tensor:
+        """(B, K) item indices of the blocks, increasing: block j at (S - 5) j + b_j, b_j the number of the
+        stretch's S - 6 kept blanks (the smallest of 2 S - 4 i.i.d. keys) among the S - 1 places before its
+        block: hypergeometric, as MQMTARTask._generate draws it."""
+        keys = torch.rand(row.shape[0], bucket.n_pairs, bucket.n_places, generator=generator,
+                          device=self.device, dtype=torch.float64)
+        order = keys.masked_fill_(bucket.masked_places[row], 2.0).argsort(dim=-1)
+        before = ((order < bucket.places_before[row]) & bucket.kept[row]).sum(dim=-1)
+        return torch.where(bucket.unused[row], bucket.unused_starts, bucket.stretch_items[row] + before)
+
     def batch(self, index: int, batch_size: int, generator) -> Batch:
         bucket, device = self.buckets[index], self.device
-        n_pairs, n_items = bucket.n_pairs, bucket.n_items
+        n_pairs = bucket.n_pairs
         row = torch.randint(0, bucket.n_lengths, (batch_size,), generator=generator, device=device)
         # keys and values: independent uniformly random ordered draws without replacement from the tables
         drawn = bucket.draw_words(2 * batch_size, generator).view(batch_size, 2, n_pairs)
         words = self.words[self.table, drawn]  # (B, 2, K, 3); a row uses its first P pairs
-        # block places: a uniformly random P-subset of the L - 5 P items in increasing order; the j-th
-        # block starts at its item index + 5 j (as in MQMTARTask._generate)
-        items = torch.rand(batch_size, n_items, generator=generator, device=device, dtype=torch.float64)
-        items = items.masked_fill_(bucket.masked_items[row], 2.0)
-        items = torch.where(bucket.unused[row], bucket.unused_starts, _smallest_keys(items, n_pairs))
-        starts = items.sort(dim=1).values.view(batch_size, 1, n_pairs, 1)
+        starts = self.block_items(bucket, row, generator).view(batch_size, 1, n_pairs, 1)
         asked = _uniform_below(bucket.pairs[row], (batch_size, 1, self.task.n_queries), generator)
         batch_rows = torch.arange(batch_size, device=device).view(-1, 1, 1)
         asked_words = words[batch_rows, self.query_tables, asked]  # (B, 3, Q, 3)
-        positions = [(starts + bucket.block_offsets).flatten(1), (row.view(-1, 1, 1, 1) +
+        shift = bucket.shift[row]
+        positions = [(starts + bucket.block_offsets).flatten(1), (shift.view(-1, 1, 1, 1) +
                                                                  bucket.query_offsets).flatten(1)]
-        rows = bucket.template[(bucket.column_base - row.view(-1, 1)).clamp(min=bucket.column_floor)]
+        rows = bucket.template[(bucket.column_base - shift.view(-1, 1)).clamp(min=bucket.column_floor)]
         return _laid_out(rows, bucket.width, positions, [words.flatten(1), asked_words.flatten(1)])
 
 

@@ -1,8 +1,9 @@
 """Fixed evaluation sets (docs/method.md section 7: 1,000 test samples per length) and their JSONL form.
 
 `make_eval_set(task, length, n, seed)` is deterministic: the examples depend only on the task
-(and its constructor arguments), `length`, `n` and `seed`; the set for n is a prefix of the set
-for n' > n. Each length draws from its own stream, `numpy.random.default_rng([seed, length])`.
+(and its constructor arguments, e.g. MQMTAR's layout), `length`, `n` and `seed`; the set for n is a
+prefix of the set for n' > n. Each length draws from its own stream,
+`numpy.random.default_rng([seed, length])`.
 
 JSONL: one example per line, `{"source": [ids...], "target": [ids...]}`. numpy keeps a seeded
 Generator's stream stable in practice but does not promise it across releases, so to compare results

@@ -1,4 +1,5 @@
-"""MQMTAR, multi-query multi-token associative recall (docs/method.md section 6).
+"""MQMTAR, multi-query multi-token associative recall (docs/method.md section 6; arXiv:2506.16640, section 3
+and its code).
 
 Vocabulary (fixed, 263 ids): 4 specials, BLANK=4 (`_`), COLON=5 (`:`, key-value separator),
 QUERY=6 (`?`, query marker), then the 256 alphabet symbols (ids 7..262, named x0..x255).
@@ -8,16 +9,26 @@ hold `table_size` (10,000) distinct 2-symbol words each. Every sample draws its 
 its P values from the tables without replacement, so which value goes with which key is decided
 per sample: the answer can only come from the context, never from memorised weights.
 
-Lengths. `length` is the paper's L: the number of tokens of the pairs-and-blanks context. A sample
-holds P = floor(0.8 L / 6) = (2 L) // 15 pairs (capped at `table_size`, at least 1), each written
-`k1 k2 : v1 v2` and followed by a blank (a 6-token block, so pairs never touch), with the P blocks at
-uniformly random non-overlapping positions in a background of L - 6 P further blanks. The context is
-followed by `n_queries` (4) queries `? k1 k2`, keys drawn with replacement from the sample's pairs:
+Lengths. `length` is the paper's L. A sample holds P = floor(0.8 L / 6) = (2 L) // 15 pairs (capped at
+`table_size`, at least 1), each written `k1 k2 : v1 v2` and followed by a blank (a 6-token block, so
+pairs never touch), in a background of blanks laid out by `layout`:
 
-    len(source) = L + 3 * n_queries   (= L + 12; `source_length(L)` returns it)
+- "random" (the default): the P blocks at uniformly random non-overlapping places in a context of
+  exactly L tokens (L - 6 P further blanks), as section 3 describes the task;
+- "stretches": as the paper's code lays them out (its scripts/generate_data.py; results/paper/README.md):
+  the context is P stretches of S = L // P tokens (so P S <= L tokens: 61,166 at L = 65,536), block j in
+  stretch j, starting b_j blanks into it, with b_j i.i.d. hypergeometric: the S - 6 blanks a stretch
+  keeps are a uniformly random subset of the 2 S - 4 places around a block centred in 2 S + 2 tokens,
+  S - 1 of them before it (b in [0, S - 6]; at S = 7, the long lengths, 0 or 1 with probability
+  0.4, 0.6).
+
+The context (`context_length(L)` tokens) is followed by `n_queries` (4) queries `? k1 k2`, keys drawn
+with replacement from the sample's pairs:
+
+    len(source) = context_length(L) + 3 * n_queries   (`source_length(L)` returns it)
     target      = `? v1 v2` per query  (3 * n_queries = 12 tokens)
 
-Thus ID = 64 gives P = 8 pairs and 1024x gives a 65,536-token context, as in the paper.
+Thus ID = 64 gives P = 8 pairs and 1024x a 65,536-token context (random) or 61,166 (stretches).
 The minimum length is 6 (one block).
 """
 
@@ -32,11 +43,17 @@ BLANK, COLON, QUERY = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
 ALPHABET_START = FIRST_SYMBOL + 3
 ALPHABET_SIZE = 256
 BLOCK_TOKENS = 6  # k1 k2 : v1 v2 _
+LAYOUTS = ("random", "stretches")
 
 
 def pairs_for_length(length: int, table_size: int) -> int:
     """P = floor(0.8 L / 6), capped at the table size and at least 1."""
     return max(1, min(table_size, (2 * length) // 15))
+
+
+def stretch_for_length(length: int, table_size: int) -> int:
+    """S = L // P, the tokens of each pair's stretch in the "stretches" layout (>= 6: one block)."""
+    return length // pairs_for_length(length, table_size)
 
 
 class MQMTARTask(Task):
@@ -47,15 +64,19 @@ class MQMTARTask(Task):
     train_preset = {"lr": 2e-4, "steps": 14000, "warmup_steps": 1000, "batch_size": 512}
     model_preset = staticmethod(mqmtar_model)
 
-    def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0):
+    def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0,
+                 layout: str = "random"):
         if not isinstance(n_queries, int) or n_queries < 1:
             raise ValueError(f"task 'mqmtar': n_queries must be an int >= 1, got {n_queries!r}")
         if not isinstance(table_size, int) or not 1 <= table_size <= ALPHABET_SIZE**2:
             raise ValueError(f"task 'mqmtar': table_size must be an int in [1, 65536], got {table_size!r}")
         if not isinstance(table_seed, int) or table_seed < 0:
             raise ValueError(f"task 'mqmtar': table_seed must be a non-negative int, got {table_seed!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"task 'mqmtar': layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         super().__init__(["_", ":", "?"] + [f"x{i}" for i in range(ALPHABET_SIZE)])
         self.n_queries, self.table_size, self.table_seed = n_queries, table_size, table_seed
+        self.layout = layout
         table_rng = np.random.default_rng(table_seed)
         self.keys = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
         self.values = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
@@ -65,20 +86,32 @@ class MQMTARTask(Task):
         """(n,) integer codes in [0, 65536) -> (n, 2) token ids of 2-symbol words."""
         return ALPHABET_START + np.stack([codes // ALPHABET_SIZE, codes % ALPHABET_SIZE], axis=1)
 
-    def source_length(self, length: int) -> int:
+    def context_length(self, length: int) -> int:
+        """Tokens of the pairs-and-blanks context of a sample of length L: L, or P S for "stretches"."""
         self.check_length(length)
-        return length + 3 * self.n_queries
+        if self.layout == "stretches":
+            return pairs_for_length(length, self.table_size) * stretch_for_length(length, self.table_size)
+        return length
+
+    def source_length(self, length: int) -> int:
+        return self.context_length(length) + 3 * self.n_queries
 
     def _generate(self, length, rng):
         n_pairs = pairs_for_length(length, self.table_size)
         keys = self.keys[rng.choice(self.table_size, n_pairs, replace=False)]
         values = self.values[rng.choice(self.table_size, n_pairs, replace=False)]
-        # Place n_pairs blocks among the free blanks: pick which of the (free blanks + blocks) items
-        # are blocks; the i-th block (in order) then starts at its item index + 5 i.
-        n_free = length - BLOCK_TOKENS * n_pairs
-        items = np.sort(rng.choice(n_free + n_pairs, n_pairs, replace=False))
-        starts = items + (BLOCK_TOKENS - 1) * np.arange(n_pairs)
-        context = np.full(length, BLANK, dtype=np.int64)
+        if self.layout == "stretches":
+            stretch = stretch_for_length(length, self.table_size)
+            kept = stretch - BLOCK_TOKENS  # blanks of a stretch, b_j of them before block j
+            before = rng.hypergeometric(stretch - 1, stretch - 3, kept, n_pairs)
+            starts = stretch * np.arange(n_pairs) + before
+        else:
+            # Place n_pairs blocks among the free blanks: pick which of the (free blanks + blocks) items
+            # are blocks; the i-th block (in order) then starts at its item index + 5 i.
+            n_free = length - BLOCK_TOKENS * n_pairs
+            items = np.sort(rng.choice(n_free + n_pairs, n_pairs, replace=False))
+            starts = items + (BLOCK_TOKENS - 1) * np.arange(n_pairs)
+        context = np.full(self.context_length(length), BLANK, dtype=np.int64)
         context[starts], context[starts + 1] = keys[:, 0], keys[:, 1]
         context[starts + 2] = COLON
         context[starts + 3], context[starts + 4] = values[:, 0], values[:, 1]

@@ -1,6 +1,9 @@
-"""Task names -> task classes (docs/method.md section 6): `get_task(name, **kwargs)` and `TASK_NAMES`."""
+"""Task names -> task classes (docs/method.md section 6): `get_task(name, **options)`, `task_options(name)`
+and `TASK_NAMES`."""
 
 from __future__ import annotations
+
+import inspect
 
 from asentmax.tasks.base import Task
 from asentmax.tasks.flipflop import FlipFlopTask
@@ -22,8 +25,17 @@ _TASKS: dict[str, type[Task]] = {
 TASK_NAMES: tuple[str, ...] = tuple(_TASKS)
 
 
-def get_task(name: str, **kwargs) -> Task:
-    """Build the task called `name`; kwargs go to its constructor (e.g. n_symbols, n_queries)."""
+def task_options(name: str) -> tuple[str, ...]:
+    """The options task `name` takes: its constructor's parameters (e.g. n_symbols; mqmtar's layout)."""
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
-    return _TASKS[name](**kwargs)
+    return tuple(inspect.signature(_TASKS[name]).parameters)
+
+
+def get_task(name: str, **options) -> Task:
+    """Build the task called `name`; options go to its constructor (ValueError for one it does not take)."""
+    unknown = sorted(set(options) - set(task_options(name)))
+    if unknown:
+        raise ValueError(f"task {name!r} has no option {', '.join(unknown)} (its options: "
+                         f"{', '.join(task_options(name)) or 'none'})")
+    return _TASKS[name](**options)

@@ -22,13 +22,24 @@ from typing import ClassVar
 import torch
 
 from asentmax.data import Batch, length_buckets
+from asentmax.tasks.base import Task
 from asentmax.tasks.device_sampling import training_batches, uses_device_sampler
 from asentmax.tasks.eval_sets import make_eval_set
-from asentmax.tasks.registry import get_task
+from asentmax.tasks.registry import get_task, task_options
 from asentmax.tasks.scoring import teacher_forced_accuracy
 
 # the model sizes a task without a model preset needs from the user
 ARCHITECTURE_FIELDS = ("d_model", "n_layers", "n_heads", "d_ff")
+
+
+def build_task(name: str, layout: str = "random") -> Task:
+    """Task `name` with sample layout `layout`, for the tasks that take one (mqmtar's asentmax.tasks.mqmtar
+    LAYOUTS); the others lay their samples out one way and accept "random" only. ValueError otherwise."""
+    if "layout" in task_options(name):
+        return get_task(name, layout=layout)
+    if layout != "random":
+        raise ValueError(f"layout {layout!r}: task {name!r} lays out its samples one way only (random)")
+    return get_task(name)
 
 
 @dataclass
@@ -52,10 +63,15 @@ class TaskWorkload:
         "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
         "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
         "different batches of the same distribution (asentmax.tasks.device_sampling)")})
+    layout: str = field(default="random", metadata={"help": (
+        "mqmtar's sample layout, for training, validation and `asentmax eval`: random (the pairs at "
+        "uniformly random places in the blanks) | stretches (pair j alone in the j-th of P stretches of "
+        "L // P tokens, as the paper's code lays out its samples: results/paper/README.md); other tasks: "
+        "random")})
 
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
-        self.task_object = get_task(self.task)  # ValueError for an unknown task
+        self.task_object = build_task(self.task, self.layout)  # ValueError for an unknown task or layout
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
         for name in ("length_buckets", "val_samples"):
@@ -132,6 +148,7 @@ class TaskWorkload:
         """The workload `to_dict` saved; ValueError for keys that are not fields."""
         values = {key: value for key, value in values.items() if key != "name"}
         values.setdefault("sampling", "host")  # runs saved before device sampling drew numpy batches
+        # a run saved before `layout` existed gets its default, "random", the only layout there was
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown task workload settings: {', '.join(sorted(unknown))}")
