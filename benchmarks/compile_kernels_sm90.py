@@ -36,6 +36,7 @@ from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.triton.entmax_rows import MAX_BLOCK_N, entmax_rows
 
 TARGET = GPUTarget("cuda", 90, 32)
+MAX_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_90 (227 KB)
 
 
 def record_launches(alphas, dims):
@@ -205,8 +206,11 @@ def main():
         seen.add(key)
         shown = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
         try:
-            usage = resource_usage(compile_launch(fn, call_args, kwargs))
-            print(f"ok    {fn.__name__} {shown} {usage}", flush=True)
+            kernel = compile_launch(fn, call_args, kwargs)
+            shared = kernel.metadata.shared
+            if shared > MAX_SHARED_BYTES:  # compiles, but the launch would fail on the GPU
+                raise RuntimeError(f"{shared} bytes of shared memory, above the {MAX_SHARED_BYTES} of sm_90")
+            print(f"ok    {fn.__name__} {shown} {resource_usage(kernel)} SMEM:{shared}", flush=True)
         except Exception as exc:  # report every kernel, then fail
             failures += 1
             print(f"FAIL  {fn.__name__} {shown}: {type(exc).__name__}: {exc}", flush=True)

@@ -48,11 +48,13 @@ from asentmax.ops.triton.attention_common import mode_of
 
 KERNELS = ("fwd", "dq", "dkdv")  # the order of a KERNEL_BLOCKS entry
 # head dim -> kernel -> tile shapes (BLOCK_M/BLOCK_N/num_warps/num_stages) tried in place of the current one.
-# Each compiles for sm_90 without spilling more than the current shape (compile_kernels_sm90.py --candidates).
+# Each compiles for sm_90 within its shared memory and without spilling more than the current shape
+# (compile_kernels_sm90.py --candidates 128). dk/dv's BLOCK_M is the query rows of one step, BLOCK_N the keys
+# of a program.
 DEFAULT_CANDIDATES = {
-    128: dict(fwd=("128/32/8/2", "128/64/8/2", "64/32/4/3", "64/64/4/2"),
-              dq=("64/64/4/2", "128/32/8/2", "128/64/8/2"),
-              dkdv=("64/64/4/2", "32/64/4/2", "64/128/8/2")),
+    128: dict(fwd=("128/32/8/2", "128/32/8/3", "64/32/4/3"),
+              dq=("128/32/8/2", "128/64/8/2", "64/32/4/3"),
+              dkdv=("128/64/8/2", "64/32/8/2", "32/64/8/2")),
 }
 
 
@@ -88,13 +90,14 @@ def candidate_configs(current, candidates):
     return configs
 
 
-def inputs(n, dim, kind):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(2, 16, n, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-               for _ in range(3))
+def inputs(n, dim, kind, batch=2, heads=16, device="cuda", dtype=torch.bfloat16):
+    """q, k, v (batch, heads, n, dim) Gaussian, and NAPE's ALiBi slopes (1 / (h + 1) on the first half of the
+    heads, 0 on the others) for kind 'nape', else None."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, dim, device=device, dtype=dtype, generator=gen) for _ in range(3))
     slopes = None
     if kind == "nape":
-        slopes = torch.tensor([1.0 / (i + 1) if i < 8 else 0.0 for i in range(16)], device="cuda")
+        slopes = torch.tensor([1.0 / (i + 1) if i < heads // 2 else 0.0 for i in range(heads)], device=device)
     return q, k, v, slopes
 
 
@@ -247,9 +250,10 @@ def run_kernels(args, report, save):
                 row.update(timing)
                 if reference is None:
                     reference = results
-                diffs = [rel_diff(x, ref) for x, ref in zip(results, reference, strict=True)]
-                row.update(zip(("diff_out", "diff_dq", "diff_dk", "diff_dv"), diffs, strict=True),
-                           max_rel_diff=max(diffs))
+                names = ("out", "dq", "dk", "dv")
+                row.update({f"diff_{name}": (x.float() - ref.float()).abs().max().item()
+                            for name, x, ref in zip(names, results, reference, strict=True)})
+                row["max_rel_diff"] = max(rel_diff(x, ref) for x, ref in zip(results, reference, strict=True))
             except Exception as exc:  # e.g. out of shared memory for a large tile
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 if reference is None:
@@ -298,9 +302,10 @@ def markdown_kernels(report):
              "H=16). Tile shapes BLOCK_M/BLOCK_N/warps/stages of (forward, dq, dk/dv); current = "
              f"{' + '.join(report['current'])} (attention_common.KERNEL_BLOCKS). Each candidate replaces "
              "one kernel's shape. Launchers on random inputs: fwd = forward with o2 (as before a backward), "
-             "bwd = both backward kernels; diff = max abs difference to the current configuration's result "
-             "over its largest entry (out, dq, dk, dv); first call = compile + one forward and backward.", "",
-             "| candidate | fwd ms | bwd ms | fwd+bwd ms | passes mean/max | diff out/dq/dk/dv "
+             "bwd = both backward kernels; diff = max abs difference to the current configuration's out, "
+             "dq, dk, dv (rel: the largest over the largest entry); first call = compile + one forward and "
+             "backward.", "",
+             "| candidate | fwd ms | bwd ms | fwd+bwd ms | passes mean/max | diff out/dq/dk/dv (rel) "
              "| first call s |", "|---" * 7 + "|"]
     for r in report["kernel_rows"]:
         if "error" in r:
@@ -308,7 +313,8 @@ def markdown_kernels(report):
             continue
         lines.append(f"| {r['config']} | {r['fwd_ms']:.3g} | {r['bwd_ms']:.3g} | "
                      f"{r['fwd_ms'] + r['bwd_ms']:.3g} | {r['passes_mean']:.2f}/{r['passes_max']} | "
-                     f"{r['diff_out']:.1e}/{r['diff_dq']:.1e}/{r['diff_dk']:.1e}/{r['diff_dv']:.1e} | "
+                     f"{r['diff_out']:.1e}/{r['diff_dq']:.1e}/{r['diff_dk']:.1e}/{r['diff_dv']:.1e} "
+                     f"({r['max_rel_diff']:.1e}) | "
                      f"{r['first_call_s']:.1f} |")
     if "winner" in report:
         lines += ["", f"Winner (fastest per kernel within the diff bound): {' + '.join(report['winner'])}. "
@@ -331,7 +337,7 @@ def markdown(report):
     return "\n".join(lines) + "\n"
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", default="4096,16384")
     parser.add_argument("--lengths128", default="16384", help="lengths also run at head dim 128")
@@ -349,7 +355,11 @@ def main():
     parser.add_argument("--final-s", type=float, default=70,
                         help="--kernels: seconds kept for the final table")
     parser.add_argument("--out", default="results/attention_tuning")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("tune_attention_gpu.py needs a CUDA GPU")
     report = dict(command="python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
