@@ -54,12 +54,15 @@ KERNELS = ("fwd", "dq", "dkdv")  # the order of a KERNEL_BLOCKS entry
 DEFAULT_CANDIDATES = {
     128: dict(fwd=("128/32/8/2", "128/32/8/3", "64/32/4/3"),
               dq=("128/32/8/2", "128/64/8/2", "64/32/4/3"),
-              dkdv=("128/64/8/2", "64/32/8/2", "32/64/8/2")),
+              dkdv=("128/64/8/2", "64/32/8/2", "32/64/8/2", "32/128/8/1")),
 }
 
 
+REP_MS = 100  # do_bench's timing window per measurement (--rep-ms)
+
+
 def bench(fn, grad_to_none=None):
-    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
+    return do_bench(fn, warmup=25, rep=REP_MS, grad_to_none=grad_to_none, return_mode="median")
 
 
 def parse_block(text):
@@ -354,6 +357,8 @@ def parse_args(argv=None):
     parser.add_argument("--budget-s", type=float, default=230, help="--kernels: the whole run's seconds")
     parser.add_argument("--final-s", type=float, default=70,
                         help="--kernels: seconds kept for the final table")
+    parser.add_argument("--rep-ms", type=float, default=REP_MS,
+                        help="do_bench's timing window per measurement, ms (median of the calls in it)")
     parser.add_argument("--out", default="results/attention_tuning")
     return parser.parse_args(argv)
 
@@ -362,6 +367,8 @@ def main(argv=None):
     args = parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("tune_attention_gpu.py needs a CUDA GPU")
+    global REP_MS
+    REP_MS = args.rep_ms
     report = dict(command="python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
                   torch=torch.__version__, triton=triton.__version__, rows=[])
 
