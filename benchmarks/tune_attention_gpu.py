@@ -320,8 +320,11 @@ def markdown_kernels(report):
                      f"({r['max_rel_diff']:.1e}) | "
                      f"{r['first_call_s']:.1f} |")
     if "winner" in report:
-        lines += ["", f"Winner (fastest per kernel within the diff bound): {' + '.join(report['winner'])}. "
-                  "entmax_attention (triton backend) with each, SDPA flash in the same run:", "",
+        entry = ", ".join("(" + ", ".join(b.split("/")) + ")" for b in report["winner"])
+        lines += ["", f"Winner (fastest per kernel within the diff bound): {' + '.join(report['winner'])}; "
+                  f"to apply it, src/asentmax/ops/triton/attention_common.py KERNEL_BLOCKS: "
+                  f"`{report['D']}: ({entry}),`. entmax_attention (triton backend) with the current entry "
+                  "and the winner, SDPA flash in the same run:", "",
                   "| config | inputs | ours fwd | SDPA fwd | fwd ratio | ours f+b | SDPA f+b | f+b ratio "
                   "| passes mean/max |", "|---" * 9 + "|"]
         for r in report["op_rows"]:

@@ -95,3 +95,4 @@ def test_kernel_sweep_runs_end_to_end(monkeypatch, tmp_path):
     markdown = tune.markdown(report)
     assert "| dkdv 64/32/4/2 |" in markdown
     assert "| winner 32/32/4/2 + 32/64/4/2 + 64/32/4/2 | nape |" in markdown
+    assert "`64: ((32, 32, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2)),`" in markdown
