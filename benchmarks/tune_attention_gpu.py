@@ -18,10 +18,14 @@ as a training step calls it (o2 written, no support) and the backward launcher o
 every candidate's out, dq, dk, dv against the current configuration's (max abs difference relative to the
 largest entry). The fastest forward, the dq candidate and the dk/dv candidate with the fastest backward
 (among those within --max-rel-diff) make the winner; entmax_attention's forward and forward+backward are
-then timed with the current entry and the winner, on random and NAPE inputs, beside SDPA. Candidates past
---budget-s (less the time kept for that final table) are skipped and reported so.
+then timed with the current entry and the winner, on random and NAPE inputs, beside SDPA, and the
+winner's out, dq, dk, dv checked against the current entry's (NAPE: the tile skipping of every kernel on
+the resampled tile tables). Candidates past --budget-s (less --final-s, kept for that final table) are
+skipped and reported so. About 2-3.5 minutes on one H200 at D=128, 16K (24 kernel variants to compile,
+1.5-2.5 s each on a CPU without a GPU):
 
-    PYTHONPATH=src python benchmarks/tune_attention_gpu.py --kernels 128 --out results/attention_tuning4
+    PYTHONPATH=src python benchmarks/tune_attention_gpu.py --kernels 128 --rep-ms 300 --budget-s 200 \
+        --out results/attention_tuning4
 
 writes <out>.json and <out>.md (rewritten after every row, so a run cut short keeps what it measured).
 benchmarks/compile_kernels_sm90.py --candidates 128 compiles every candidate of DEFAULT_CANDIDATES on a
@@ -204,7 +208,8 @@ def time_kernels(q, k, v, config, d_out):
 
 
 def op_row(q, k, v, slopes, config, dim, label, kind, sdpa):
-    """entmax_attention (the triton backend, the custom ops) with KERNEL_BLOCKS[dim] = config, beside SDPA."""
+    """(row, (out, dq, dk, dv)) of entmax_attention (the triton backend, the custom ops) with
+    KERNEL_BLOCKS[dim] = config, timed beside SDPA; the results for one fixed output gradient."""
     attention_common.KERNEL_BLOCKS[dim] = config
     ours = partial(entmax_attention, q, k, v, alpha=1.5, causal=True, alibi_slopes=slopes, backend="triton")
     fwd, fwdbwd = time_pair(ours, q, k, v)
@@ -212,7 +217,11 @@ def op_row(q, k, v, slopes, config, dim, label, kind, sdpa):
                ours_fwdbwd_ms=fwdbwd, sdpa_fwd_ms=sdpa[0], sdpa_fwdbwd_ms=sdpa[1], fwd_ratio=fwd / sdpa[0],
                fwdbwd_ratio=fwdbwd / sdpa[1])
     row["passes_mean"], row["passes_max"] = pass_counts(q, k, v, slopes, config[0])
-    return row
+    leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+    out = entmax_attention(*leaves, alpha=1.5, causal=True, alibi_slopes=slopes, backend="triton")
+    d_out = torch.randn(q.shape, generator=torch.Generator(device=q.device).manual_seed(1), device=q.device,
+                        dtype=q.dtype)
+    return row, (out.detach(), *torch.autograd.grad(out, leaves, d_out))
 
 
 def winner(current, rows, max_rel_diff):
@@ -271,7 +280,10 @@ def run_kernels(args, report, save):
         q, k, v, slopes = inputs(n, dim, kind)
         sdpa = sdpa_pair(q, k, v)
         for label, config in (("current", current), ("winner", best))[:1 if best == current else 2]:
-            row = op_row(q, k, v, slopes, config, dim, label, kind, sdpa)
+            row, results = op_row(q, k, v, slopes, config, dim, label, kind, sdpa)
+            if label == "current":
+                reference = results
+            row["max_rel_diff"] = max(rel_diff(x, ref) for x, ref in zip(results, reference, strict=True))
             row["elapsed_s"] = time.perf_counter() - start
             print(row, flush=True)
             report["op_rows"].append(row)
@@ -326,12 +338,12 @@ def markdown_kernels(report):
                   f"`{report['D']}: ({entry}),`. entmax_attention (triton backend) with the current entry "
                   "and the winner, SDPA flash in the same run:", "",
                   "| config | inputs | ours fwd | SDPA fwd | fwd ratio | ours f+b | SDPA f+b | f+b ratio "
-                  "| passes mean/max |", "|---" * 9 + "|"]
+                  "| passes mean/max | rel diff to current |", "|---" * 10 + "|"]
         for r in report["op_rows"]:
             lines.append(f"| {r['config']} {' + '.join(r['blocks'])} | {r['inputs']} | "
                          f"{r['ours_fwd_ms']:.3g} | {r['sdpa_fwd_ms']:.3g} | {r['fwd_ratio']:.2f} | "
                          f"{r['ours_fwdbwd_ms']:.3g} | {r['sdpa_fwdbwd_ms']:.3g} | {r['fwdbwd_ratio']:.2f} | "
-                         f"{r['passes_mean']:.2f}/{r['passes_max']} |")
+                         f"{r['passes_mean']:.2f}/{r['passes_max']} | {r['max_rel_diff']:.1e} |")
     return lines
 
 

@@ -91,6 +91,7 @@ def test_kernel_sweep_runs_end_to_end(monkeypatch, tmp_path):
     assert report["winner"] == ["32/32/4/2", "32/64/4/2", "64/32/4/2"]
     assert [(r["config"], r["inputs"]) for r in report["op_rows"]] == [
         ("current", "random"), ("winner", "random"), ("current", "nape"), ("winner", "nape")]
+    assert all(r["max_rel_diff"] < 1e-3 for r in report["op_rows"])
     assert attention_common.KERNEL_BLOCKS[64] == CURRENT  # restored
     markdown = tune.markdown(report)
     assert "| dkdv 64/32/4/2 |" in markdown
