@@ -45,7 +45,7 @@ from triton.testing import do_bench
 
 import asentmax.ops.triton.attention_fwd as attention_fwd
 from asentmax.ops.attention import entmax_attention
-from asentmax.ops.triton import attention_common
+from asentmax.ops.triton import attention_bwd, attention_common
 from asentmax.ops.triton.attention import _MAX_NEWTON_PASSES, _TOL
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import mode_of
@@ -181,17 +181,26 @@ def rel_diff(x, ref):
     return ((x.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30)).item()
 
 
+class _Skipped:
+    """Stands in for a jit kernel: its launches do nothing (to time the launcher's other kernel alone)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
 def time_kernels(q, k, v, config, d_out):
     """(row, (out, dq, dk, dv)) of the forward and backward launchers with the (fwd, dq, dkdv) tile shapes
     `config`, as a training step calls them (o2 written, no support): first_call_s (compiles), fwd_ms,
-    bwd_ms, passes."""
+    bwd_ms, passes; and their parts: pass_ms (one threshold pass: the forward less the forward without
+    passes, max_iter = 0, over the mean passes), dq_ms (the backward with its dk/dv launch skipped) and
+    dkdv_ms (the rest)."""
     fwd_blocks, *backward_blocks = config
     options = launcher_options(q, None)
 
-    def forward():
+    def forward(max_iter=_MAX_NEWTON_PASSES):
         return attention_fwd.entmax_attention_fwd(q, k, v, write_o2=True, write_support=False,
-                                                  tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
-                                                  blocks=fwd_blocks, **options)
+                                                  tol=_TOL[q.dtype], max_iter=max_iter, blocks=fwd_blocks,
+                                                  **options)
 
     start = time.perf_counter()
     out, o2, tau, inv_z, _, tile_max, passes = forward()
@@ -204,6 +213,14 @@ def time_kernels(q, k, v, config, d_out):
     torch.cuda.synchronize()
     row = dict(first_call_s=time.perf_counter() - start, fwd_ms=bench(forward), bwd_ms=bench(backward),
                passes_mean=passes.float().mean().item(), passes_max=passes.max().item())
+    row["pass_ms"] = (row["fwd_ms"] - bench(partial(forward, 0))) / max(row["passes_mean"], 1e-9)
+    dkdv_kernel = attention_bwd._entmax_attention_bwd_dkdv
+    attention_bwd._entmax_attention_bwd_dkdv = _Skipped()
+    try:
+        row["dq_ms"] = bench(backward)
+    finally:
+        attention_bwd._entmax_attention_bwd_dkdv = dkdv_kernel
+    row["dkdv_ms"] = row["bwd_ms"] - row["dq_ms"]
     return row, (out, *grads)
 
 
@@ -317,17 +334,19 @@ def markdown_kernels(report):
              "H=16). Tile shapes BLOCK_M/BLOCK_N/warps/stages of (forward, dq, dk/dv); current = "
              f"{' + '.join(report['current'])} (attention_common.KERNEL_BLOCKS). Each candidate replaces "
              "one kernel's shape. Launchers on random inputs: fwd = forward with o2 (as before a backward), "
-             "bwd = both backward kernels; diff = max abs difference to the current configuration's out, "
-             "dq, dk, dv (rel: the largest over the largest entry); first call = compile + one forward and "
-             "backward.", "",
-             "| candidate | fwd ms | bwd ms | fwd+bwd ms | passes mean/max | diff out/dq/dk/dv (rel) "
-             "| first call s |", "|---" * 7 + "|"]
+             "bwd = both backward kernels (dq alone, dk/dv the rest); one pass = the forward less the "
+             "forward without threshold passes, over the mean passes; diff = max abs difference to the "
+             "current configuration's out, dq, dk, dv (rel: the largest over the largest entry); first call "
+             "= compile + one forward and backward.", "",
+             "| candidate | fwd ms | bwd ms | fwd+bwd ms | one pass ms | dq ms | dk/dv ms | passes mean/max "
+             "| diff out/dq/dk/dv (rel) | first call s |", "|---" * 10 + "|"]
     for r in report["kernel_rows"]:
         if "error" in r:
-            lines.append(f"| {r['config']} | error: {r['error'][:80]} ||||||")
+            lines.append(f"| {r['config']} | error: {r['error'][:80]} |||||||||")
             continue
         lines.append(f"| {r['config']} | {r['fwd_ms']:.3g} | {r['bwd_ms']:.3g} | "
-                     f"{r['fwd_ms'] + r['bwd_ms']:.3g} | {r['passes_mean']:.2f}/{r['passes_max']} | "
+                     f"{r['fwd_ms'] + r['bwd_ms']:.3g} | {r['pass_ms']:.3g} | {r['dq_ms']:.3g} | "
+                     f"{r['dkdv_ms']:.3g} | {r['passes_mean']:.2f}/{r['passes_max']} | "
                      f"{r['diff_out']:.1e}/{r['diff_dq']:.1e}/{r['diff_dk']:.1e}/{r['diff_dv']:.1e} "
                      f"({r['max_rel_diff']:.1e}) | "
                      f"{r['first_call_s']:.1f} |")

@@ -66,7 +66,7 @@ def test_kernel_sweep_runs_end_to_end(monkeypatch, tmp_path):
     """The sweep at head dim 64 on 150 fp32 keys, one candidate per kernel, each a different tile shape from
     the current one; the fake clock makes every later measurement faster, so each candidate wins and the op
     table has the current and the winner's rows for both inputs."""
-    from asentmax.ops.triton import attention_common
+    from asentmax.ops.triton import attention_bwd, attention_common
 
     tune = load_tune()
     clock = iter(range(1000, 0, -1))
@@ -86,13 +86,15 @@ def test_kernel_sweep_runs_end_to_end(monkeypatch, tmp_path):
     for r in rows:
         assert "error" not in r, r
         assert r["passes_max"] >= 1 and r["first_call_s"] > 0
+        assert r["dkdv_ms"] == r["bwd_ms"] - r["dq_ms"] and "pass_ms" in r
     assert rows[0]["max_rel_diff"] == 0.0
     assert all(r["max_rel_diff"] < 1e-3 for r in rows[1:])  # another tiling: rounding, not errors
     assert report["winner"] == ["32/32/4/2", "32/64/4/2", "64/32/4/2"]
     assert [(r["config"], r["inputs"]) for r in report["op_rows"]] == [
         ("current", "random"), ("winner", "random"), ("current", "nape"), ("winner", "nape")]
     assert all(r["max_rel_diff"] < 1e-3 for r in report["op_rows"])
-    assert attention_common.KERNEL_BLOCKS[64] == CURRENT  # restored
+    assert attention_common.KERNEL_BLOCKS[64] == CURRENT  # restored, as the skipped dk/dv kernel
+    assert not isinstance(attention_bwd._entmax_attention_bwd_dkdv, tune._Skipped)
     markdown = tune.markdown(report)
     assert "| dkdv 64/32/4/2 |" in markdown
     assert "| winner 32/32/4/2 + 32/64/4/2 + 64/32/4/2 | nape |" in markdown
