@@ -55,10 +55,10 @@ KERNELS = ("fwd", "dq", "dkdv")  # the order of a KERNEL_BLOCKS entry
 # Each compiles for sm_90 within its shared memory and without spilling more than the current shape
 # (compile_kernels_sm90.py --candidates 128). dk/dv's BLOCK_M is the query rows of one step, BLOCK_N the keys
 # of a program.
-DEFAULT_CANDIDATES = {
+DEFAULT_CANDIDATES = {  # most promising first (results/attention_gpu_notes.md, D = 128: the streamed bytes)
     128: dict(fwd=("128/32/8/2", "128/32/8/3", "64/32/4/3"),
               dq=("128/32/8/2", "128/64/8/2", "64/32/4/3"),
-              dkdv=("128/64/8/2", "64/32/8/2", "32/64/8/2", "32/128/8/1")),
+              dkdv=("128/64/8/2", "32/128/8/1", "32/64/8/2", "64/32/8/2")),
 }
 
 
@@ -86,12 +86,15 @@ def spelled(blocks):
 
 
 def candidate_configs(current, candidates):
-    """[(label, (fwd, dq, dkdv) tile shapes)]: the current entry first, then for each kernel of KERNELS its
-    candidates (spelled as parse_block reads them), the other two kernels as current."""
+    """[(label, (fwd, dq, dkdv) tile shapes)]: the current entry first, then the candidates (spelled as
+    parse_block reads them) of the kernels of KERNELS in turn, first the first of each kernel, then the
+    second..., each with the other two kernels as current (a run cut short by its budget has measured
+    every kernel's leading candidates)."""
     configs = [("current", tuple(current))]
-    for i, kernel in enumerate(KERNELS):
-        for blocks in map(parse_block, candidates[kernel]):
-            if blocks != current[i]:
+    rounds = max((len(c) for c in candidates.values()), default=0)
+    for j in range(rounds):
+        for i, kernel in enumerate(KERNELS):
+            if j < len(candidates[kernel]) and (blocks := parse_block(candidates[kernel][j])) != current[i]:
                 configs.append((f"{kernel} {spelled(blocks)}", tuple(current[:i]) + (blocks,)
                                 + tuple(current[i + 1:])))
     return configs

@@ -24,11 +24,12 @@ def load_tune():
 
 def test_candidates_replace_one_kernel_each():
     tune = load_tune()
-    candidates = dict(fwd=("32/32/4/2", "64/64/4/3"), dq=(), dkdv=("128/64/8/2",))
+    candidates = dict(fwd=("64/64/4/3", "32/32/4/2", "128/32/8/2"), dq=(), dkdv=("128/64/8/2",))
     configs = tune.candidate_configs(CURRENT, candidates)
-    assert configs == [("current", CURRENT),
+    assert configs == [("current", CURRENT),  # then the first of each kernel, the second... (not current)
+                       ("dkdv 128/64/8/2", CURRENT[:2] + ((128, 64, 8, 2),)),
                        ("fwd 32/32/4/2", ((32, 32, 4, 2),) + CURRENT[1:]),
-                       ("dkdv 128/64/8/2", CURRENT[:2] + ((128, 64, 8, 2),))]
+                       ("fwd 128/32/8/2", ((128, 32, 8, 2),) + CURRENT[1:])]
     with pytest.raises(ValueError, match="BLOCK_M/BLOCK_N/num_warps/num_stages"):
         tune.parse_block("64/32/4")
 
