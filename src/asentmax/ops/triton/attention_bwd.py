@@ -284,11 +284,7 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
                     HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                     SCAN=512, num_warps=num_warps, num_stages=num_stages)
 
-    def extras(kernel_blocks):
-        block_m = kernel_blocks[0]
-        n_qb = cdiv(n_q, block_m)
-        block_tau_min = torch.nn.functional.pad(tau, (0, n_qb * block_m - n_q), value=float("inf")).view(
-            batch, heads, n_qb, block_m).amin(-1).contiguous()
+    def extras(kernel_blocks, block_tau_min):
         table = resampled_tile_table(tile_max, blocks, kernel_blocks, n_q, n_k)
         return (table, block_tau_min, q_scale if q_scale is not None else dummy,
                 slopes if slopes is not None else dummy, kpm if kpm is not None else table)
@@ -298,11 +294,14 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
     n_qb, n_kb = cdiv(n_q, dq_blocks[0]), cdiv(n_k, dq_blocks[1])
     _entmax_attention_bwd_dq[(n_qb, batch * heads)](
         q, k, v, do, o2, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta,
-        *extras(dq_blocks), *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        *extras(dq_blocks, dummy), *strides, dq.stride(0), dq.stride(1), dq.stride(2),
         heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **options(dq_blocks))
-    n_qb, n_kb = cdiv(n_q, dkdv_blocks[0]), cdiv(n_k, dkdv_blocks[1])
+    block_m = dkdv_blocks[0]
+    n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, dkdv_blocks[1])
+    block_tau_min = torch.nn.functional.pad(tau, (0, n_qb * block_m - n_q), value=float("inf")).view(
+        batch, heads, n_qb, block_m).amin(-1).contiguous()  # the lowest tau of each of its query blocks
     _entmax_attention_bwd_dkdv[(n_kb, batch * kv_heads)](
-        q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras(dkdv_blocks), *strides,
+        q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras(dkdv_blocks, block_tau_min), *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
         heads, group, n_q, n_k, n_qb, n_kb, dim, scale, c, inv_am1, **options(dkdv_blocks))
     return dq, dk, dv, dq_scale

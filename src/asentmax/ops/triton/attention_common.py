@@ -109,7 +109,10 @@ def kernel_blocks(head_dim, n_q):
     head_dim only (and decoding), never on the length."""
     if n_q <= 16:
         return SHORT_BLOCKS, SHORT_BLOCKS, SHORT_BLOCKS
-    return KERNEL_BLOCKS[min(d for d in KERNEL_BLOCKS if d >= head_dim)]
+    for largest_dim, blocks in KERNEL_BLOCKS.items():  # in increasing head dims
+        if head_dim <= largest_dim:
+            return blocks
+    raise ValueError(f"head_dim {head_dim} is above the fused kernels' {max(KERNEL_BLOCKS)}")
 
 
 def block_config(head_dim, n_q):
