@@ -35,7 +35,7 @@ from triton.testing import do_bench
 from asentmax.ops.attention import entmax_attention
 from asentmax.ops.triton.attention import _MAX_NEWTON_PASSES, _TOL
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, mode_of
+from asentmax.ops.triton.attention_common import block_config, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd, register_tile_keys
 
 
@@ -158,7 +158,7 @@ def bench_decode(b, h, dim, cache):
 def fused_kernels(q, k, v, slopes, q_scale, single_tile, alpha=1.5):
     """(forward, forward+backward, forward's passes) closures over the fused kernels' launchers as a
     training step calls them (o2 written, no support), without autograd or the custom ops' dispatch."""
-    blocks = block_config(q.shape[-1], q.shape[2])
+    blocks, *backward_blocks = kernel_blocks(q.shape[-1], q.shape[2])
     options = dict(mode=mode_of(alpha), alpha=alpha, scale=q.shape[-1] ** -0.5, causal=True, slopes=slopes,
                    q_scale=q_scale, kpm=None)
     d_out = torch.randn_like(q)
@@ -170,7 +170,8 @@ def fused_kernels(q, k, v, slopes, q_scale, single_tile, alpha=1.5):
 
     def forward_backward():
         _, o2, tau, inv_z, _, tile_max, _ = forward()
-        entmax_attention_bwd(d_out, q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
+        entmax_attention_bwd(d_out, q, k, v, o2, tau, inv_z, tile_max, blocks=blocks,
+                             backward_blocks=backward_blocks, **options)
 
     return forward, forward_backward, lambda: forward()[-1]
 

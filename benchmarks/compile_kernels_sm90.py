@@ -11,6 +11,9 @@ prints the registers and spilled bytes of each kernel. Exit status 1 if any kern
     python benchmarks/compile_kernels_sm90.py            # alpha 1, 1.25, 1.5, 2; head dims 64, 128 (and the
                                                          # training shape: head dim 32, 90 keys)
     python benchmarks/compile_kernels_sm90.py --quick    # alpha 1.5; what tests/test_triton_compile.py runs
+    python benchmarks/compile_kernels_sm90.py --candidates 128   # the tile shapes that
+                                      # benchmarks/tune_attention_gpu.py sweeps at head dim 128, each kernel
+                                      # as the library and as the sweep launch it (alpha 1.5)
 """
 
 import argparse
@@ -25,13 +28,15 @@ from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, native_specialize_impl
 
+from asentmax.ops.triton import attention_common
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, mode_of
+from asentmax.ops.triton.attention_common import block_config, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.triton.entmax_rows import MAX_BLOCK_N, entmax_rows
 
 TARGET = GPUTarget("cuda", 90, 32)
+MAX_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_90 (227 KB)
 
 
 def record_launches(alphas, dims):
@@ -94,12 +99,43 @@ def launch_decode_chunks(alpha, dim, batch=8, heads=16):
                                 causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40)
 
 
-def forward_backward(q, k, v, options):
-    """The forward (with o2) and backward launchers on q, k, v (B, H, N, D)."""
-    blocks = block_config(q.shape[-1], q.shape[2])
+def forward_backward(q, k, v, options, write_support=True):
+    """The forward (with o2) and backward launchers on q, k, v (B, H, N, D), with the tile shapes of
+    attention_common.kernel_blocks."""
+    blocks, *backward_blocks = kernel_blocks(q.shape[-1], q.shape[2])
     out, o2, tau, inv_z, _, tile_max, _ = entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40,
-                                                              blocks=blocks, **options)
-    entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks, **options)
+                                                              blocks=blocks, write_support=write_support,
+                                                              **options)
+    entmax_attention_bwd(torch.randn_like(out), q, k, v, o2, tau, inv_z, tile_max, blocks=blocks,
+                         backward_blocks=backward_blocks, **options)
+
+
+def record_candidates(dim):
+    """Launches of every tile shape tune_attention_gpu.py sweeps at head dim `dim` (its default candidates,
+    each kernel's in turn set in attention_common.KERNEL_BLOCKS): the library's variant (ALiBi, q_scale, key
+    padding, launch_all) and the sweep's two (no options, and ALiBi alone; o2 and no support written)."""
+    from tune_attention_gpu import DEFAULT_CANDIDATES, candidate_configs
+
+    launches = []
+
+    def record(self, *args, grid, warmup, **kwargs):
+        launches.append((self, args, kwargs))
+
+    original, saved = JITFunction.run, attention_common.KERNEL_BLOCKS[dim]
+    JITFunction.run = record
+    try:
+        for _, config in candidate_configs(saved, DEFAULT_CANDIDATES[dim]):
+            attention_common.KERNEL_BLOCKS[dim] = config
+            launch_all(1.5, dim)
+            x = torch.randn(1, 2, 300, dim, dtype=torch.bfloat16)
+            for slopes in (None, torch.ones(1, 2)):
+                forward_backward(x, x, x, dict(mode=mode_of(1.5), alpha=1.5, scale=dim ** -0.5, causal=True,
+                                               slopes=slopes, q_scale=None, kpm=None), write_support=False)
+    finally:
+        JITFunction.run = original
+        attention_common.KERNEL_BLOCKS[dim] = saved
+    fused = ("_entmax_attention_fwd", "_entmax_attention_bwd_dq", "_entmax_attention_bwd_dkdv")
+    return [launch for launch in launches if launch[0].__name__ in fused and launch[2]["BLOCK_D"] == dim]
 
 
 def launch_training_shape(alpha, batch=1, heads=2, n=90, dim=32):
@@ -155,20 +191,26 @@ def resource_usage(kernel):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="alpha 1.5 only")
+    parser.add_argument("--candidates", type=int, metavar="HEAD_DIM",
+                        help="compile tune_attention_gpu.py's candidate tile shapes at this head dim instead")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_kernels_sm90.py compiles for a GPU: run it without TRITON_INTERPRET=1")
     alphas = (1.5,) if args.quick else (1.0, 1.25, 1.5, 2.0)
+    launches = record_candidates(args.candidates) if args.candidates else record_launches(alphas, (64, 128))
     seen, failures = set(), 0
-    for fn, call_args, kwargs in record_launches(alphas, (64, 128)):
+    for fn, call_args, kwargs in launches:
         key = (fn.__name__, repr(sorted((k, v) for k, v in kwargs.items())))
         if key in seen:
             continue
         seen.add(key)
         shown = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
         try:
-            usage = resource_usage(compile_launch(fn, call_args, kwargs))
-            print(f"ok    {fn.__name__} {shown} {usage}", flush=True)
+            kernel = compile_launch(fn, call_args, kwargs)
+            shared = kernel.metadata.shared
+            if shared > MAX_SHARED_BYTES:  # compiles, but the launch would fail on the GPU
+                raise RuntimeError(f"{shared} bytes of shared memory, above the {MAX_SHARED_BYTES} of sm_90")
+            print(f"ok    {fn.__name__} {shown} {resource_usage(kernel)} SMEM:{shared}", flush=True)
         except Exception as exc:  # report every kernel, then fail
             failures += 1
             print(f"FAIL  {fn.__name__} {shown}: {type(exc).__name__}: {exc}", flush=True)

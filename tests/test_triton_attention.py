@@ -346,3 +346,18 @@ def test_backward_reads_strided_output_gradient():
     *_, grads_ref = run_attention(q, k, v, options, tensors, strided, "reference", torch.float64)
     for name, a, r in zip(("dq", "dk", "dv", "dq_scale"), grads_strided, grads_ref, strict=True):
         assert max_err(a, r) <= 1e-4 * max(1.0, r.abs().max().item()), f"{name} differs from fp64"
+
+
+@pytest.mark.parametrize("blocks", [((32, 16, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)),
+                                    ((64, 64, 4, 3), (16, 16, 4, 2), (128, 16, 4, 2))],
+                         ids=["coarser-backward", "finer-and-mixed"])
+def test_backward_tile_shapes_differ_from_forward(blocks, monkeypatch):
+    """Each kernel with its own tile shape (attention_common.KERNEL_BLOCKS: forward, dq, dk/dv): the backward
+    kernels read the forward's tile table resampled to their tiles, coarser and finer along each axis, from a
+    NaN-poisoned table whose entries past the diagonal stay unwritten. The ALiBi head with slope 1 leaves
+    most tiles off the diagonal dead, so a resampled maximum that is too low (or an unwritten entry read as
+    live or dead wrongly) drops live tiles and fails the fp64 check."""
+    from asentmax.ops.triton import attention_common
+
+    monkeypatch.setitem(attention_common.KERNEL_BLOCKS, 64, blocks)
+    check_case(C(1.5, True, 150, 200, 16, B=2, alibi="heads", q_scale=True, kpm=True))

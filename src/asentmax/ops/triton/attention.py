@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, cdiv, mode_of
+from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, cdiv, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.types import AttentionAux
@@ -62,9 +62,11 @@ def attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o2: Tensor, ta
                   tile_max: Tensor, q_scale: Tensor | None, slopes: Tensor | None, kpm: Tensor | None,
                   alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dq_scale) of attention_fwd; dq_scale is empty without q_scale."""
+    forward_blocks, *backward_blocks = kernel_blocks(q.shape[-1], q.shape[2])
     dq, dk, dv, dq_scale = entmax_attention_bwd(
         d_out, q, k, v, o2, tau, inv_z, tile_max, mode=mode_of(alpha), alpha=alpha, scale=scale,
-        causal=causal, slopes=slopes, q_scale=q_scale, kpm=kpm, blocks=block_config(q.shape[-1], q.shape[2]))
+        causal=causal, slopes=slopes, q_scale=q_scale, kpm=kpm, blocks=forward_blocks,
+        backward_blocks=backward_blocks)
     return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dq_scale is None else dq_scale
 
 

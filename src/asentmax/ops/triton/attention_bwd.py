@@ -232,14 +232,38 @@ def _entmax_attention_bwd_dq(
         tl.store(DQScale + row_ptr, scale * dqs, mask=row_in)
 
 
+def resampled_tile_table(tile_max, table_blocks, blocks, n_q, n_k):
+    """The forward's tile table (B, H, n_qb, n_kb) of (BLOCK_M, BLOCK_N) = table_blocks, at the tiles
+    `blocks` (powers of two, as the table's) of a backward kernel: each entry the max over the table's
+    tiles that overlap that tile, which bounds the tile's max from above (all that live_range needs).
+    Entries the forward left unwritten (tiles no row of their query block can see: NaN-poisoned in the
+    tests) are read as -inf; a coarser tile never consists of those alone within its kernel's loops."""
+    if tuple(blocks[:2]) == tuple(table_blocks[:2]):
+        return tile_max
+    table = tile_max
+    for axis, (fine, tile, n) in enumerate(zip(table_blocks[:2], blocks[:2], (n_q, n_k), strict=True)):
+        dim = 2 + axis
+        if tile > fine:
+            ratio = tile // fine
+            size = table.shape[dim]
+            pad = [0, 0] * (3 - dim) + [0, cdiv(size, ratio) * ratio - size]
+            table = torch.nn.functional.pad(table.nan_to_num(float("-inf")), pad, value=float("-inf"))
+            table = table.unflatten(dim, (-1, ratio)).amax(dim + 1)
+        elif tile < fine:
+            table = table.repeat_interleave(fine // tile, dim).narrow(dim, 0, cdiv(n, tile))
+    return table.contiguous()
+
+
 def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,
-                         q_scale, kpm, blocks):
-    """Gradients (dq, dk, dv, dq_scale or None) of the fused forward; arguments as its launcher returned."""
+                         q_scale, kpm, blocks, backward_blocks=None):
+    """Gradients (dq, dk, dv, dq_scale or None) of the fused forward; arguments as its launcher returned
+    (blocks: the forward's, the tile table's granularity). backward_blocks: (BLOCK_M, BLOCK_N, num_warps,
+    num_stages) of the dq kernel and of the dk/dv kernel (attention_common.kernel_blocks), default both
+    `blocks`."""
     batch, heads, n_q, dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    block_m, block_n, num_warps, num_stages = blocks
-    n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, block_n)
+    dq_blocks, dkdv_blocks = backward_blocks or (blocks, blocks)
     c, inv_am1 = logit_constants(mode, alpha)
     if do.stride(-1) != 1:
         do = do.contiguous()
@@ -252,23 +276,32 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
         else None
     dummy = tau
     block_d = max(16, next_power_of_2(dim))
-    common = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=block_d == dim, MODE=mode,
-                  CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
-                  HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                  SCAN=512, num_warps=num_warps, num_stages=num_stages)
-    pad = n_qb * block_m - n_q
-    block_tau_min = torch.nn.functional.pad(tau, (0, pad), value=float("inf")).view(
-        batch, heads, n_qb, block_m).amin(-1).contiguous()
-    extras = (tile_max, block_tau_min, q_scale if q_scale is not None else dummy,
-              slopes if slopes is not None else dummy, kpm if kpm is not None else tile_max)
+
+    def options(kernel_blocks):
+        block_m, block_n, num_warps, num_stages = kernel_blocks
+        return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EVEN_D=block_d == dim, MODE=mode,
+                    CAUSAL=causal, HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None,
+                    HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                    SCAN=512, num_warps=num_warps, num_stages=num_stages)
+
+    def extras(kernel_blocks, block_tau_min):
+        table = resampled_tile_table(tile_max, blocks, kernel_blocks, n_q, n_k)
+        return (table, block_tau_min, q_scale if q_scale is not None else dummy,
+                slopes if slopes is not None else dummy, kpm if kpm is not None else table)
+
     strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    n_qb, n_kb = cdiv(n_q, dq_blocks[0]), cdiv(n_k, dq_blocks[1])
     _entmax_attention_bwd_dq[(n_qb, batch * heads)](
-        q, k, v, do, o2, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta, *extras,
-        *strides, dq.stride(0), dq.stride(1), dq.stride(2),
-        heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **common)
+        q, k, v, do, o2, dq, dq_scale if dq_scale is not None else dummy, tau, inv_z, g_scale, delta,
+        *extras(dq_blocks, dummy), *strides, dq.stride(0), dq.stride(1), dq.stride(2),
+        heads, group, n_q, n_k, n_kb, dim, scale, c, inv_am1, **options(dq_blocks))
+    block_m = dkdv_blocks[0]
+    n_qb, n_kb = cdiv(n_q, block_m), cdiv(n_k, dkdv_blocks[1])
+    block_tau_min = torch.nn.functional.pad(tau, (0, n_qb * block_m - n_q), value=float("inf")).view(
+        batch, heads, n_qb, block_m).amin(-1).contiguous()  # the lowest tau of each of its query blocks
     _entmax_attention_bwd_dkdv[(n_kb, batch * kv_heads)](
-        q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras, *strides,
+        q, k, v, do, dk, dv, tau, inv_z, g_scale, delta, *extras(dkdv_blocks, block_tau_min), *strides,
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        heads, group, n_q, n_k, n_qb, n_kb, dim, scale, c, inv_am1, **common)
+        heads, group, n_q, n_k, n_qb, n_kb, dim, scale, c, inv_am1, **options(dkdv_blocks))
     return dq, dk, dv, dq_scale

@@ -92,16 +92,33 @@ def logit_constants(mode, alpha):
     return alpha - 1.0, 1.0 / (alpha - 1.0)
 
 
-def block_config(head_dim, n_q):
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) shared by forward and backward (the tile mask written
-    by the forward has this granularity). Keyed on head_dim only (and decoding), never on the length."""
+# Tile shapes (BLOCK_M, BLOCK_N, num_warps, num_stages) of the fused kernels per head dim: the largest head
+# dim of each entry -> (forward, dq kernel, dk/dv kernel). The backward kernels read the forward's tile
+# table resampled to their own tiles (attention_bwd.resampled_tile_table), so each kernel's shape is free
+# (powers of two). benchmarks/tune_attention_gpu.py sweeps them (D <= 128: results/attention_tuning2.md).
+KERNEL_BLOCKS = {
+    64: ((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
+    128: ((64, 32, 4, 2), (64, 32, 4, 2), (64, 32, 4, 2)),
+    256: ((32, 32, 8, 1), (32, 32, 8, 1), (32, 32, 8, 1)),
+}
+SHORT_BLOCKS = (16, 64, 4, 2)  # n_q <= 16 (decoding-sized query blocks), every head dim and kernel
+
+
+def kernel_blocks(head_dim, n_q):
+    """(forward, dq, dkdv) tile shapes of KERNEL_BLOCKS for `head_dim` (<= 256) and n_q queries. Keyed on
+    head_dim only (and decoding), never on the length."""
     if n_q <= 16:
-        return 16, 64, 4, 2
-    if head_dim <= 64:
-        return 64, 64, 4, 3
-    if head_dim <= 128:  # the fastest in the sweep of results/attention_tuning2.md
-        return 64, 32, 4, 2
-    return 32, 32, 8, 1
+        return SHORT_BLOCKS, SHORT_BLOCKS, SHORT_BLOCKS
+    for largest_dim, blocks in KERNEL_BLOCKS.items():  # in increasing head dims
+        if head_dim <= largest_dim:
+            return blocks
+    raise ValueError(f"head_dim {head_dim} is above the fused kernels' {max(KERNEL_BLOCKS)}")
+
+
+def block_config(head_dim, n_q):
+    """The forward's (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernel_blocks: also the granularity of the
+    tile table it writes."""
+    return kernel_blocks(head_dim, n_q)[0]
 
 
 @triton.jit
