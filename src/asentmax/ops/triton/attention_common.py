@@ -98,7 +98,7 @@ def logit_constants(mode, alpha):
 # (powers of two). benchmarks/tune_attention_gpu.py sweeps them (D <= 128: results/attention_tuning2.md).
 KERNEL_BLOCKS = {
     64: ((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
-    128: ((64, 32, 4, 2), (64, 32, 4, 2), (64, 32, 4, 2)),
+    128: ((64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 2)),
     256: ((32, 32, 8, 1), (32, 32, 8, 1), (32, 32, 8, 1)),
 }
 SHORT_BLOCKS = (16, 64, 4, 2)  # n_q <= 16 (decoding-sized query blocks), every head dim and kernel
