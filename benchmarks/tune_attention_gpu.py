@@ -56,7 +56,7 @@ KERNELS = ("fwd", "dq", "dkdv")  # the order of a KERNEL_BLOCKS entry
 # (compile_kernels_sm90.py --candidates 128). dk/dv's BLOCK_M is the query rows of one step, BLOCK_N the keys
 # of a program.
 DEFAULT_CANDIDATES = {  # most promising first (results/attention_gpu_notes.md, D = 128: the streamed bytes);
-    # the current entry is the ninth session's winner (results/attention_tuning4.md), 64/32/4/2 the shape before
+    # the current entry is the ninth session's winner (attention_tuning4.md); 64/32/4/2: the shape before
     128: dict(fwd=("128/32/8/3", "128/32/8/2", "64/32/4/2"),
               dq=("128/32/8/2", "64/32/4/3", "64/32/4/2"),
               dkdv=("32/128/8/1", "32/64/8/2", "64/32/8/2", "64/32/4/2")),

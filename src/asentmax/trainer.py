@@ -19,9 +19,10 @@ Speed (issue 14): on CUDA the model is torch.compile'd by default with the seque
 dynamic (`compiled_for_training`: one graph for every length bucket) and AdamW is fused; with a workload
 whose batches are drawn on the device (asentmax.tasks.device_sampling) no step between log steps waits
 for the device. `--lr-scaling sqrt` is the large-batch rule: peak lr = lr * sqrt(batch-size / 128).
-`--cuda-graphs` (auto by default: on where it can run) compiles in torch.compile's mode "reduce-overhead": Inductor's CUDA graph
-trees record the compiled forward and backward of each bucket width once and replay them, so a step
-launches two graphs instead of hundreds of kernels (the step was host-bound: results/train_gpu_profile.md).
+`--cuda-graphs` (auto by default: on where it can run) compiles in torch.compile's mode
+"reduce-overhead": Inductor's CUDA graph trees record the compiled forward and backward of each bucket
+width once and replay them, so a step launches two graphs instead of hundreds of kernels (the step was
+host-bound: results/train_gpu_profile.md).
 Only the model's forward and backward are graphed: the loss, clipping, fused AdamW, the loss window and the
 batches stay eager, and nothing a graph returns outlives its step (the logits are reduced to the loss at
 once, the gradients are set to None after AdamW), so the next replay may overwrite it.
