@@ -287,6 +287,36 @@ def test_compare_labels_a_run_by_its_layout():
     assert method_label(result) == "ASEntmax (rope, stretches layout)"
 
 
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_compare_labels_a_run_by_its_block_options(attention):
+    """A run in the paper code's setup is labelled by its blocks as well as its layout; a run with only some
+    block options changed names those; a config saved before the options existed has default blocks."""
+    from dataclasses import asdict
+
+    from asentmax.nn.presets import PAPER_CODE_BLOCKS, mqmtar_model
+    from asentmax.report import method_label
+
+    name = {"softmax": "Softmax", "asentmax": "ASEntmax"}[attention]
+    paper = asdict(mqmtar_model(263, attention=attention, zero_embedding_id=4, **PAPER_CODE_BLOCKS))
+    result = {"model_config": paper, "workload": {"task": "mqmtar", "layout": "stretches"}}
+    assert method_label(result) == f"{name} (paper-code blocks, stretches layout)"
+    default = asdict(mqmtar_model(263, attention=attention))
+    result = {"model_config": default, "workload": {"task": "mqmtar"}}
+    assert method_label(result) == name
+    old = {key: default[key] for key in ("attention", "position")}  # saved before the block options
+    assert method_label({"model_config": old, "workload": {}}) == name
+    some = asdict(mqmtar_model(263, attention=attention, norm_placement="sandwich", mlp="geglu"))
+    assert method_label({"model_config": some}) == f"{name} (norm_placement sandwich, mlp geglu)"
+    zero_init = {**PAPER_CODE_BLOCKS, "asentmax_init": "zero"}
+    other_init = asdict(mqmtar_model(263, attention=attention, **zero_init))
+    if attention == "asentmax":  # the bundle's init matters to ASEntmax only: these are not its blocks
+        assert method_label({"model_config": other_init}) == (
+            f"{name} (norm_placement sandwich, mlp geglu, scale_embeddings True, scaled_residual_init False, "
+            "tie_embeddings False, norm_eps 1e-06)")
+    else:
+        assert method_label({"model_config": other_init}) == f"{name} (paper-code blocks)"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_stretches_batches_are_laid_out_deterministic_and_never_wait_for_the_device():

@@ -16,9 +16,12 @@ Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion w
 from __future__ import annotations
 
 import csv
+from dataclasses import fields
 from pathlib import Path
 
+from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
+from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, write_json
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
@@ -52,12 +55,28 @@ PAPER_RESULTS = {
 METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 
 
+def block_notes(model_config: dict) -> list[str]:
+    """The block options of a saved model config that are not ModelConfig's defaults, briefly: ["paper-code
+    blocks"] when they are nn.presets.PAPER_CODE_BLOCKS (its ASEntmax init counted for ASEntmax only; the
+    frozen zero embedding, task-specific, not named), else one "field value" each; [] for default blocks and
+    for a config saved before the options existed."""
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    names = [name for name in (*PAPER_CODE_BLOCKS, "zero_embedding_id")
+             if name != "asentmax_init" or model_config.get("attention") == "asentmax"]
+    values = {name: model_config.get(name, defaults[name]) for name in names}
+    if all(values[name] == PAPER_CODE_BLOCKS[name] for name in names if name in PAPER_CODE_BLOCKS):
+        return ["paper-code blocks"]
+    return [f"{name} {values[name]}" for name in names if values[name] != defaults[name]]
+
+
 def method_label(result: dict) -> str:
-    """Paper name of the attention, with the position scheme when it is not the paper's NAPE and the sample
-    layout when it is not the default (MQMTAR's "stretches": results/paper/README.md)."""
+    """Paper name of the attention, with the position scheme when it is not the paper's NAPE, the block
+    options when they are not the defaults (block_notes) and the sample layout when it is not the default
+    (MQMTAR's "stretches": results/paper/README.md)."""
     config = result["model_config"]
     name = METHOD_NAMES.get(config["attention"], config["attention"])
     notes = [config["position"]] if config.get("position", "nape") != "nape" else []
+    notes += block_notes(config)
     layout = (result.get("workload") or {}).get("layout", "random")
     if layout != "random":
         notes.append(f"{layout} layout")
