@@ -56,6 +56,7 @@ from asentmax.runs import (
     write_text,
 )
 from asentmax.tasks.scoring import autocast, shape_batches
+from asentmax.tasks.workload import saved_layout
 
 PAPER_MULTIPLIERS = (1, 2, 4, 16, 64, 256, 1024)  # the paper's MQMTAR protocol: 1x .. 1024x
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
@@ -327,7 +328,7 @@ def _saved_task(run_dir: Path) -> tuple[str, int, str]:
     if not (isinstance(workload.get("task"), str) and isinstance(workload.get("max_length"), int)
             and workload["max_length"] > 0):
         raise RunError(f"{path} has no task and max_length in its workload; restore it from the run")
-    layout = workload.get("layout", "random")
+    layout = saved_layout(workload)
     if not isinstance(layout, str):
         raise RunError(f"{path} has a layout that is not a name ({layout!r}); restore it from the run")
     return workload["task"], workload["max_length"], layout
@@ -411,7 +412,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
-            or saved_workload.get("layout", "random") != layout):
+            or saved_layout(saved_workload) != layout):
         raise RunError(f"{checkpoint_path} is not the checkpoint of the {task_name} run ({layout} layout) "
                        f"that {run_dir / CONFIG_NAME} describes")
     id_length = config.id_length or max_length

@@ -23,6 +23,7 @@ from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, write_json
+from asentmax.tasks.workload import saved_layout
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes).
@@ -77,7 +78,7 @@ def method_label(result: dict) -> str:
     name = METHOD_NAMES.get(config["attention"], config["attention"])
     notes = [config["position"]] if config.get("position", "nape") != "nape" else []
     notes += block_notes(config)
-    layout = (result.get("workload") or {}).get("layout", "random")
+    layout = saved_layout(result.get("workload") or {})
     if layout != "random":
         notes.append(f"{layout} layout")
     return f"{name} ({', '.join(notes)})" if notes else name
