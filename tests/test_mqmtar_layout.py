@@ -263,6 +263,8 @@ def test_cli_run_saves_the_layout_and_eval_tests_with_it(tmp_path, one_thread):
     for length in plan.lengths:
         for example in make_eval_set(plan.task, length, 3, seed=0):
             read_stretches(plan.task, example, length)
+    assert main(["eval", str(run), "--multipliers", "1", "--samples", "2", "--device", "cpu"]) == 0
+    assert (run / "eval.md").read_text().splitlines()[0] == "### mqmtar (stretches layout), asentmax (run)"
     # a run saved before the option existed (no layout in config.json or the checkpoint): random
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=True)
     for record in (config["workload"], checkpoint["workload"]):

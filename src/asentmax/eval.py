@@ -275,11 +275,14 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
 # ---- evaluation files ----
 
 def _write_results(output: Path, result: dict) -> None:
-    """<output>.json and <output>.md, each replaced atomically."""
+    """<output>.json and <output>.md, each replaced atomically; the .md's title names the task (and its
+    sample layout where not the default), the attention and the run."""
 
     write_json(output.with_suffix(".json"), result)
     model_config = result["model_config"]
-    title = f"{result['task']}, {model_config.get('attention')} ({Path(result['run_dir']).name})"
+    layout = saved_layout(result.get("workload") or {})
+    task = result["task"] if layout == "random" else f"{result['task']} ({layout} layout)"
+    title = f"{task}, {model_config.get('attention')} ({Path(result['run_dir']).name})"
     text = markdown_table(result["rows"], result["id_length"], title)
     if result["pending_lengths"]:
         text += f"\nNot evaluated yet: lengths {', '.join(map(str, result['pending_lengths']))}.\n"
