@@ -95,7 +95,9 @@ def logit_constants(mode, alpha):
 # Tile shapes (BLOCK_M, BLOCK_N, num_warps, num_stages) of the fused kernels per head dim: the largest head
 # dim of each entry -> (forward, dq kernel, dk/dv kernel). The backward kernels read the forward's tile
 # table resampled to their own tiles (attention_bwd.resampled_tile_table), so each kernel's shape is free
-# (powers of two). benchmarks/tune_attention_gpu.py sweeps them (D <= 128: results/attention_tuning2.md).
+# (powers of two). benchmarks/tune_attention_gpu.py sweeps them: D = 128 per kernel in
+# results/attention_tuning4.md, D = 64 (one shape for all three) in results/attention_tuning2.md; D = 256
+# has no sweep in results/.
 KERNEL_BLOCKS = {
     64: ((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3)),
     128: ((64, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 2)),
