@@ -255,15 +255,14 @@ def resampled_tile_table(tile_max, table_blocks, blocks, n_q, n_k):
 
 
 def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, scale, causal, slopes,
-                         q_scale, kpm, blocks, backward_blocks=None):
+                         q_scale, kpm, blocks, backward_blocks):
     """Gradients (dq, dk, dv, dq_scale or None) of the fused forward; arguments as its launcher returned
     (blocks: the forward's, the tile table's granularity). backward_blocks: (BLOCK_M, BLOCK_N, num_warps,
-    num_stages) of the dq kernel and of the dk/dv kernel (attention_common.kernel_blocks), default both
-    `blocks`."""
+    num_stages) of the dq kernel and of the dk/dv kernel (attention_common.kernel_blocks)."""
     batch, heads, n_q, dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    dq_blocks, dkdv_blocks = backward_blocks or (blocks, blocks)
+    dq_blocks, dkdv_blocks = backward_blocks
     c, inv_am1 = logit_constants(mode, alpha)
     if do.stride(-1) != 1:
         do = do.contiguous()
