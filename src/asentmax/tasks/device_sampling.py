@@ -59,7 +59,15 @@ import torch
 
 from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, collate, pick_bucket, step_generator, training_batch
 from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, Example, Task
-from asentmax.tasks.mqmtar import BLANK, BLOCK_TOKENS, COLON, QUERY, MQMTARTask, pairs_for_length
+from asentmax.tasks.mqmtar import (
+    BLANK,
+    BLOCK_TOKENS,
+    COLON,
+    QUERY,
+    MQMTARTask,
+    pairs_for_length,
+    stretch_for_length,
+)
 from asentmax.tasks.sequence import CopyTask, RandomSequenceTask, ReverseTask, SortTask
 
 _SEED_BOUND = 2**63
@@ -239,7 +247,7 @@ class _MQMTARBucket:
         pair = np.arange(self.n_pairs)
         self.unused_starts = torch.as_tensor(self.unused_start + pair).to(device)  # sorted + 5 j: 6 j apart
         if task.layout == "stretches":
-            stretch = (length // pairs).reshape(-1, 1)
+            stretch = np.array([stretch_for_length(int(n), task.table_size) for n in length]).reshape(-1, 1)
             self.n_places = int(2 * stretch.max() - 4)
             place = np.arange(self.n_places)
             masked, kept = place >= 2 * stretch - 4, place < stretch - BLOCK_TOKENS
