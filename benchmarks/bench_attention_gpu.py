@@ -35,7 +35,7 @@ from triton.testing import do_bench
 from asentmax.ops.attention import entmax_attention
 from asentmax.ops.triton.attention import _MAX_NEWTON_PASSES, _TOL
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, kernel_blocks, mode_of
+from asentmax.ops.triton.attention_common import forward_blocks, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd, register_tile_keys
 
 
@@ -64,7 +64,7 @@ def attention_flops(batch, heads, n, dim, backward):
 
 def block_sparsity(q, k, v, slopes):
     """Share of the causally visited (BLOCK_M, BLOCK_N) tiles whose weights are all 0 (skipped)."""
-    blocks = block_config(q.shape[-1], q.shape[2])
+    blocks = forward_blocks(q.shape[-1], q.shape[2])
     _, _, tau, _, _, tile_max, _ = entmax_attention_fwd(
         q, k, v, mode=mode_of(1.5), alpha=1.5, scale=q.shape[-1] ** -0.5, causal=True,
         slopes=None if slopes is None else slopes.expand(q.shape[0], -1).contiguous(), q_scale=None, kpm=None,
@@ -189,7 +189,7 @@ def bench_short(b, h, dim, n):
     q, k, v = (torch.randn(b, h, n, dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     slopes = nape_slopes(h).expand(b, -1).contiguous()
     q_scale = 1.0 + torch.rand(b, h, n, device="cuda")
-    row = dict(B=b, H=h, D=dim, N=n, keys_in_registers=register_tile_keys(n, dim, block_config(dim, n)[1]))
+    row = dict(B=b, H=h, D=dim, N=n, keys_in_registers=register_tile_keys(n, dim, forward_blocks(dim, n)[1]))
     for variant, scales in (("entmax", None), ("asentmax", q_scale)):
         for path, single_tile in (("single", True), ("multi", False)):
             forward, forward_backward, passes = fused_kernels(q, k, v, slopes, scales, single_tile)

@@ -30,7 +30,7 @@ from triton.runtime.jit import JITFunction, native_specialize_impl
 
 from asentmax.ops.triton import attention_common
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import block_config, kernel_blocks, mode_of
+from asentmax.ops.triton.attention_common import forward_blocks, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.triton.entmax_rows import MAX_BLOCK_N, entmax_rows
@@ -147,7 +147,7 @@ def launch_training_shape(alpha, batch=1, heads=2, n=90, dim=32):
         options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
                        slopes=torch.ones(batch, heads), q_scale=q_scale, kpm=None)
         forward_backward(q, k, v, options)
-        entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40, blocks=block_config(dim, n),
+        entmax_attention_fwd(q, k, v, write_o2=True, tol=3e-2, max_iter=40, blocks=forward_blocks(dim, n),
                              single_tile=False, **options)
 
 

@@ -237,10 +237,10 @@ def test_exact_zeros_and_tile_skipping():
     assert aux.support_size.max() < 20
     assert max_err(out, ref) < 1e-5
     # the precondition of the skipping: some causally visited (64 x 64) tiles are dead for their query block
-    from asentmax.ops.triton.attention_common import block_config
+    from asentmax.ops.triton.attention_common import forward_blocks
     from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 
-    blocks = block_config(16, 130)
+    blocks = forward_blocks(16, 130)
     _, _, tau, _, _, tile_max, _ = entmax_attention_fwd(
         q, k, v, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=options["alibi_slopes"][None].expand(1, 2)
         .contiguous(), q_scale=None, kpm=None, write_o2=False, tol=1e-3, max_iter=40, blocks=blocks)

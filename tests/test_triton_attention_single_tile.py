@@ -17,7 +17,7 @@ import torch
 from asentmax.ops.attention import entmax_attention
 from asentmax.ops.entmax import _gate, entmax
 from asentmax.ops.reference import reference_logits
-from asentmax.ops.triton.attention_common import block_config, logit_constants, mode_of
+from asentmax.ops.triton.attention_common import forward_blocks, logit_constants, mode_of
 from test_triton_attention import C, case_id, check_case, make_inputs, max_err, poisoned_allocations
 
 pytest.importorskip("triton")
@@ -109,7 +109,7 @@ def test_launcher_picks_single_tile_at_training_shape():
         with recorded_forward_variants(run=False) as launched:
             attention_fwd.entmax_attention_fwd(
                 q, q, q, mode=1, alpha=1.5, scale=1.0, causal=True, slopes=None, q_scale=None, kpm=None,
-                write_o2=True, tol=3e-2, max_iter=40, blocks=block_config(dim, n), **options)
+                write_o2=True, tol=3e-2, max_iter=40, blocks=forward_blocks(dim, n), **options)
         return launched.keys
 
     for n, dim in ((73, 32), (90, 32), (17, 32), (128, 64), (129, 32), (90, 100)):
@@ -155,7 +155,7 @@ def test_tile_table_and_o2_match_fp64(case):
     if case.get("negative"):
         q, k = q.abs(), -k.abs()
     alpha = case["alpha"]
-    blocks = block_config(case["D"], case["Nq"])
+    blocks = forward_blocks(case["D"], case["Nq"])
     slopes = options["alibi_slopes"].expand(case["B"], -1).contiguous()
     kpm = options["key_padding_mask"].to(torch.uint8) if "key_padding_mask" in options else None
     q_scale = options["q_scale"].detach().float().contiguous()
@@ -199,7 +199,7 @@ def test_max_iter_bounds_single_tile_iterations():
     for max_iter in (1, 40):
         out, *_, passes = entmax_attention_fwd(
             q, k, v, mode=1, alpha=1.5, scale=32 ** -0.5, causal=True, slopes=slopes, q_scale=None, kpm=None,
-            write_o2=False, tol=1e-3, max_iter=max_iter, blocks=block_config(32, 90))
+            write_o2=False, tol=1e-3, max_iter=max_iter, blocks=forward_blocks(32, 90))
         errors.append(max_err(out, ref))
         counts.append(passes)
     assert torch.equal(counts[0], torch.ones_like(counts[0]))

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
-from asentmax.ops.triton.attention_common import MAX_QUERIES, block_config, cdiv, kernel_blocks, mode_of
+from asentmax.ops.triton.attention_common import MAX_QUERIES, cdiv, forward_blocks, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
 from asentmax.ops.types import AttentionAux
@@ -39,7 +39,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slope
     out, o2, tau, inv_z, support, tile_max, _ = entmax_attention_fwd(
         q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal, slopes=slopes,
         q_scale=q_scale, kpm=kpm, write_o2=write_o2, tol=_TOL[q.dtype], max_iter=_MAX_NEWTON_PASSES,
-        blocks=block_config(q.shape[-1], q.shape[2]), write_support=write_support)
+        blocks=forward_blocks(q.shape[-1], q.shape[2]), write_support=write_support)
     empty = q.new_empty(0, dtype=torch.float32)
     return (out, empty if o2 is None else o2, tau, inv_z,
             empty.to(torch.int32) if support is None else support, tile_max)
@@ -48,7 +48,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slope
 @attention_fwd.register_fake
 def _(q, k, v, q_scale, slopes, kpm, alpha, scale, causal, write_o2, write_support):
     batch, heads, n_q, dim = q.shape
-    block_m, block_n, _, _ = block_config(dim, n_q)
+    block_m, block_n, _, _ = forward_blocks(dim, n_q)
     rows = (batch, heads, n_q)
     f32 = dict(dtype=torch.float32, device=q.device)
     return (torch.empty_like(q), q.new_empty((*rows, dim) if write_o2 else (0,), **f32),
@@ -62,10 +62,10 @@ def attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, o2: Tensor, ta
                   tile_max: Tensor, q_scale: Tensor | None, slopes: Tensor | None, kpm: Tensor | None,
                   alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, dq_scale) of attention_fwd; dq_scale is empty without q_scale."""
-    forward_blocks, *backward_blocks = kernel_blocks(q.shape[-1], q.shape[2])
+    fwd_blocks, *backward_blocks = kernel_blocks(q.shape[-1], q.shape[2])
     dq, dk, dv, dq_scale = entmax_attention_bwd(
         d_out, q, k, v, o2, tau, inv_z, tile_max, mode=mode_of(alpha), alpha=alpha, scale=scale,
-        causal=causal, slopes=slopes, q_scale=q_scale, kpm=kpm, blocks=forward_blocks,
+        causal=causal, slopes=slopes, q_scale=q_scale, kpm=kpm, blocks=fwd_blocks,
         backward_blocks=backward_blocks)
     return dq, dk, dv, q.new_empty(0, dtype=torch.float32) if dq_scale is None else dq_scale
 

@@ -117,7 +117,7 @@ def kernel_blocks(head_dim, n_q):
     raise ValueError(f"head_dim {head_dim} is above the fused kernels' {max(KERNEL_BLOCKS)}")
 
 
-def block_config(head_dim, n_q):
+def forward_blocks(head_dim, n_q):
     """The forward's (BLOCK_M, BLOCK_N, num_warps, num_stages) of kernel_blocks: also the granularity of the
     tile table it writes."""
     return kernel_blocks(head_dim, n_q)[0]
