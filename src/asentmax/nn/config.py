@@ -4,9 +4,10 @@ The attention normalisers and position schemes are those of arXiv:2506.16640, se
   attention: a name of nn/normalisers.py NORMALISERS (each normaliser is defined there, once)
   position:  nope | alibi | rope | nape (first H/2 heads ALiBi, the rest NoPE; scaling on NoPE heads only)
 The block design defaults to Llama-style pre-norm blocks; norm_placement="sandwich", mlp="geglu",
-scale_embeddings, scaled_residual_init=False, tie_embeddings=False, norm_eps=1e-6 and zero_embedding_id
-reproduce the Gemma-2 blocks of the paper's code (arXiv:2506.16640, section 4 and its code;
-results/paper/README.md), as presets.PAPER_CODE_BLOCKS bundles them.
+scale_embeddings, scaled_residual_init=False, tie_embeddings=False and norm_eps=1e-6 reproduce the Gemma-2
+blocks of the paper's code (arXiv:2506.16640, section 4 and its code; results/paper/README.md), and
+asentmax_init="normal" its init; presets.PAPER_CODE_BLOCKS bundles these. Its frozen zero embedding
+(zero_embedding_id) is task-specific, so not in the bundle.
 Every default lives here, once. Presets (presets.py) are plain functions that override fields.
 """
 
