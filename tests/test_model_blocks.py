@@ -247,19 +247,27 @@ def test_bad_config_is_one_line(overrides, message):
     assert "\n" not in str(error.value)
 
 
-def test_committed_runs_build_the_old_architecture():
-    """Every config.json under results/ predates the options: it loads with pre-norm SwiGLU blocks, no
-    embedding scale, GPT-2 init, and the parameter count the run recorded."""
+def test_committed_runs_build_the_architecture_they_trained():
+    """Every config.json under results/ loads with the parameter count the run recorded: those saved before
+    the block options existed (most of them) with pre-norm SwiGLU blocks, no embedding scale, GPT-2 init and
+    no frozen embedding; those saved with them (the paper-code-setup runs) with the options they name."""
+    old_blocks = dict(norm_placement="pre", mlp="swiglu", scale_embeddings=False, scaled_residual_init=True,
+                      zero_embedding_id=None)
     paths = sorted(RESULTS.rglob("config.json"))
-    assert paths
+    older = 0
     for path in paths:
         saved = json.loads(path.read_text())
         config = ModelConfig.from_dict(saved["model_config"])
-        assert (config.norm_placement, config.scale_embeddings, config.scaled_residual_init,
-                config.zero_embedding_id) == ("pre", False, True, None)
+        want = {name: saved["model_config"].get(name, value) for name, value in old_blocks.items()}
+        older += all(name not in saved["model_config"] for name in old_blocks if name != "mlp")
+        assert {name: getattr(config, name) for name in old_blocks} == want, path
         model = Transformer(config)
         assert model.num_parameters() == saved["n_parameters"], path
-        assert all(block.attn_post_norm is None and block.mlp_post_norm is None for block in model.blocks)
+        sandwich = config.norm_placement == "sandwich"
+        post_norms = [norm is not None for block in model.blocks
+                      for norm in (block.attn_post_norm, block.mlp_post_norm)]
+        assert post_norms == [sandwich] * len(post_norms), path
+    assert older > 0 and paths
 
 
 def test_default_model_is_unchanged():
