@@ -52,11 +52,11 @@ from asentmax.runs import (
     load_checkpoint,
     load_evaluation,
     read_json,
+    saved_layout,
     write_json,
     write_text,
 )
 from asentmax.tasks.scoring import autocast, shape_batches
-from asentmax.tasks.workload import saved_layout
 
 PAPER_MULTIPLIERS = (1, 2, 4, 16, 64, 256, 1024)  # the paper's MQMTAR protocol: 1x .. 1024x
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this

@@ -22,8 +22,7 @@ from pathlib import Path
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
-from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, write_json
-from asentmax.tasks.workload import saved_layout
+from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, saved_layout, write_json
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes).

@@ -142,6 +142,12 @@ def format_multiplier(m: float) -> str:
     return f"{m:g}x"
 
 
+def saved_layout(workload: dict) -> str:
+    """The sample layout of a saved task workload record (config.json, a checkpoint, eval.json): its
+    `layout`, or "random", the only layout there was, for a run saved before the option existed."""
+    return workload.get("layout", "random")
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

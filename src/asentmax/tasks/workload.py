@@ -32,12 +32,6 @@ from asentmax.tasks.scoring import teacher_forced_accuracy
 ARCHITECTURE_FIELDS = ("d_model", "n_layers", "n_heads", "d_ff")
 
 
-def saved_layout(workload: dict) -> str:
-    """The sample layout of a saved task workload record (config.json, a checkpoint, eval.json): its
-    `layout`, or "random", the only layout there was, for a run saved before the option existed."""
-    return workload.get("layout", "random")
-
-
 def build_task(name: str, layout: str = "random") -> Task:
     """Task `name` with sample layout `layout`, for the tasks that take one (mqmtar's asentmax.tasks.mqmtar
     LAYOUTS); the others lay their samples out one way and accept "random" only. ValueError otherwise."""
@@ -154,7 +148,7 @@ class TaskWorkload:
         """The workload `to_dict` saved; ValueError for keys that are not fields."""
         values = {key: value for key, value in values.items() if key != "name"}
         values.setdefault("sampling", "host")  # runs saved before device sampling drew numpy batches
-        # a run saved before `layout` existed gets its default, "random" (as saved_layout reads it)
+        # a run saved before `layout` existed gets its default, "random" (as asentmax.runs.saved_layout)
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown task workload settings: {', '.join(sorted(unknown))}")
