@@ -349,8 +349,9 @@ def test_backward_reads_strided_output_gradient():
 
 
 @pytest.mark.parametrize("blocks", [((32, 16, 4, 2), (64, 32, 4, 2), (16, 64, 4, 2)),
-                                    ((64, 64, 4, 3), (16, 16, 4, 2), (128, 16, 4, 2))],
-                         ids=["coarser-backward", "finer-and-mixed"])
+                                    ((64, 64, 4, 3), (16, 16, 4, 2), (128, 16, 4, 2)),
+                                    ((16, 32, 4, 2), (64, 64, 4, 2), (64, 64, 8, 2))],
+                         ids=["coarser-backward", "finer-and-mixed", "one-backward-tile"])
 def test_backward_tile_shapes_differ_from_forward(blocks, monkeypatch):
     """Each kernel with its own tile shape (attention_common.KERNEL_BLOCKS: forward, dq, dk/dv): the backward
     kernels read the forward's tile table resampled to their tiles, coarser and finer along each axis, from a

@@ -283,8 +283,13 @@ def entmax_attention_bwd(do, q, k, v, o2, tau, inv_z, tile_max, *, mode, alpha, 
                     HAS_KPM=kpm is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                     SCAN=512, num_warps=num_warps, num_stages=num_stages)
 
+    tables = {}  # tile shape -> the resampled table: made once when both kernels share a shape (D = 128)
+
     def extras(kernel_blocks, block_tau_min):
-        table = resampled_tile_table(tile_max, blocks, kernel_blocks, n_q, n_k)
+        tile = tuple(kernel_blocks[:2])
+        if tile not in tables:
+            tables[tile] = resampled_tile_table(tile_max, blocks, kernel_blocks, n_q, n_k)
+        table = tables[tile]
         return (table, block_tau_min, q_scale if q_scale is not None else dummy,
                 slopes if slopes is not None else dummy, kpm if kpm is not None else table)
 
