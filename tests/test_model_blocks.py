@@ -5,7 +5,7 @@ sqrt(d_model) embedding scale, transformers' init, a frozen zero embedding.
 The oracle is a fp64 forward written here from those definitions (it reads the model's weights by name and
 calls none of its modules): logits and gradients must match it for every option. Also: KV-cache decoding
 equals the full forward, torch.compile equals eager, the transformers export round-trips, config errors
-are one line, and the committed runs' config.json files build the old architecture.
+are one line, and the committed runs' config.json files build the architecture each trained.
 """
 
 import json
