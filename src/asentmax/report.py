@@ -131,7 +131,8 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    paper_drawn = set()  # (task, attention): each paper row once, in the colour of its method's first run
     for i, result in enumerate(results):
         colour = f"C{i % 10}"
         xs = [_multiplier(row, result) for row in result["rows"]]
@@ -142,7 +143,8 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
         ax.fill_between(xs, low, high, color=colour, alpha=0.15)
         paper = PAPER_RESULTS.get(result["task"], {})
         attention = result["model_config"]["attention"]
-        if attention in paper:
+        if attention in paper and (result["task"], attention) not in paper_drawn:
+            paper_drawn.add((result["task"], attention))
             ax.plot(paper["multipliers"], paper[attention], "--", color=colour, alpha=0.6,
                     label=f"{METHOD_NAMES[attention]} (paper)")
     ax.set_xscale("log", base=2)
@@ -150,7 +152,7 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
     ax.set_ylabel("exact match %")
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: it hid the curves
     ax.set_title(f"length generalisation: {', '.join(sorted({r['task'] for r in results}))}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

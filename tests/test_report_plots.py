@@ -1,0 +1,48 @@
+"""asentmax.report's accuracy plot: one paper curve per method however many runs of it are compared, and a
+legend outside the axes (it hid the curves with ten runs)."""
+
+import matplotlib.figure
+import pytest
+
+from asentmax.report import PAPER_RESULTS, _plot_accuracy
+
+
+def evaluated(name: str, attention: str, accuracy: float) -> dict:
+    rows = [dict(length=64 * m, exact_match=accuracy, ci_low=accuracy / 2, ci_high=1.0) for m in (1, 4, 16)]
+    return dict(run_dir=f"runs/{name}", task="mqmtar", id_length=64, rows=rows,
+                model_config={"attention": attention, "position": "nape"}, workload={"task": "mqmtar"})
+
+
+@pytest.fixture
+def drawn(monkeypatch, tmp_path):
+    """The figure _plot_accuracy saves, kept open for inspection."""
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+
+    def draw(results):
+        _plot_accuracy(results, tmp_path / "accuracy.png")
+        return figures[-1]
+    return draw
+
+
+def test_each_paper_curve_is_drawn_once_in_its_methods_first_colour(drawn):
+    results = [evaluated("a1", "asentmax", 0.9), evaluated("s1", "softmax", 0.5),
+               evaluated("a2", "asentmax", 0.8), evaluated("a3", "asentmax", 0.7)]
+    ax = drawn(results).axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels.count("ASEntmax (paper)") == 1 and labels.count("Softmax (paper)") == 1
+    assert [label for label in labels if "(paper)" not in label] == [
+        "ASEntmax (a1)", "Softmax (s1)", "ASEntmax (a2)", "ASEntmax (a3)"]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["ASEntmax (paper)"].get_color() == lines["ASEntmax (a1)"].get_color()
+    assert lines["Softmax (paper)"].get_color() == lines["Softmax (s1)"].get_color()
+    paper = PAPER_RESULTS["mqmtar"]
+    assert list(lines["ASEntmax (paper)"].get_ydata()) == list(paper["asentmax"])
+
+
+def test_the_legend_sits_outside_the_axes(drawn):
+    fig = drawn([evaluated("a1", "asentmax", 0.9)])
+    fig.canvas.draw()
+    legend_box = fig.axes[0].get_legend().get_window_extent()
+    axes_box = fig.axes[0].get_window_extent()
+    assert legend_box.x0 >= axes_box.x1
