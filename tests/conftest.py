@@ -1,6 +1,8 @@
 """Shared pytest fixtures and helpers."""
 
+import importlib.util
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +15,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def load_benchmark(name: str):
+    """benchmarks/<name>.py imported as a module (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def join_workers(workers, seconds=300):

@@ -1,17 +1,13 @@
 """benchmarks/bench_sampler.py on CPU end to end: a row per task, the op counts the profiler saw (a bound
 that the sampler's old per-pair loop broke), and the markdown table written."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sampler.py"
+from conftest import load_benchmark
 
 
 def test_bench_sampler_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_sampler", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("bench_sampler")
     out = tmp_path / "s"
     rows = module.main(["--device", "cpu", "--batch-size", "4", "--repeats", "2", "--out", str(out)])
     assert [row["task"] for row in rows] == list(module.TASKS)

@@ -1,9 +1,7 @@
 """benchmarks/bench_train_gpu.py: its FLOP count against torch's FlopCounterMode, and its --smoke run on
 CPU end to end (every row written, the numbers consistent with each other)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,23 +10,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from asentmax.nn import Transformer
 from asentmax.nn.presets import mqmtar_model
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train_gpu.py"
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_train_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_step_flops_match_the_flop_counter():
     """torch's counter sees the Linear matmuls (the reference attention at one token is elementwise): it
     must equal the benchmark's count without attention; attention_flops counts the visible pairs."""
-    bench = load_bench()
+    bench = load_benchmark("bench_train_gpu")
     config = mqmtar_model(263, attention="softmax", position="nope", d_model=32, n_layers=2, n_heads=4,
                           d_ff=64, attention_backend="reference")
     model = Transformer(config)
@@ -43,7 +33,7 @@ def test_step_flops_match_the_flop_counter():
 
 
 def test_smoke_run_writes_consistent_rows(tmp_path):
-    bench = load_bench()
+    bench = load_benchmark("bench_train_gpu")
     out = tmp_path / "train_gpu"
     assert bench.main(["--smoke", "--normalisers", "softmax,ssmax", "--out", str(out)]) == 0
     data = json.loads(out.with_suffix(".json").read_text())

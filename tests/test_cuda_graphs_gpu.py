@@ -14,7 +14,6 @@ Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py
 from __future__ import annotations
 
 import csv
-import importlib.util
 import itertools
 from pathlib import Path
 
@@ -26,20 +25,17 @@ from asentmax.nn import Transformer
 from asentmax.runs import load_checkpoint
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.trainer import TrainConfig, train
+from conftest import load_benchmark
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_train_gpu.py"
 MODEL = dict(d_model=128, n_layers=2, n_heads=4, d_ff=256, position="nape")
 BATCH, STEPS = 32, 16
 
 
 def cuda_graph_captures():
     """benchmarks/bench_train_gpu.py's counter of CUDA graph captures (torch.cuda.CUDAGraph.capture_begin)."""
-    spec = importlib.util.spec_from_file_location("bench_train_gpu", BENCH)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench.cuda_graph_captures()
+    return load_benchmark("bench_train_gpu").cuda_graph_captures()
 
 
 class ObservedWorkload(TaskWorkload):

@@ -3,9 +3,7 @@ with an exact first log window and exact global token counts; the scaling report
 benchmarks/bench_ddp_scaling.py computed from fake logs."""
 
 import csv
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +16,9 @@ from asentmax.tasks import get_task
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.train import resume_run
 from asentmax.trainer import Distributed, TrainConfig, target_loss, train
-from conftest import join_workers
+from conftest import join_workers, load_benchmark
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ddp_scaling.py"
-
 
 def tiny_config() -> TrainConfig:
     return TrainConfig(steps=6, batch_size=8, lr=3e-3, warmup_steps=2, val_every=0, log_every=2,
@@ -96,10 +91,7 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_ddp_scaling", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_ddp_scaling")
 
 
 def fake_log(window_tokens, window_seconds, losses, first_step=0, every=10):

@@ -2,16 +2,11 @@
 the form it names (log(n_i + 1) rows, theta function, attention route read back from the patched
 package) and its compiled gradients agree with eager there, so the script's table reads "right"."""
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "diagnose_ssmax_compile.py"
+from conftest import load_benchmark
 
 
 def test_diagnose_ssmax_compile_on_cpu(capsys):
-    spec = importlib.util.spec_from_file_location("diagnose_ssmax_compile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("diagnose_ssmax_compile")
     table, forms = module.main(["--device", "cpu", "--backend", "aot_eager", "--parts", "isolated",
                                 "--candidates", "product", "broadcast", "matmul", "kernel"])
     assert "running on the CPU" in capsys.readouterr().out

@@ -2,28 +2,20 @@
 winner, and a run end to end under the Triton interpreter on small CPU inputs with a fake clock (every
 candidate row measured and checked against the current configuration, the op table for the winner)."""
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import load_benchmark
+
 pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "tune_attention_gpu.py"
 CURRENT = ((64, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 3))
 
 
-def load_tune():
-    spec = importlib.util.spec_from_file_location("tune_attention_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_candidates_replace_one_kernel_each():
-    tune = load_tune()
+    tune = load_benchmark("tune_attention_gpu")
     candidates = dict(fwd=("64/64/4/3", "32/32/4/2", "128/32/8/2"), dq=(), dkdv=("128/64/8/2",))
     configs = tune.candidate_configs(CURRENT, candidates)
     assert configs == [("current", CURRENT),  # then the first of each kernel, the second... (not current)
@@ -38,14 +30,14 @@ def test_default_candidates_are_new_shapes():
     """Every default candidate is a valid tile shape other than its kernel's current one."""
     from asentmax.ops.triton.attention_common import KERNEL_BLOCKS
 
-    tune = load_tune()
+    tune = load_benchmark("tune_attention_gpu")
     for dim, candidates in tune.DEFAULT_CANDIDATES.items():
         configs = tune.candidate_configs(KERNEL_BLOCKS[dim], candidates)
         assert len(configs) == 1 + sum(len(c) for c in candidates.values())
 
 
 def test_winner_takes_the_fastest_close_candidate_per_kernel():
-    tune = load_tune()
+    tune = load_benchmark("tune_attention_gpu")
 
     def row(config, kernel, fwd, bwd, diff=0.0, index=None):
         blocks = list(map(tune.spelled, CURRENT))
@@ -69,7 +61,7 @@ def test_kernel_sweep_runs_end_to_end(monkeypatch, tmp_path):
     table has the current and the winner's rows for both inputs."""
     from asentmax.ops.triton import attention_bwd, attention_common
 
-    tune = load_tune()
+    tune = load_benchmark("tune_attention_gpu")
     clock = iter(range(1000, 0, -1))
     monkeypatch.setattr(tune, "bench", lambda fn, grad_to_none=None: (fn(), float(next(clock)))[1])
     monkeypatch.setattr(tune, "sdpa_pair", lambda q, k, v: (1.0, 2.0))
