@@ -184,21 +184,29 @@ def test_mqmtar_statistics_follow_the_cpu_law(length):
     assert chisquare(observed, exact * len(device) / exact.sum()).pvalue > 1e-3
 
 
+def synchronisation_free_batches(task, buckets, batch_size):
+    """Four CUDA batches of `task` drawn under sync debug mode "error" (any host-device synchronisation
+    raises) after a warm-up batch, checked to be a function of (seed, rank, step): a fresh sampler draws the
+    last one again equal."""
+    sampler = DeviceBatchSampler(task, buckets, "cuda")
+    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size) for s in range(4)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    again = DeviceBatchSampler(task, buckets, "cuda").batch(seed=0, rank=0, step=3, batch_size=batch_size)
+    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
+    return batches
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", PAPER_TASKS)
 def test_cuda_batches_are_valid_deterministic_and_never_wait_for_the_device(name):
     task = get_task(name)
-    sampler = DeviceBatchSampler(task, BUCKETS, "cuda")
-    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
-    try:
-        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=64) for s in range(4)]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    again = DeviceBatchSampler(task, BUCKETS, "cuda").batch(seed=0, rank=0, step=3, batch_size=64)
-    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
+    batches = synchronisation_free_batches(task, BUCKETS, 64)
     for batch in batches:
         cpu_batch = batch.to("cpu")
         examples = decode_rows(task, cpu_batch)

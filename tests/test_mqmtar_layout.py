@@ -18,7 +18,7 @@ from asentmax.data import IGNORE_INDEX, PAD_ID, collate, length_buckets
 from asentmax.tasks import FIRST_SYMBOL, get_task, make_eval_set
 from asentmax.tasks.device_sampling import DeviceBatchSampler
 from asentmax.tasks.workload import TaskWorkload
-from test_device_sampling import assert_same_law, decode_rows, histogram
+from test_device_sampling import assert_same_law, decode_rows, histogram, synchronisation_free_batches
 
 BLANK, COLON, QUERY = FIRST_SYMBOL, FIRST_SYMBOL + 1, FIRST_SYMBOL + 2
 
@@ -324,17 +324,7 @@ def test_compare_labels_a_run_by_its_block_options(attention):
 def test_cuda_stretches_batches_are_laid_out_deterministic_and_never_wait_for_the_device():
     task = get_task("mqmtar", layout="stretches")
     buckets = length_buckets(32, 64, 4)
-    sampler = DeviceBatchSampler(task, buckets, "cuda")
-    sampler.batch(seed=0, rank=0, step=0, batch_size=8)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation raises
-    try:
-        batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=512) for s in range(4)]
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    again = DeviceBatchSampler(task, buckets, "cuda").batch(seed=0, rank=0, step=3, batch_size=512)
-    assert torch.equal(again.input_ids, batches[3].input_ids) and torch.equal(again.labels, batches[3].labels)
-    for batch in batches:
+    for batch in synchronisation_free_batches(task, buckets, 512):
         examples = decode_rows(task, batch.to("cpu"))
         for example in examples:
             read_stretches(task, example, row_length(task, buckets, example))
