@@ -1,6 +1,8 @@
-"""asentmax.report's accuracy plot: one paper curve per method however many runs of it are compared, and a
-legend outside the axes (it hid the curves with ten runs)."""
+"""asentmax.report's accuracy plot: one paper curve per method however many runs of it are compared, a
+legend outside the axes (it hid the curves with ten runs), and a colour of its own for every run (the
+default cycle gave the eleventh run the first one's)."""
 
+import matplotlib.colors
 import matplotlib.figure
 import pytest
 
@@ -46,3 +48,12 @@ def test_the_legend_sits_outside_the_axes(drawn):
     legend_box = fig.axes[0].get_legend().get_window_extent()
     axes_box = fig.axes[0].get_window_extent()
     assert legend_box.x0 >= axes_box.x1
+
+
+@pytest.mark.parametrize("n_runs", [3, 13, 25])
+def test_every_run_has_a_colour_of_its_own(drawn, n_runs):
+    results = [evaluated(f"r{i}", ("asentmax", "softmax", "entmax")[i % 3], 0.5) for i in range(n_runs)]
+    ax = drawn(results).axes[0]
+    run_lines = [line for line in ax.get_lines() if "(paper)" not in line.get_label()]
+    assert len(run_lines) == n_runs
+    assert len({matplotlib.colors.to_rgba(line.get_color()) for line in run_lines}) == n_runs

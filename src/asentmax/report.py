@@ -125,6 +125,20 @@ def comparison_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n" + note
 
 
+def run_colours(n: int) -> list:
+    """n distinct colours, one per compared run: matplotlib's default ten for up to ten runs, tab20 for up to
+    twenty, else evenly spaced on a continuous colormap (the default cycle repeats after ten, so an eleventh
+    run took the first run's colour)."""
+    import matplotlib
+
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    if n <= 20:
+        return list(matplotlib.colormaps["tab20"].colors[:n])
+    cmap = matplotlib.colormaps["turbo"]
+    return [cmap(i / (n - 1)) for i in range(n)]
+
+
 def _plot_accuracy(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -133,8 +147,7 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(10, 4.5))
     paper_drawn = set()  # (task, attention): each paper row once, in the colour of its method's first run
-    for i, result in enumerate(results):
-        colour = f"C{i % 10}"
+    for result, colour in zip(results, run_colours(len(results)), strict=True):
         xs = [_multiplier(row, result) for row in result["rows"]]
         ys = [100 * row["exact_match"] for row in result["rows"]]
         low = [100 * row["ci_low"] for row in result["rows"]]
@@ -170,13 +183,13 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     fig, (ax_entropy, ax_support) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, result in enumerate(measured):
+    for result, colour in zip(measured, run_colours(len(measured)), strict=True):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
         label = f"{method_label(result)} ({run_name(result)})"
-        ax_entropy.plot(xs, [row["dispersion"]["normalised_entropy"] for row in rows], "o-", color=f"C{i}",
+        ax_entropy.plot(xs, [row["dispersion"]["normalised_entropy"] for row in rows], "o-", color=colour,
                         label=label)
-        ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=f"C{i}",
+        ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=colour,
                         label=label)
     ax_entropy.set_ylabel("normalised entropy H(p) / log n")
     ax_support.set_ylabel("support size |{j: p_j > 0}|")
@@ -244,8 +257,7 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     lengths = sorted({length for _, curve in curves for length in curve["validation"]})
     styles = {length: ("-", "--", ":", "-.")[k % 4] for k, length in enumerate(lengths)}
     markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
-    for i, (result, curve) in enumerate(curves):
-        colour = f"C{i % 10}"
+    for (result, curve), colour in zip(curves, run_colours(len(curves)), strict=True):
         ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1,
                      label=f"{method_label(result)} ({run_name(result)})")
         for length, (samples, matches) in sorted(curve["validation"].items()):
