@@ -20,7 +20,7 @@ validation exact match at M x the training length, as the paper's code picks the
 
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --out results/paper
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
-        --train-flags "--steps 98000"          # 50M samples at batch 512; then, in each next call:
+        --train-flags "--steps 390625 --warmup-steps 20000"   # the paper's 50M samples at batch 128; then:
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
         --resume
 """
