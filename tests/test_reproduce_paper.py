@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from asentmax.tasks import get_task
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_paper.py"
 TINY = ("--min-length 3 --max-length 6 --batch-size 4 --warmup-steps 2 --val-every 0 --val-samples 2 "
         "--log-every 2 --d-model 16 --n-layers 1 --n-heads 2 --d-ff 32")
@@ -39,7 +41,9 @@ def test_a_stopped_run_is_resumed_then_evaluated(tmp_path):
     assert provenance["train_wall_s"] == pytest.approx(sum(c["train_s"] for c in calls), abs=0.1)
     assert provenance["steps_reached"] == provenance["steps_planned"] == 12
     assert provenance["samples_seen"] == 12 * 4
-    assert "| softmax | 0 | 12 (12) | 48 |" in (tmp_path / "out" / "copy.md").read_text()
+    seed = get_task("copy").train_preset["seed"]  # the preset's: the run was given none
+    assert provenance["seed"] == seed
+    assert f"| softmax | {seed} | 12 (12) | 48 |" in (tmp_path / "out" / "copy.md").read_text()
 
 
 def test_eval_unfinished_evaluates_a_stopped_run(tmp_path):
