@@ -452,3 +452,56 @@ def test_decode_split_sum_race_free_gpu(n_k, chunk):
         outs = [entmax_attention_decode_split(q, k, v, **options)[0] for _ in range(30)]
     assert torch.isfinite(outs[0]).all()
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
+
+
+def random_grouped_cases(n, seed=0):
+    """n random grouped decoding cases in bf16, causal, with all options: alpha 1.5 (a quarter softmax, so
+    that few kernel variants compile), groups 2, 4, 8, Nq 1, 2, 4, batch 1-8, caches of 1 to 6000 keys (a
+    third of them the odd lengths 1, 63, 1000, 2049, 4097), head dims 80 and 128 (one BLOCK_D)."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        group, kv_heads, n_q = rng.choice((2, 4, 8)), rng.choice((1, 2, 4, 8)), rng.choice((1, 2, 4))
+        n_k = rng.choice((1, 63, 1000, 2049, 4097)) if rng.random() < 0.33 else rng.randint(1, 6000)
+        cases.append((1.0 if rng.random() < 0.25 else 1.5, True, rng.choice((1, 2, 3, 8)), group * kv_heads,
+                      kv_heads, n_q, n_k, rng.choice((80, 128)), torch.bfloat16, ALL))
+    return cases
+
+
+@pytest.mark.gpu
+@on_cuda
+def test_decode_grouped_many_calls_gpu(monkeypatch):
+    """60 grouped-kernel calls in a row (decode_path forced) on random shapes, each against the fp64
+    reference with its workspace NaN-poisoned, on the GPU's real chunk counts (about 2 programs a
+    multiprocessor): a counter left nonzero by one call, or scores read before another program's stores are
+    visible, would show as NaN or wrong outputs of a later call. The ring is at 0 afterwards."""
+    from asentmax.ops.triton import attention_decode, attention_decode_grouped
+
+    monkeypatch.setattr(attention_decode, "decode_path", lambda *shape: "grouped")
+    for case in random_grouped_cases(60):
+        check_decode(case, "cuda")
+    counters, _ = attention_decode_grouped._rings[torch.device("cuda", torch.cuda.current_device())]
+    assert not counters.any()
+
+
+@pytest.mark.gpu
+@on_cuda
+@pytest.mark.parametrize("batch, heads, kv_heads, n_k",
+                         [(16, 16, 4, 4000), (1, 32, 8, 4096), (8, 16, 2, 3001)])
+def test_decode_grouped_race_free_gpu(batch, heads, kv_heads, n_k):
+    """The grouped kernel's last program per pack reads every chunk's scores after an atomic count: with the
+    workspace NaN-poisoned on every call, 30 calls (on an H200: 64 packs x 4 chunks of 1024 keys; 8 packs x
+    32 chunks of 128; 16 packs of 8 heads x 16 chunks of 192) give finite outputs, bitwise equal (the last
+    arriver reads the same stored scores in the same order, whichever program it is); a score read before it
+    is stored would be NaN or differ."""
+    from asentmax.ops.triton.attention_decode_grouped import entmax_attention_decode_grouped
+
+    q, k, v, _ = inputs(batch, heads, kv_heads, 1, n_k, 128, torch.bfloat16, device="cuda")
+    options = dict(mode=1, alpha=1.5, scale=128 ** -0.5, causal=False, slopes=None, q_scale=None, kpm=None,
+                   tol=3e-2, max_iter=40)
+    with torch.no_grad(), nan_poisoned_empty():
+        outs = [entmax_attention_decode_grouped(q, k, v, **options)[0] for _ in range(30)]
+    assert torch.isfinite(outs[0]).all()
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
