@@ -47,7 +47,6 @@ from asentmax.ops.triton.attention_common import (
     weighted_values_tile,
 )
 
-_BLOCK_N = 64  # keys a score or value tile; chunks are multiples of it
 GROUPED_PROGRAMS_PER_SM = 2  # the chunk count aims at this many programs a multiprocessor
 MIN_CHUNK = 128  # fewest keys a program scores
 INTERPRETER_SMS = 132  # the multiprocessors assumed off CUDA (the interpreter): an H200's
@@ -120,11 +119,11 @@ def multiprocessors(device):
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def grouped_chunk(n_k, n_packs, sms):
+def grouped_chunk(n_k, n_packs, sms, block_n):
     """Keys a program of _decode_grouped scores: the cache cut into about GROUPED_PROGRAMS_PER_SM * sms /
-    n_packs chunks (one at least), each a multiple of _BLOCK_N and at least MIN_CHUNK keys."""
+    n_packs chunks (one at least), each a multiple of the key tile block_n and at least MIN_CHUNK keys."""
     chunks = max(1, GROUPED_PROGRAMS_PER_SM * sms // n_packs)
-    return max(MIN_CHUNK, cdiv(cdiv(n_k, chunks), _BLOCK_N) * _BLOCK_N)
+    return max(MIN_CHUNK, cdiv(cdiv(n_k, chunks), block_n) * block_n)
 
 
 _rings = {}  # device -> [int32 counters (all 0 between calls), the next free slot]
@@ -152,15 +151,19 @@ def entmax_attention_decode_grouped(q, k, v, *, mode, alpha, scale, causal, slop
                                     max_iter, chunk=None):
     """Forward only, Nq <= MAX_QUERIES, any cache length (grouped or not: a pack of one head when the group
     is 1). Arguments and result as attention_decode.entmax_attention_decode; `chunk` keys a program (a
-    multiple of 64; default grouped_chunk's). num_warps: threshold_tile's for a pack's rows x padded cache."""
+    multiple of the key tile, 128 keys up to head dim 64, else 64: K and V tiles of 16 KB in bf16, as in
+    attention_decode_short.py; default grouped_chunk's). num_warps: threshold_tile's for a pack's rows x
+    padded cache."""
     batch, heads, n_q, dim = q.shape
     _, kv_heads, n_k, _ = k.shape
     group = heads // kv_heads
     pack = heads_per_program(group, n_q)
     n_packs = batch * heads // pack
     device = q.device
+    block_d = max(16, next_power_of_2(dim))
+    block_n = 128 if block_d <= 64 else 64
     if chunk is None:
-        chunk = grouped_chunk(n_k, n_packs, multiprocessors(device))
+        chunk = grouped_chunk(n_k, n_packs, multiprocessors(device), block_n)
     n_chunks = cdiv(n_k, chunk)
     s_stride = n_chunks * chunk
     rows = next_power_of_2(pack * n_q)
@@ -177,7 +180,7 @@ def entmax_attention_decode_grouped(q, k, v, *, mode, alpha, scale, causal, slop
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, chunk, s_stride, max_offset, inv_z_offset, slot, dim,
         scale, *logit_constants(mode, alpha), 2.0 - alpha, tol, max_iter,
-        ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=_BLOCK_N, BLOCK_D=max(16, next_power_of_2(dim)),
+        ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d,
         SOLVE_BLOCK=tile // rows, RESIDENT=s_stride <= tile // rows, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, MODE=mode,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
