@@ -91,10 +91,10 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
 def launch_decode_chunks(alpha, dim, batch=8, heads=16):
     """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py): grouped
     caches (4 KV heads, groups of 4) of 1K, 2K and 4K keys on the grouped kernel (packs of 4 heads, scores in
-    registers at 1K, re-read beyond), groups of 8 (2 KV heads) at 4K keys on it too (8 rows), 4K keys x 16
+    registers at 1K, re-read beyond), groups of 8 (2 KV heads) at 2K keys on it too (8 rows), 4K keys x 16
     rows on the split path (packs of 4 heads, chunks of 1024 keys), and a multi-head cache of 4K keys,
     solving the thresholds in the output kernel or not."""
-    for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (1, 2, 4096), (4, 4, 4096),
+    for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (1, 2, 2048), (4, 4, 4096),
                                  (1, heads, 4096)):
         q = torch.randn(batch, heads, n_q, dim, dtype=torch.bfloat16)
         k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))

@@ -283,8 +283,10 @@ def test_heads_per_program(group, n_q, pack):
                               "_decode_output": (8, 128)}),
     (8, 32, 4, 4, 3000, 128, {"_decode_scores": (3, 64), "_decode_threshold": (1024,),
                               "_decode_output": (3, 64)}),  # packs of 4, 16 rows
-    (8, 32, 4, 1, 4096, 64, {"_decode_grouped": (8, 32)}),  # packs of 8: 8 x 4096 = GROUPED_SCORES
+    (8, 32, 4, 1, 4096, 64, {"_decode_scores": (4, 32), "_decode_threshold": (256,),
+                             "_decode_output": (4, 32)}),  # packs of 8: 8 x 4096 > GROUPED_SCORES: split
     (2, 8, 4, 16, 500, 64, {"_decode_grouped": (4, 16)}),  # group 2 x Nq 16 rows: packs of 1 head
+    (2, 8, 4, 16, 2000, 64, {"_decode_short": (16,)}),  # 16 rows x 2000 keys > GROUPED_SCORES: short
     (1, 32, 8, 1, 4096, 128, {"_decode_grouped": (32, 8)}),  # 8 packs: 33 chunks wanted, 32 of 128 keys
 ])
 def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
@@ -334,19 +336,19 @@ def test_decode_rows_sum_to_one(n_k):
 
 @pytest.mark.parametrize("kv_heads, n_q, n_k, dim, path", [
     (2, 1, 1, 64, "short"), (2, 1, 2048, 64, "short"), (2, 1, 2049, 64, "split"), (2, 1, 40000, 64, "split"),
-    (1, 1, 1, 64, "grouped"), (1, 1, 2049, 128, "grouped"), (1, 1, 16384, 128, "grouped"),
-    (1, 1, 16385, 64, "split"), (1, 4, 4096, 64, "grouped"), (1, 4, 4097, 64, "split"),
-    (1, 5, 2048, 64, "grouped"), (1, 5, 2049, 64, "split"), (1, 16, 2048, 64, "grouped"),
-    (1, 16, 2049, 64, "split")])
+    (1, 1, 1, 64, "grouped"), (1, 1, 2049, 128, "grouped"), (1, 1, 8192, 128, "grouped"),
+    (1, 1, 8193, 64, "split"), (1, 4, 2048, 64, "grouped"), (1, 4, 2049, 64, "split"),
+    (1, 5, 1024, 64, "grouped"), (1, 5, 1025, 64, "short"), (1, 16, 1024, 64, "grouped"),
+    (1, 16, 1025, 128, "short"), (1, 16, 2049, 64, "split")])
 def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_q, n_k, dim, path):
     """Multi-head caches (2 query heads on 2 KV heads) of <= SHORT_CACHE keys take the one-launch kernel,
     longer ones the split over the keys; grouped ones (2 query heads on one KV head) the grouped kernel while
     the pack's rows (next power of two of 2 x Nq; at Nq > 8 packs of one head) x keys are at most
-    GROUPED_SCORES = 32768 (so every grouped cache of <= SHORT_CACHE keys: rows <= 16), then the split path;
-    at any head dim."""
+    GROUPED_SCORES = 16384 (2 rows up to 8K keys, 8 up to 2K, 16 up to 1K), then the multi-head rule; at any
+    head dim."""
     from asentmax.ops.triton import attention_decode
 
-    assert attention_decode.SHORT_CACHE == 2048 and attention_decode.GROUPED_SCORES == 32768
+    assert attention_decode.SHORT_CACHE == 2048 and attention_decode.GROUPED_SCORES == 16384
     taken = []
     for name in ("grouped", "short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",

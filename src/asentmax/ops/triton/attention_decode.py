@@ -176,7 +176,7 @@ SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves i
 SOLVE_PROGRAMS = 256  # and at most this many times that over all output programs (2 a SM of an H200)
 
 
-GROUPED_SCORES = 32768  # most pack rows x cache keys of a grouped cache on the grouped path (decode_path)
+GROUPED_SCORES = 16384  # most pack rows x cache keys of a grouped cache on the grouped path (decode_path)
 
 
 def decode_path(group, n_q, n_k):
@@ -194,12 +194,14 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
     decode_path picks the kernel. Grouped caches (group > 1) whose pack rows x keys are at most GROUPED_SCORES
-    = 32768 (groups of 4 at Nq = 1 up to 8K keys, groups of 8 up to 4K) take the one-launch grouped kernel of
-    attention_decode_grouped.py (each KV head read once per pack, the keys spread over programs). NOT YET
-    MEASURED ON THE GPU: it is chosen by expectation (one launch, as the one-launch kernel, where that kernel
-    reads each KV head once per query head and the split path pays two or three launches); the GROUPED_SCORES
-    bound keeps the pack's threshold passes, which one program runs over all its rows' scores, to the size
-    that the split path's output kernel solves alone at 4K keys (its SOLVE_SCORES, 16384) or twice it.
+    = 16384 (groups of 4 at Nq = 1 up to 4K keys, groups of 2 up to 8K, groups of 8 or Nq = 4 up to 2K, 16
+    rows up to 1K) take the one-launch grouped kernel of attention_decode_grouped.py (each KV head read once
+    per pack, the keys spread over programs). NOT YET MEASURED ON THE GPU: it is chosen by expectation (one
+    launch, as the one-launch kernel, where that kernel reads each KV head once per query head and the split
+    path pays two or three launches). The bound is the split path's SOLVE_SCORES, the most scores one of its
+    output programs solves alone, because here too one program (a pack's last) runs the threshold passes
+    over all its rows' scores and then streams V alone; so the measured 4K rows with 16 or 8 rows a pack
+    (1.15x and 2.00x SDPA in the ninth run) stay on the split path.
     Other caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of attention_decode_short.py
     (a program per query head); longer ones the split over the keys (a program per chunk of SPLIT_CHUNK =
     1024 keys and pack of query heads sharing a KV head, heads_per_program). That rule is by measurement on
