@@ -21,9 +21,10 @@ heads_per_program, the whole group while group * Nq <= 16, as rows of one score 
 
 So K is read once per pack spread over the chunks' programs, V once per pack by one program. The counters
 live in a per-device ring (arrival_counters) zeroed once when allocated: each call takes the next B * H /
-pack slots, so calls that overlap in time on different streams use different counters, and each call leaves
-its slots at 0. Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode picks this path
-for grouped caches whose pack rows x keys are at most GROUPED_SCORES (attention_decode.decode_path).
+pack slots, so calls that overlap in time on different streams use different counters (unless the ring
+wraps around between them: COUNTER_RING / (B * H / pack) calls), and each call leaves its slots at 0.
+Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode picks this path for grouped caches
+whose pack rows x keys are at most GROUPED_SCORES (attention_decode.decode_path).
 """
 
 import functools
