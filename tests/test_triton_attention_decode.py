@@ -237,6 +237,26 @@ def test_decode_grouped_counters_reused(monkeypatch):
 
 
 @interpreter
+@pytest.mark.parametrize("alpha, mode", [(1.0, 0), (1.5, 1), (2.0, 2), (1.25, 3)])
+def test_decode_grouped_equals_split(alpha, mode):
+    """The grouped kernel and the split path (both with chunks of 128 keys, the split path solving in its
+    output kernel: the same threshold passes over the same padded score rows) give the same tau and support
+    sizes and outputs equal to rounding (the split path sums per-chunk partials), groups of 4 x Nq 2."""
+    from asentmax.ops.triton.attention_decode import entmax_attention_decode_split
+    from asentmax.ops.triton.attention_decode_grouped import entmax_attention_decode_grouped
+
+    q, k, v, extras = inputs(2, 8, 2, 2, 700, 32, torch.float32, seed=5)
+    options = dict(mode=mode, alpha=alpha, scale=32 ** -0.5, causal=True,
+                   slopes=extras["alibi_slopes"].expand(2, 8).contiguous(), q_scale=extras["q_scale"].float(),
+                   kpm=extras["key_padding_mask"].view(torch.uint8), tol=1e-3, max_iter=40, chunk=128)
+    with nan_poisoned_empty():
+        grouped = entmax_attention_decode_grouped(q, k, v, **options)
+        split = entmax_attention_decode_split(q, k, v, solve=True, **options)
+    assert torch.equal(grouped[1], split[1]) and torch.equal(grouped[2], split[2])
+    assert torch.allclose(grouped[0], split[0], atol=1e-6)
+
+
+@interpreter
 @pytest.mark.parametrize("path, option", [("short", dict(pack=4)), ("split", dict(pack=1)),
                                           ("split", dict(chunk=256)), ("split", dict(solve=False))],
                          ids=["short-pack4", "split-pack1", "split-chunk256", "split-threshold-launch"])
