@@ -4,26 +4,24 @@ Times (medians of triton.testing.do_bench, L2 flushed before each call: host tim
 host is slower than the GPU) of
 - ours: `entmax_attention(..., alpha, backend="triton")` under no_grad, the public call (argument checks
   included);
-- launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes
-  (attention_decode.decode_path; the path column) the one-launch grouped kernel of
-  asentmax/ops/triton/attention_decode_grouped.py for grouped caches whose pack rows x keys are at most
-  GROUPED_SCORES (grouped), the one-launch kernel of attention_decode_short.py (a program per query head)
-  for other caches of <= SHORT_CACHE keys (short) and the split-over-keys kernels of attention_decode.py with
-  chunks of SPLIT_CHUNK keys for longer ones (split);
+- launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes the
+  one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys
+  (multi-head or grouped, a program per query head) and the split-over-keys kernels of attention_decode.py
+  with chunks of SPLIT_CHUNK keys for longer ones (path: short / split; takes_short_path);
+- previous launcher: the ninth session's rule, on today's kernels: grouped caches of more than 65536 keys x
+  head dim on the split path, whose chunks were the largest of 1024, 512, 256, 128 keys giving >= 256
+  programs (previous_chunk);
 - short, split: each of those two launchers forced, at caches of 1K-8K, so that the table shows where the
   threshold belongs; split 256: the split launcher with chunks of 256 keys; split no-solve: split with the
   thresholds always in their own launch (solve=False; the default solves them in the output kernel where a
   pack's scores fit 16384);
-- grouped (GQA rows only, every cache): the grouped launcher forced, with its default chunks;
-- per head, packed (GQA rows only): the short (<= SHORT_CACHE keys) or split launcher with one program per
-  query head (pack=1, which reads each KV head once per query head of its group) and with one per pack of a
-  KV head's query heads (attention_common.heads_per_program, which reads it once per pack; the split path's
-  default);
+- per head, packed (GQA rows only): the launcher's path with one program per query head (pack=1, which
+  reads each KV head once per query head of its group) and with one per pack of a KV head's query heads
+  (attention_common.heads_per_program, which reads it once per pack; the split path's default);
 - SDPA: torch.nn.functional.scaled_dot_product_attention (softmax; enable_gqa for grouped K/V heads);
 and the GPU time alone (gpu_ms: calls replayed from a CUDA graph, each after an L2 flush, less the flushes;
-no host time) of the launcher, each path forced (short and split at 1K-8K, grouped on GQA rows) and SDPA:
-the columns that decide the path rule without the host's noise (identical launches timed by do_bench
-differed by up to 1.6x in one run); and
+no host time) of the launcher, each path forced (1K-8K) and SDPA: the columns that decide the path rule
+without the host's noise (identical launches timed by do_bench differed by up to 1.6x in one run); and
 the host time alone (host_us: a loop of calls timed before the GPU is waited for) of ours and the launcher.
 Both sides run non-causally (for q_len = 1 causality changes nothing). bf16, B = 8, H = 16: D = 64 and 128
 with caches of 1K, 2K and 4K keys at q_len 1 and 4, GQA (Hkv = 4, groups of 4) at 1K, 2K and 4K (q_len 1,
@@ -57,6 +55,14 @@ CASES = ([(8, 16, 16, nq, dim, cache) for dim in (64, 128) for cache in (1024, 2
          + [(8, 16, 16, 4, 64, 16384), (8, 16, 4, 1, 64, 16384)])
 BOTH_PATHS_UP_TO = 8192  # caches at which the short and split launchers are both timed
 FLUSH_BYTES = 256 * 2**20  # more than the H200's L2 (50 MB), as do_bench's flush
+
+
+def previous_chunk(programs_per_chunk, n_k):
+    """The ninth session's split chunk: the largest of 1024, 512, 256, 128 keys giving >= 256 programs."""
+    for chunk in (1024, 512, 256, 128):
+        if programs_per_chunk * -(-n_k // chunk) >= 256:
+            return chunk
+    return 128
 
 
 def host_us(fn, calls=100, rounds=5):
@@ -116,12 +122,10 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
     from asentmax.ops.attention import entmax_attention
     from asentmax.ops.triton.attention_common import heads_per_program, mode_of
     from asentmax.ops.triton.attention_decode import (
-        SHORT_CACHE,
-        decode_path,
         entmax_attention_decode,
         entmax_attention_decode_split,
+        takes_short_path,
     )
-    from asentmax.ops.triton.attention_decode_grouped import entmax_attention_decode_grouped
     from asentmax.ops.triton.attention_decode_short import entmax_attention_decode_short
 
     q = torch.randn(b, h, nq, dim, device="cuda", dtype=torch.bfloat16)
@@ -140,6 +144,12 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
 
     pack = heads_per_program(h // hkv, nq)
 
+    def previous_launcher():
+        previously_short = cache <= 2048 if pack == 1 else cache * dim <= 65536
+        if previously_short:
+            return entmax_attention_decode_short(q, k, v, **options)
+        return entmax_attention_decode_split(q, k, v, chunk=previous_chunk(b * h // pack, cache), **options)
+
     def launcher():
         return entmax_attention_decode(q, k, v, **options)
 
@@ -149,15 +159,13 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
     def split():
         return entmax_attention_decode_split(q, k, v, **options)
 
-    def grouped():
-        return entmax_attention_decode_grouped(q, k, v, **options)
-
     with torch.no_grad():
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path=decode_path(h // hkv, nq, cache), ours_ms=timed(ours), launcher_ms=timed(launcher),
-                   sdpa_ms=timed(sdpa),
+                   path="short" if takes_short_path(cache) else "split",
+                   ours_ms=timed(ours), launcher_ms=timed(launcher),
+                   previous_launcher_ms=timed(previous_launcher), sdpa_ms=timed(sdpa),
                    launcher_gpu_ms=gpu_ms(launcher), sdpa_gpu_ms=gpu_ms(sdpa),
                    ours_host_us=host_us(ours), launcher_host_us=host_us(launcher),
                    softmax_max_abs_diff=softmax_err)
@@ -170,13 +178,12 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
             row["short_gpu_ms"] = gpu_ms(short)
             row["split_gpu_ms"] = gpu_ms(split)
         if hkv != h:
-            row["grouped_ms"] = timed(grouped)
-            row["grouped_gpu_ms"] = gpu_ms(grouped)
-            path = entmax_attention_decode_short if cache <= SHORT_CACHE else entmax_attention_decode_split
+            path = entmax_attention_decode_short if row["path"] == "short" else entmax_attention_decode_split
             row["per_head_ms"] = timed(lambda: path(q, k, v, pack=1, **options))
             row["packed_ms"] = timed(lambda: path(q, k, v, pack=pack, **options))
     row["ours_vs_sdpa"] = row["ours_ms"] / row["sdpa_ms"]
     row["launcher_vs_sdpa"] = row["launcher_ms"] / row["sdpa_ms"]
+    row["previous_vs_sdpa"] = row["previous_launcher_ms"] / row["sdpa_ms"]
     row["launcher_vs_sdpa_gpu"] = row["launcher_gpu_ms"] / row["sdpa_gpu_ms"]
     print({key: round(val, 4) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
     return row
@@ -193,34 +200,34 @@ def markdown(report):
              f"Command: `{info['command']}` ({info['seconds']:.0f} s)", "",
              f"bf16, non-causal, alpha = {info['alpha']} (ours) vs softmax SDPA. Median ms of do_bench (L2 "
              "flushed; host time included where the host is slower than the GPU). ours = public "
-             "entmax_attention call; launcher = entmax_attention_decode alone, whose path is the one-launch "
-             "grouped kernel (grouped: chunks of keys per pack of the query heads sharing a KV head, the "
-             "last arriving program solving and streaming V) for grouped caches of pack rows x keys <= "
-             f"{info['grouped_scores']}, the one-launch kernel (short, a program per query head) for other "
-             f"caches of up to {info['short_cache']} keys, the split kernels (chunks of "
-             f"{info['split_chunk']} keys) for longer ones; short / split / grouped = each launcher forced "
-             "(split 256: chunks of 256 keys; no-solve: the thresholds in their own launch); per head / "
-             "packed (GQA) = the short (up to the short cache) or split launcher with one program per query "
+             "entmax_attention call; launcher = entmax_attention_decode alone, which takes the one-launch "
+             f"kernel (path short, a program per query head) for caches of up to {info['short_cache']} keys, "
+             f"multi-head or grouped, the split kernels (chunks of {info['split_chunk']} keys) for longer "
+             "ones; previous launcher = the ninth session's rule (grouped caches of more than 65536 keys x "
+             "head dim split, chunks of 128-1024 keys giving >= 256 programs), on the same kernels; short / "
+             "split = each launcher forced (split 256: chunks of 256 keys; no-solve: the thresholds in "
+             "their own launch); per head / packed (GQA) = the launcher's path with one program per query "
              "head / per pack of the query heads sharing a KV head. GPU ms = the GPU time alone (CUDA graph "
              "replays after an L2 flush, less the flushes: no host time); host us = the host time of a call "
              "(a loop of calls timed before the GPU is waited for). softmax |diff| = "
              "max |ours(alpha=1) - SDPA|.", "",
-             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms "
-             "| short ms | split ms | split 256 ms | split no-solve ms | grouped ms | per head ms "
-             "| packed ms | SDPA ms | launcher GPU ms | short GPU ms | split GPU ms | grouped GPU ms "
-             "| SDPA GPU ms | ours host us | launcher host us | ours/SDPA | launcher/SDPA "
-             "| launcher/SDPA GPU | softmax abs diff |",
-             "|---" * 28 + "|"]
+             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | previous launcher ms "
+             "| short ms | split ms | split 256 ms | split no-solve ms | per head ms | packed ms | SDPA ms "
+             "| launcher GPU ms | short GPU ms | split GPU ms | SDPA GPU ms | ours host us "
+             "| launcher host us | ours/SDPA | launcher/SDPA | previous/SDPA | launcher/SDPA GPU "
+             "| softmax abs diff |",
+             "|---" * 27 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
                      f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | "
-                     f"{ms(r, 'short_ms')} | {ms(r, 'split_ms')} | {ms(r, 'split256_ms')} | "
-                     f"{ms(r, 'split_no_solve_ms')} | {ms(r, 'grouped_ms')} | {ms(r, 'per_head_ms')} | "
-                     f"{ms(r, 'packed_ms')} | {r['sdpa_ms']:.4f} | {r['launcher_gpu_ms']:.4f} | "
-                     f"{ms(r, 'short_gpu_ms')} | {ms(r, 'split_gpu_ms')} | {ms(r, 'grouped_gpu_ms')} | "
+                     f"{r['previous_launcher_ms']:.4f} | {ms(r, 'short_ms')} | {ms(r, 'split_ms')} | "
+                     f"{ms(r, 'split256_ms')} | {ms(r, 'split_no_solve_ms')} | "
+                     f"{ms(r, 'per_head_ms')} | {ms(r, 'packed_ms')} | {r['sdpa_ms']:.4f} | "
+                     f"{r['launcher_gpu_ms']:.4f} | {ms(r, 'short_gpu_ms')} | {ms(r, 'split_gpu_ms')} | "
                      f"{r['sdpa_gpu_ms']:.4f} | {r['ours_host_us']:.1f} | {r['launcher_host_us']:.1f} | "
                      f"{r['ours_vs_sdpa']:.2f} | {r['launcher_vs_sdpa']:.2f} | "
-                     f"{r['launcher_vs_sdpa_gpu']:.2f} | {r['softmax_max_abs_diff']:.2g} |")
+                     f"{r['previous_vs_sdpa']:.2f} | {r['launcher_vs_sdpa_gpu']:.2f} | "
+                     f"{r['softmax_max_abs_diff']:.2g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -235,13 +242,13 @@ def main():
         sys.exit("bench_decode_gpu.py needs a CUDA device (none found); nothing was measured")
     import triton
 
-    from asentmax.ops.triton.attention_decode import GROUPED_SCORES, SHORT_CACHE, SPLIT_CHUNK
+    from asentmax.ops.triton.attention_decode import SHORT_CACHE, SPLIT_CHUNK
 
     torch.manual_seed(0)
     started = time.perf_counter()
     info = dict(command="PYTHONPATH=src python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, alpha=args.alpha, short_cache=SHORT_CACHE,
-                split_chunk=SPLIT_CHUNK, grouped_scores=GROUPED_SCORES)
+                split_chunk=SPLIT_CHUNK)
     report = dict(info=info, rows=[bench_case(*case, alpha=args.alpha) for case in CASES])
     info["seconds"] = time.perf_counter() - started
     os.makedirs(args.out, exist_ok=True)

@@ -78,10 +78,9 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
     options = dict(options, q_scale=torch.ones(batch, heads, n), kpm=torch.ones(batch, n, dtype=torch.uint8))
     # decoding: the one-launch kernel (scores in registers at 4 and 8 warps, and re-read with 4 rows at 4096
     # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel); the last
-    # three with grouped K/V (one KV head: both query heads in one program): the grouped kernel at 96 and 2048
-    # keys (threshold tiles of 1024 and 4096), the split kernels at 5000 keys x 8 rows
+    # two with grouped K/V (one KV head: both query heads in one program)
     for n_q, cache, kv_heads in ((1, n, heads), (1, 4096, heads), (4, 4096, heads), (1, 5000, heads),
-                                 (1, n, 1), (1, 2048, 1), (4, 5000, 1)):
+                                 (1, 2048, 1), (4, 5000, 1)):
         k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
         entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
                                 **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
@@ -90,12 +89,10 @@ def launch_all(alpha, dim, batch=1, heads=2, n=96):
 
 def launch_decode_chunks(alpha, dim, batch=8, heads=16):
     """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py): grouped
-    caches (4 KV heads, groups of 4) of 1K, 2K and 4K keys on the grouped kernel (packs of 4 heads, scores in
-    registers at 1K, re-read beyond), groups of 8 (2 KV heads) at 2K keys on it too (8 rows), 4K keys x 16
-    rows on the split path (packs of 4 heads, chunks of 1024 keys), and a multi-head cache of 4K keys,
+    caches (4 KV heads) of 1K and 2K keys on the one-launch kernel (a program per query head), of 4K keys on
+    the split path (packs of 4 heads, chunks of 1024 keys, 4 or 16 rows), and a multi-head one of 4K keys,
     solving the thresholds in the output kernel or not."""
-    for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (1, 2, 2048), (4, 4, 4096),
-                                 (1, heads, 4096)):
+    for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096)):
         q = torch.randn(batch, heads, n_q, dim, dtype=torch.bfloat16)
         k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
         entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5,

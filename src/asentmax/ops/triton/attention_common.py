@@ -170,22 +170,16 @@ def stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope
 
 @triton.jit
 def weighted_values_tile(acc, s_rows, offs_n, row_in, tau, v_base, svn, offs_d, d_in, n_k, inv_am1,
-                         MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                         LIVE_KEYS_ONLY: tl.constexpr = False):
+                         MODE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Decoding: acc + p @ v over key tile offs_n, p = [s - tau]_+^(1/(alpha-1)) (exp2(s - tau) for softmax)
-    from the scores stored by stored_score_tile (unnormalised: the caller multiplies by 1 / Z).
-    LIVE_KEYS_ONLY: V rows whose weight is exactly 0 in every row of the tile are not loaded (read as 0; the
-    same sum), so a sparse entmax row reads only the values of its support."""
+    from the scores stored by stored_score_tile (unnormalised: the caller multiplies by 1 / Z)."""
     s = tl.load(s_rows + offs_n[None, :], mask=row_in[:, None], other=float("-inf"))
     if MODE == 0:
         p = tl.exp2(s - tau[:, None])
     else:
         p = entmax_power(tl.maximum(s - tau[:, None], 0.0), inv_am1, MODE)
-    v_in = offs_n < n_k
-    if LIVE_KEYS_ONLY:
-        v_in = v_in & (tl.max(p, 0) > 0)
-    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :], mask=v_in[:, None] & d_in[None, :],
-                other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :],
+                mask=(offs_n[:, None] < n_k) & d_in[None, :], other=0.0)
     return acc + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
 
@@ -437,29 +431,6 @@ def stored_rows_threshold(s_rows, row_in, s_stride, m, inv_am1, two_minus_alpha,
         z = z * 0.0 + 1.0
     return (tl.where(ok, t, float("inf")), tl.where(ok, 1.0 / tl.maximum(z, 1e-30), 0.0),
             tl.where(ok, count, 0))
-
-
-@triton.jit
-def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
-               two_minus_alpha, tol, max_iter, ROWS: tl.constexpr, MAX_TILE: tl.constexpr,
-               BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
-    """Thresholds of the score rows `rows` (ROWS,) (those with r_in): each row's max over its chunks' maxima
-    (read MAX_TILE chunks at a time), then stored_rows_threshold over the row's stored scores, in tiles of
-    (ROWS, BLOCK). Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no
-    visible key)."""
-    offs_c = tl.arange(0, MAX_TILE)
-    m_part = tl.full([ROWS, MAX_TILE], float("-inf"), tl.float32)
-    for start in range(0, n_chunks, MAX_TILE):
-        chunk = start + offs_c
-        m_part = tl.maximum(m_part, tl.load(Work + max_offset + rows[:, None] * n_chunks + chunk[None, :],
-                                            mask=r_in[:, None] & (chunk < n_chunks)[None, :],
-                                            other=float("-inf")))
-    t, inv_z, count = stored_rows_threshold(Work + rows.to(tl.int64)[:, None] * s_stride, r_in[:, None],
-                                            s_stride, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
-                                            max_iter, BLOCK, RESIDENT, MODE)
-    tl.store(Tau + rows, t, mask=r_in)
-    tl.store(Work + inv_z_offset + rows, inv_z, mask=r_in)
-    tl.store(Support + rows, count, mask=r_in)
 
 
 @triton.jit

@@ -22,9 +22,8 @@ along the keys instead, so that K and V are each read once, and a grouped cache 
    last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
 
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
-tensors and these three launches (two when the output kernel solves). The launcher, entmax_attention_decode,
-sends most grouped caches to the one-launch grouped kernel of attention_decode_grouped.py and other caches of
-at most SHORT_CACHE keys to the one-launch kernel of attention_decode_short.py instead (decode_path).
+tensors and these three launches (two when the output kernel solves). Caches of at most SHORT_CACHE keys
+take the one-launch kernel of attention_decode_short.py instead (entmax_attention_decode, the launcher).
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
@@ -41,12 +40,11 @@ from asentmax.ops.triton.attention_common import (
     logit_constants,
     next_power_of_2,
     packed_queries,
-    solve_rows,
+    stored_rows_threshold,
     stored_score_tile,
     threshold_tile,
     weighted_values_tile,
 )
-from asentmax.ops.triton.attention_decode_grouped import entmax_attention_decode_grouped
 from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
 
 _BLOCK_M, _BLOCK_N = MAX_QUERIES, 64
@@ -84,6 +82,29 @@ def _decode_scores(
     tl.store(Work + max_offset + rows * n_chunks + pid_c, m, mask=row_in)
     if pid_c == 0:
         tl.store(Work + count_offset + pid_p, 0.0)
+
+
+@triton.jit
+def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+               two_minus_alpha, tol, max_iter, ROWS: tl.constexpr, MAX_TILE: tl.constexpr,
+               BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
+    """Thresholds of the score rows `rows` (ROWS,) (those with r_in): each row's max over its chunks' maxima
+    (read MAX_TILE chunks at a time), then stored_rows_threshold over the row's stored scores, in tiles of
+    (ROWS, BLOCK). Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no
+    visible key)."""
+    offs_c = tl.arange(0, MAX_TILE)
+    m_part = tl.full([ROWS, MAX_TILE], float("-inf"), tl.float32)
+    for start in range(0, n_chunks, MAX_TILE):
+        chunk = start + offs_c
+        m_part = tl.maximum(m_part, tl.load(Work + max_offset + rows[:, None] * n_chunks + chunk[None, :],
+                                            mask=r_in[:, None] & (chunk < n_chunks)[None, :],
+                                            other=float("-inf")))
+    t, inv_z, count = stored_rows_threshold(Work + rows.to(tl.int64)[:, None] * s_stride, r_in[:, None],
+                                            s_stride, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
+                                            max_iter, BLOCK, RESIDENT, MODE)
+    tl.store(Tau + rows, t, mask=r_in)
+    tl.store(Work + inv_z_offset + rows, inv_z, mask=r_in)
+    tl.store(Support + rows, count, mask=r_in)
 
 
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])
@@ -176,49 +197,30 @@ SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves i
 SOLVE_PROGRAMS = 256  # and at most this many times that over all output programs (2 a SM of an H200)
 
 
-GROUPED_SCORES = 16384  # most pack rows x cache keys of a grouped cache on the grouped path (decode_path)
-
-
-def decode_path(group, n_q, n_k):
-    """The kernel entmax_attention_decode takes for a cache of n_k keys shared by `group` query heads a KV
-    head, n_q queries: "grouped" for grouped caches (group > 1) whose pack of rows (next_power_of_2 of
-    heads_per_program(group, n_q) * n_q) times n_k is at most GROUPED_SCORES, else "short" for caches of at
-    most SHORT_CACHE keys and "split" beyond (see entmax_attention_decode)."""
-    if group > 1 and next_power_of_2(heads_per_program(group, n_q) * n_q) * n_k <= GROUPED_SCORES:
-        return "grouped"
-    return "short" if n_k <= SHORT_CACHE else "split"
+def takes_short_path(n_k):
+    """True where entmax_attention_decode takes the one-launch kernel: caches of at most SHORT_CACHE keys,
+    multi-head or grouped (see entmax_attention_decode)."""
+    return n_k <= SHORT_CACHE
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    decode_path picks the kernel. Grouped caches (group > 1) whose pack rows x keys are at most GROUPED_SCORES
-    = 16384 (groups of 4 at Nq = 1 up to 4K keys, groups of 2 up to 8K, groups of 8 or Nq = 4 up to 2K, 16
-    rows up to 1K) take the one-launch grouped kernel of attention_decode_grouped.py (each KV head read once
-    per pack, the keys spread over programs). NOT YET MEASURED ON THE GPU: it is chosen by expectation (one
-    launch, as the one-launch kernel, where that kernel reads each KV head once per query head and the split
-    path pays two or three launches). The bound is the split path's SOLVE_SCORES, the most scores one of its
-    output programs solves alone, because here too one program (a pack's last) runs the threshold passes
-    over all its rows' scores and then streams V alone; so the measured 4K rows with 16 or 8 rows a pack
-    (1.15x and 2.00x SDPA in the ninth run) stay on the split path.
-    Other caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of attention_decode_short.py
-    (a program per query head); longer ones the split over the keys (a program per chunk of SPLIT_CHUNK =
-    1024 keys and pack of query heads sharing a KV head, heads_per_program). That rule is by measurement on
-    the H200 (results/decode_gpu.md: both paths and each option forced in one run, ninth and seventh
-    sessions; B 8, H 16, Hkv 4 unless said): at 1K keys the split path took 0.090 ms where the one-launch
-    kernel took 0.036 (head dim 128) and 0.040 against 0.029 (B 1, H 32, Hkv 8); at 2K the one-launch kernel
-    won 3 of the 4 comparisons of the two runs with chunks of 1024 (0.038-0.079 ms against 0.053-0.120); at
-    4K the split path won 8 of 10 (0.058-0.117 against 0.089-0.401; not at head dim 64 in the ninth run,
-    0.087 against 0.064, and level at 128 in the seventh, 0.117 against 0.114). The split path's smaller
+    Caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of attention_decode_short.py (a
+    program per query head, grouped or not); longer ones the split over the keys (a program per chunk of
+    SPLIT_CHUNK = 1024 keys and pack of query heads sharing a KV head, heads_per_program). One rule for
+    multi-head and grouped caches, by measurement on the H200 (results/decode_gpu.md: both paths and each
+    option forced in one run, ninth and seventh sessions; B 8, H 16, Hkv 4 unless said): at 1K keys the
+    split path took 0.090 ms where the one-launch kernel took 0.036 (head dim 128) and 0.040 against 0.029
+    (B 1, H 32, Hkv 8); at 2K the one-launch kernel won 3 of the 4 comparisons of the two runs with chunks
+    of 1024 (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10 (0.058-0.117 against
+    0.089-0.401; not at head dim 64 in the ninth run, 0.087 against 0.064, and level at 128 in the seventh,
+    0.117 against 0.114). The split path's smaller
     chunks for grouped caches (128-512 keys, to reach 256 programs) were never faster than chunks of 1024 in
     the ninth run's ten grouped rows, 2.7x and 1.4x slower at head dim 128 with 2K and 4K keys.
     """
-    _, heads, n_q, _ = q.shape
-    path = decode_path(heads // k.shape[1], n_q, k.shape[2])
-    if path == "grouped":
-        launcher = entmax_attention_decode_grouped
-    elif path == "short":
+    if takes_short_path(k.shape[2]):
         launcher = entmax_attention_decode_short
     else:
         launcher = entmax_attention_decode_split

@@ -19,9 +19,8 @@ slope and threshold.
 K and V are each read once per program. The stages hand their results to each other through the scratch
 behind a barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the
 next power of two of pack * Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode
-picks this path for caches of at most SHORT_CACHE keys that do not take the grouped kernel of
-attention_decode_grouped.py (attention_decode.decode_path); longer ones take the split path, whose programs
-read a KV head once per pack.
+picks this path for caches of at most SHORT_CACHE keys, multi-head or grouped (attention_decode.
+takes_short_path); longer ones take the split path, whose programs read a KV head once per pack.
 """
 
 import torch
@@ -42,7 +41,7 @@ from asentmax.ops.triton.attention_common import (
     weighted_values_tile,
 )
 
-SHORT_CACHE = 2048  # most keys of a cache this path takes (attention_decode.decode_path)
+SHORT_CACHE = 2048  # most keys of a cache this path takes (attention_decode.takes_short_path)
 
 
 @triton.jit(do_not_specialize=["n_q", "n_k", "s_stride", "max_iter"])
