@@ -252,6 +252,37 @@ def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, s
     assert logs[0] == logs[1] and len(logs[0]) == step + 3
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_timeout_on_cuda_saves_the_current_step(tmp_path, attention):
+    """As GNU `timeout -s TERM` stops a run on the GPU (SIGTERM to the child, then to its process group, with
+    the trainer's defaults there: compiled, CUDA graphs, device sampling): the run must end with the
+    interruption checkpoint. In the tenth session's device calls two ASEntmax runs stopped so ended without it
+    (no "interrupted" line; they resumed from their last periodic checkpoint) where softmax's wrote it."""
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(asentmax.__file__).parents[1])}
+    flags = ["--preset", "mqmtar", "--attention", attention, "--batch-size", "64", "--steps", "100000",
+             "--log-every", "20", "--checkpoint-every", "0", "--val-every", "0", "--device", "cuda",
+             "--no-progress"]
+    child = subprocess.Popen([sys.executable, "-m", "asentmax", "train", "--run-dir", str(run), *flags],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and child.poll() is None:
+        if (run / "log.csv").is_file() and len((run / "log.csv").read_text().splitlines()) > 10:
+            break
+        time.sleep(0.5)
+    os.kill(child.pid, signal.SIGTERM)
+    time.sleep(0.01)
+    os.killpg(child.pid, signal.SIGTERM)  # timeout's second copy, to the whole group
+    _, err = child.communicate(timeout=180)
+    assert child.returncode == 130 and "Traceback" not in err, err[-2000:]
+    step = load_checkpoint(run / "checkpoint.pt")["step"]
+    logged = [int(row["step"]) for row in _read_csv(run / "log.csv")]
+    assert f"interrupted (SIGTERM) at step {step};" in err and step >= logged[-1], err[-2000:]
+
+
 def test_a_repeated_sigterm_is_the_same_stop_request_and_ctrl_c_twice_aborts():
     """GNU `timeout` delivers SIGTERM twice (to the child, then to its process group); the second copy
     must not reach the previous handler (the default one kills a run while it writes its checkpoint).
