@@ -55,8 +55,9 @@ def train_command(nproc: int, run_dir: Path, args, resume: bool) -> list[str]:
     return command + [
         "--preset", "mqmtar", "--attention", "asentmax", "--device", args.device,
         "--steps", str(total), "--stop-at-step", str(args.steps), "--batch-size", str(args.batch_size),
-        "--warmup-steps", str(max(1, total // 10)), "--log-every", str(log_every(args.steps)),
-        "--val-every", "0", "--checkpoint-every", "0"]
+        # floor and seed as the preset gave them before the tenth session (cosine to 0, seed 1 since)
+        "--warmup-steps", str(max(1, total // 10)), "--min-lr-ratio", "0.1", "--seed", "0",
+        "--log-every", str(log_every(args.steps)), "--val-every", "0", "--checkpoint-every", "0"]
 
 
 def log_every(steps: int) -> int:

@@ -309,14 +309,16 @@ def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
 def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: str = "off") -> dict:
     """`asentmax train` itself, in a fresh process, for --loop-steps steps (the in-process trainer of an
     earlier version measured 13.9 ms a step for ASEntmax where the command line took 23: results/
-    train_loop_gpu.md); steady-state ms/step from its log.csv, and its logged losses. Keys start with
-    "loop_", or "graphs_loop_" with cuda_graphs "on"."""
+    train_loop_gpu.md); steady-state ms/step from its log.csv, and its logged losses. Its schedule and seed
+    are given (floor 0.1, seed 0: what the preset gave before the tenth session), so the loop runs the same
+    steps whatever the preset says. Keys start with "loop_", or "graphs_loop_" with cuda_graphs "on"."""
     sizes = [arg for name, value in model_sizes(args).items()
              for arg in (f"--{name.replace('_', '-')}", str(value))]
     with tempfile.TemporaryDirectory() as run_dir:
         command = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--attention", normaliser,
                    "--position", "nape", *sizes, "--steps", str(args.loop_steps), "--batch-size",
-                   str(batch_size), "--lr", "1e-4", "--warmup-steps", "10", "--log-every",
+                   str(batch_size), "--lr", "1e-4", "--warmup-steps", "10", "--min-lr-ratio", "0.1",
+                   "--seed", "0", "--log-every",
                    str(args.log_every), "--val-every", "0", "--checkpoint-every", "0",
                    "--val-multipliers", "1", "--val-samples", str(args.val_samples), "--sampling", "device",
                    "--device", device.type, "--cuda-graphs", cuda_graphs, "--no-progress", "--overwrite",

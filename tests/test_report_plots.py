@@ -6,7 +6,7 @@ import matplotlib.colors
 import matplotlib.figure
 import pytest
 
-from asentmax.report import PAPER_RESULTS, _plot_accuracy
+from asentmax.report import PAPER_RESULTS, _plot_accuracy, run_colours
 
 
 def evaluated(name: str, attention: str, accuracy: float) -> dict:
@@ -57,3 +57,11 @@ def test_every_run_has_a_colour_of_its_own(drawn, n_runs):
     run_lines = [line for line in ax.get_lines() if "(paper)" not in line.get_label()]
     assert len(run_lines) == n_runs
     assert len({matplotlib.colors.to_rgba(line.get_color()) for line in run_lines}) == n_runs
+
+
+@pytest.mark.parametrize("n_runs", [0, 1, 10, 11, 20, 21])
+def test_run_colours_gives_n_distinct_colours_across_its_three_palettes(n_runs):
+    """The edges of the default cycle (10), tab20 (20) and the continuous map beyond."""
+    colours = run_colours(n_runs)
+    assert len(colours) == n_runs
+    assert len({matplotlib.colors.to_rgba(colour) for colour in colours}) == n_runs

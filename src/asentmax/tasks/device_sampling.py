@@ -2,7 +2,8 @@
 MQMTAR, Copy, Reverse and Sort: a whole batch is 10-30 tensor operations whatever the batch size and
 length (none loops over positions, pairs or rows, and none waits for the device), so the GPU never
 waits for Python-level sampling (the per-example numpy path in asentmax.data.training_batch draws about
-4-10K samples/s on one CPU core; the paper's MQMTAR preset needs 40K+).
+4-10K samples/s on one CPU core; the MQMTAR model trains at 20K samples/s at its preset's batch 128 and at
+40K+ at batch 512 on an H200: results/paper/mqmtar.md, results/train_gpu.md).
 
 Same distribution, different stream. Every example has exactly the distribution of the task's own
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
