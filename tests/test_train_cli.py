@@ -283,6 +283,44 @@ def test_timeout_on_cuda_saves_the_current_step(tmp_path, attention):
     assert f"interrupted (SIGTERM) at step {step};" in err and step >= logged[-1], err[-2000:]
 
 
+def test_a_handler_replaced_during_the_run_is_put_back_and_sigterm_still_saves(tmp_path, monkeypatch, capsys):
+    """Something in the loop (a library, here a stand-in at step 3) replaces the SIGTERM handler; at the next
+    log step the trainer puts its own back with a warning, so a SIGTERM at step 6 still ends the run there
+    with its checkpoint (without the check it reached the stand-in and the run went on to its last step)."""
+    from asentmax.nn import ModelConfig
+    from asentmax.tasks.workload import TaskWorkload
+    from asentmax.trainer import TrainConfig, target_loss, train
+
+    reached = []
+    step_calls = []
+
+    def loss_with_a_stand_in(*args, **kwargs):
+        step_calls.append(None)
+        if len(step_calls) == 3:
+            signal.signal(signal.SIGTERM, lambda signum, frame: reached.append(signum))
+        if len(step_calls) == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        return target_loss(*args, **kwargs)
+
+    monkeypatch.setattr("asentmax.trainer.target_loss", loss_with_a_stand_in)
+    task = get_task("copy")
+    workload = TaskWorkload(task="copy", min_length=3, max_length=6, val_multipliers=(1,), val_samples=2)
+    model = ModelConfig(vocab_size=task.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                        attention="asentmax", position="nape")
+    config = TrainConfig(steps=40, batch_size=4, warmup_steps=2, val_every=0, log_every=1, checkpoint_every=0,
+                         seed=3)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        summary = train(workload, config, model, tmp_path / "run", progress=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert summary["interrupted"] == "SIGTERM" and summary["step"] == 6 and reached == []
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["step"] == 6
+    err = capsys.readouterr().err
+    assert "warning: at step 3 the trainer's signal handlers had been replaced (SIGTERM by" in err
+
+
 def test_a_repeated_sigterm_is_the_same_stop_request_and_ctrl_c_twice_aborts():
     """GNU `timeout` delivers SIGTERM twice (to the child, then to its process group); the second copy
     must not reach the previous handler (the default one kills a run while it writes its checkpoint).

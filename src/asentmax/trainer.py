@@ -33,7 +33,9 @@ RNG state seeds every rank, and the new ranks draw their shards of the same glob
 
 SIGINT / SIGTERM during the loop end the run with a checkpoint: a single process after the current step,
 data-parallel ranks after the first log step that follows (every rank stops at the same step without a
-host wait at every step); `train` then returns with summary["interrupted"] set.
+host wait at every step); `train` then returns with summary["interrupted"] set. At every log step the loop
+checks that its handlers are still installed and puts them back, with a warning naming the replacement, where
+something replaced them (StopRequest.reclaim).
 
 log.csv columns: step, loss (mean over the labelled tokens since the last line), lr, tokens (non-pad
 input tokens of all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
@@ -461,6 +463,22 @@ class StopRequest:
             for sig, handler in self._previous.items():
                 signal.signal(sig, handler)
 
+    def reclaim(self) -> str | None:
+        """Put the handlers back where something replaced them since __enter__ (main thread only; nothing
+        once a signal came: the run is stopping, and a first Ctrl-C hands the handlers back on purpose).
+        Returns what had replaced them, else None. Two ASEntmax runs on CUDA once ended on SIGTERM without
+        their checkpoint where softmax's wrote it (results/gpu_tests_session10.md), as if a library had
+        replaced the handler during the run."""
+        if not self._previous or self.signal_name is not None:
+            return None
+        replaced = []
+        for sig in self.SIGNALS:
+            current = signal.getsignal(sig)
+            if current != self._handle:
+                replaced.append(f"{signal.Signals(sig).name} by {current!r}")
+                signal.signal(sig, self._handle)
+        return "; ".join(replaced) or None
+
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -639,6 +657,11 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             logged = step % train_config.log_every == 0 or step == total
             if logged:
                 check_finite()
+                replaced = stop_request.reclaim()
+                if replaced is not None:
+                    print(f"warning: at step {step} the trainer's signal handlers had been replaced "
+                          f"({replaced}); put back, so SIGINT / SIGTERM still end the run with a checkpoint",
+                          file=sys.stderr)
                 totals = torch.stack([window_loss_t, window_tokens_t])
                 if world.active:
                     dist.all_reduce(totals)
