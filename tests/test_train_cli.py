@@ -214,26 +214,35 @@ def test_preset_help_shows_the_preset_values(capsys):
 
 # ---- interruption ----
 
-def _interrupted_run(run: Path, sig: int) -> tuple[int, str]:
-    """Start a long `asentmax train` in a child process, send `sig` once it logs, return (code, stderr)."""
+def _interrupted_run(run: Path, sig: int, flags=None, rows=3, like_timeout=False, start_s=180,
+                     stop_s=120) -> tuple[int, str]:
+    """Start a long `asentmax train` in a child process (`flags`, default a tiny CPU run), send `sig` once
+    log.csv has more than `rows` lines, return (code, stderr). `like_timeout`: as GNU `timeout` does, the
+    signal goes to the child, then to its process group (the child starts its own)."""
     env = {**os.environ, "PYTHONPATH": str(Path(asentmax.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
-    flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
+    if flags is None:
+        flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
     child = subprocess.Popen([sys.executable, "-m", "asentmax", "train", "--run-dir", str(run), *flags],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 180
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=like_timeout)
+    deadline = time.monotonic() + start_s
     while time.monotonic() < deadline and child.poll() is None:
-        if (run / "log.csv").is_file() and len((run / "log.csv").read_text().splitlines()) > 3:
+        if (run / "log.csv").is_file() and len((run / "log.csv").read_text().splitlines()) > rows:
             break
         time.sleep(0.2)
     child.send_signal(sig)
-    _, err = child.communicate(timeout=120)
+    if like_timeout:
+        os.killpg(child.pid, sig)  # timeout's second copy, to the whole group, right after the first
+    _, err = child.communicate(timeout=stop_s)
     return child.returncode, err
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, sig):
+@pytest.mark.parametrize(("sig", "like_timeout"), [(signal.SIGINT, False), (signal.SIGTERM, False),
+                                                   (signal.SIGTERM, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGTERM-as-timeout-sends-it"])
+def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, sig, like_timeout):
     run = tmp_path / "run"
-    code, err = _interrupted_run(run, sig)
+    code, err = _interrupted_run(run, sig, like_timeout=like_timeout)
     assert code == 130 and "Traceback" not in err, err
     step = load_checkpoint(run / "checkpoint.pt")["step"]
     assert f"interrupted ({signal.Signals(sig).name}) at step {step};" in err
@@ -261,23 +270,12 @@ def test_timeout_on_cuda_saves_the_current_step(tmp_path, attention):
     interruption checkpoint. In the tenth session's device calls two ASEntmax runs stopped so ended without it
     (no "interrupted" line; they resumed from their last periodic checkpoint) where softmax's wrote it."""
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(asentmax.__file__).parents[1])}
     flags = ["--preset", "mqmtar", "--attention", attention, "--batch-size", "64", "--steps", "100000",
              "--log-every", "20", "--checkpoint-every", "0", "--val-every", "0", "--device", "cuda",
              "--no-progress"]
-    child = subprocess.Popen([sys.executable, "-m", "asentmax", "train", "--run-dir", str(run), *flags],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and child.poll() is None:
-        if (run / "log.csv").is_file() and len((run / "log.csv").read_text().splitlines()) > 10:
-            break
-        time.sleep(0.5)
-    os.kill(child.pid, signal.SIGTERM)
-    time.sleep(0.01)
-    os.killpg(child.pid, signal.SIGTERM)  # timeout's second copy, to the whole group
-    _, err = child.communicate(timeout=180)
-    assert child.returncode == 130 and "Traceback" not in err, err[-2000:]
+    code, err = _interrupted_run(run, signal.SIGTERM, flags, rows=10, like_timeout=True, start_s=300,
+                                 stop_s=180)
+    assert code == 130 and "Traceback" not in err, err[-2000:]
     step = load_checkpoint(run / "checkpoint.pt")["step"]
     logged = [int(row["step"]) for row in _read_csv(run / "log.csv")]
     assert f"interrupted (SIGTERM) at step {step};" in err and step >= logged[-1], err[-2000:]
