@@ -37,8 +37,9 @@ import sys
 import time
 from pathlib import Path
 
-MULTIPLIERS = {"mqmtar": "1 2 4 16 64 256 1024", "reverse": "1 1.5 2 4 8", "sort": "1 2 4 8",
-               "copy": "1 2 4 8 16 32 64"}
+from asentmax.report import PAPER_RESULTS
+from asentmax.tasks.registry import eval_multipliers
+
 METHODS = ("softmax", "ssmax", "entmax", "asentmax")
 
 
@@ -87,7 +88,7 @@ def recorded_calls(work: Path, method: str, seconds: float, steps: tuple[int, in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=sorted(MULTIPLIERS), required=True)
+    parser.add_argument("--task", choices=sorted(PAPER_RESULTS), required=True)
     parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--out", type=Path, default=Path("results/paper"))
     parser.add_argument("--work", type=Path, default=Path("runs/paper"), help="run directories")
@@ -133,7 +134,8 @@ def main() -> int:
               + "; run the same command with --resume (and no --train-flags) to continue, or add "
               "--eval-unfinished to evaluate them as they are")
         return 0
-    multipliers = (args.multipliers or MULTIPLIERS[args.task]).split()
+    multipliers = (args.multipliers.split() if args.multipliers
+                   else [f"{m:g}" for m in eval_multipliers(args.task)])
     evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers, "--samples",
                  str(args.samples), "--checkpoint", args.checkpoint, *args.eval_flags.split()]
              for m, d in runs.items()}

@@ -242,15 +242,27 @@ def test_progress_bar_counts_the_samples_of_each_length(monkeypatch):
 
 
 def test_cpu_default_multipliers_stop_at_cpu_max_length():
-    from asentmax.eval import PAPER_MULTIPLIERS, EvalConfig, resolve_multipliers
+    from asentmax.eval import EvalConfig, resolve_multipliers
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert PAPER_MULTIPLIERS == (1, 2, 4, 16, 64, 256, 1024)
-    assert resolve_multipliers(EvalConfig(), 64, cpu) == ((1, 2, 4, 16, 64), [256, 1024])
-    assert resolve_multipliers(EvalConfig(), 64, cuda) == (PAPER_MULTIPLIERS, [])
-    assert resolve_multipliers(EvalConfig(cpu_max_length=0), 64, cpu) == (PAPER_MULTIPLIERS, [])
-    assert resolve_multipliers(EvalConfig(cpu_max_length=10), 64, cpu) == ((1,), [2, 4, 16, 64, 256, 1024])
-    assert resolve_multipliers(EvalConfig(multipliers=(1, 1024)), 64, cpu) == ((1, 1024), [])
+    paper = get_task("mqmtar").eval_multipliers
+    assert paper == (1, 2, 4, 16, 64, 256, 1024)
+    assert resolve_multipliers(EvalConfig(), 64, cpu, paper) == ((1, 2, 4, 16, 64), [256, 1024])
+    assert resolve_multipliers(EvalConfig(), 64, cuda, paper) == (paper, [])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=0), 64, cpu, paper) == (paper, [])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=10), 64, cpu, paper) == ((1,), [2, 4, 16, 64, 256, 1024])
+    assert resolve_multipliers(EvalConfig(multipliers=(1, 1024)), 64, cpu, paper) == ((1, 1024), [])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=200), 64, cpu, (1, 1.5, 2, 4, 8)) == ((1, 1.5, 2), [4, 8])
+
+
+def test_each_paper_task_defaults_to_the_columns_of_its_table():
+    from asentmax.report import PAPER_RESULTS
+
+    expected = {"mqmtar": (1, 2, 4, 16, 64, 256, 1024), "reverse": (1, 1.5, 2, 4, 8), "sort": (1, 2, 4, 8),
+                "copy": (1, 2, 4, 8, 16, 32, 64)}
+    assert {name: get_task(name).eval_multipliers for name in expected} == expected
+    for name, table in PAPER_RESULTS.items():  # every row of the paper's table has one cell per default length
+        assert all(len(row) == len(expected[name]) for row in table.values()), name
 
 
 # ---- eval.json written after every length; a re-run continues ----
@@ -286,6 +298,17 @@ def _counting_scorer(monkeypatch, stop_at_length=None):
 
     monkeypatch.setattr(eval_module, "greedy_accuracy", scorer)
     return calls
+
+
+def test_eval_of_a_reverse_run_tests_the_reverse_table_lengths_by_default(tiny_run):
+    import json
+
+    from asentmax.cli import main
+
+    assert main(["eval", str(tiny_run), "--samples", "2", "--dispersion-samples", "0", "--no-progress"]) == 0
+    result = json.loads((tiny_run / "eval.json").read_text())
+    assert [row["length"] for row in result["rows"]] == [6, 9, 12, 24, 48]  # 1x 1.5x 2x 4x 8x of 6 tokens
+    assert result["eval_config"]["multipliers"] == [1, 1.5, 2, 4, 8]
 
 
 def test_interrupted_eval_keeps_finished_lengths_and_a_rerun_continues(tiny_run, monkeypatch, capsys):

@@ -51,8 +51,8 @@ class Example:
 
 
 class Task:
-    """Base class: subclasses set `name`, `min_length`, `symbol_names`, the presets, and implement
-    `_generate`.
+    """Base class: subclasses set `name`, `min_length`, `symbol_names`, the presets, `eval_multipliers`
+    where the paper tests other lengths, and implement `_generate`.
 
     `symbol_names` lists the human-readable names of the task's own symbols, which get the ids
     FIRST_SYMBOL, FIRST_SYMBOL + 1, ...; `vocab_size = FIRST_SYMBOL + len(symbol_names)`.
@@ -65,6 +65,9 @@ class Task:
     # (vocab_size, **overrides) -> ModelConfig, or None when the paper gives none (then the user must).
     train_preset: dict = {}
     model_preset = None
+    # The lengths `asentmax eval` tests by default, as multiples of the 1x length: the columns of the task's
+    # table in arXiv:2506.16640, section 4 (MQMTAR's 1x..1024x for the tasks the paper has no table of).
+    eval_multipliers: tuple[float, ...] = (1, 2, 4, 16, 64, 256, 1024)
 
     def __init__(self, symbol_names: list[str]):
         self.symbol_names = list(symbol_names)

@@ -1,5 +1,5 @@
-"""Task names -> task classes (docs/method.md section 6): `get_task(name, **options)`, `task_options(name)`
-and `TASK_NAMES`."""
+"""Task names -> task classes (docs/method.md section 6): `get_task(name, **options)`, `task_options(name)`,
+`eval_multipliers(name)` and `TASK_NAMES`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,14 @@ def task_options(name: str) -> tuple[str, ...]:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
     return tuple(inspect.signature(_TASKS[name]).parameters)
+
+
+def eval_multipliers(name: str) -> tuple[float, ...]:
+    """The lengths task `name` is tested at by default, as multiples of its 1x length
+    (Task.eval_multipliers)."""
+    if name not in _TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
+    return _TASKS[name].eval_multipliers
 
 
 def get_task(name: str, **options) -> Task:

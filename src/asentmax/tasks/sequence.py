@@ -40,6 +40,7 @@ class CopyTask(RandomSequenceTask):
     # the runs of results/paper/copy.md, and their seed (so the preset alone retrains them)
     train_preset = {"lr": 1e-3, "steps": 6000, "batch_size": 512, "seed": 1}
     model_preset = staticmethod(copy_model)
+    eval_multipliers = (1, 2, 4, 8, 16, 32, 64)
 
     def transform(self, source):
         return source
@@ -52,6 +53,7 @@ class ReverseTask(RandomSequenceTask):
     # the paper's lr at batch 512: 3.3M samples, the runs of results/paper/reverse.md and their seed
     train_preset = {"lr": 4e-4, "steps": 6500, "warmup_steps": 500, "batch_size": 512, "seed": 1}
     model_preset = staticmethod(reverse_model)
+    eval_multipliers = (1, 1.5, 2, 4, 8)
 
     def transform(self, source):
         return source[::-1]
@@ -64,6 +66,7 @@ class SortTask(RandomSequenceTask):
     # the paper's lr at batch 512: 5.1M samples, the runs of results/paper/sort.md and their seed
     train_preset = {"lr": 4e-4, "steps": 10000, "warmup_steps": 500, "batch_size": 512, "seed": 1}
     model_preset = staticmethod(sort_model)
+    eval_multipliers = (1, 2, 4, 8)
 
     def transform(self, source):
         return np.sort(source)
