@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from asentmax.report import PAPER_RESULTS
+from asentmax.runs import evaluation_name
 from asentmax.tasks.registry import eval_multipliers
 
 METHODS = ("softmax", "ssmax", "entmax", "asentmax")
@@ -105,7 +106,12 @@ def main() -> int:
     parser.add_argument("--checkpoint", choices=("last", "best"), default="last",
                         help="which weights to test: the last step, or best.pt (train with --keep-best-at, "
                         "as the paper's code selects its checkpoint)")
+    parser.add_argument("--tables", choices=("train", "fresh"), default="train",
+                        help="MQMTAR's test words: the run's tables, or new ones for every length as the "
+                        "paper's code draws its test sets")
     args = parser.parse_args()
+    if args.tables == "fresh" and args.task != "mqmtar":
+        parser.error(f"--tables fresh: task {args.task} has no key and value tables (mqmtar has)")
     work = args.work / args.task
     runs = {m: work / m for m in args.methods}
     if args.resume:
@@ -137,10 +143,11 @@ def main() -> int:
     multipliers = (args.multipliers.split() if args.multipliers
                    else [f"{m:g}" for m in eval_multipliers(args.task)])
     evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers, "--samples",
-                 str(args.samples), "--checkpoint", args.checkpoint, *args.eval_flags.split()]
+                 str(args.samples), "--checkpoint", args.checkpoint, "--tables", args.tables,
+                 *args.eval_flags.split()]
              for m, d in runs.items()}
     eval_s = run_all(evals, work, "eval", None)
-    result_name = "eval_best.json" if args.checkpoint == "best" else "eval.json"
+    result_name = evaluation_name(args.checkpoint, args.tables) + ".json"
     compare = subprocess.run([sys.executable, "-m", "asentmax", "compare",
                               *(str(d / result_name) for d in runs.values()),
                               "--output-dir", str(out)], capture_output=True, text=True, check=True)

@@ -250,9 +250,10 @@ def test_cpu_default_multipliers_stop_at_cpu_max_length():
     assert resolve_multipliers(EvalConfig(), 64, cpu, paper) == ((1, 2, 4, 16, 64), [256, 1024])
     assert resolve_multipliers(EvalConfig(), 64, cuda, paper) == (paper, [])
     assert resolve_multipliers(EvalConfig(cpu_max_length=0), 64, cpu, paper) == (paper, [])
-    assert resolve_multipliers(EvalConfig(cpu_max_length=10), 64, cpu, paper) == ((1,), [2, 4, 16, 64, 256, 1024])
+    assert resolve_multipliers(EvalConfig(cpu_max_length=10), 64, cpu, paper) == ((1,), list(paper[1:]))
     assert resolve_multipliers(EvalConfig(multipliers=(1, 1024)), 64, cpu, paper) == ((1, 1024), [])
-    assert resolve_multipliers(EvalConfig(cpu_max_length=200), 64, cpu, (1, 1.5, 2, 4, 8)) == ((1, 1.5, 2), [4, 8])
+    reverse = (1, 1.5, 2, 4, 8)
+    assert resolve_multipliers(EvalConfig(cpu_max_length=200), 64, cpu, reverse) == ((1, 1.5, 2), [4, 8])
 
 
 def test_each_paper_task_defaults_to_the_columns_of_its_table():
@@ -261,7 +262,7 @@ def test_each_paper_task_defaults_to_the_columns_of_its_table():
     expected = {"mqmtar": (1, 2, 4, 16, 64, 256, 1024), "reverse": (1, 1.5, 2, 4, 8), "sort": (1, 2, 4, 8),
                 "copy": (1, 2, 4, 8, 16, 32, 64)}
     assert {name: get_task(name).eval_multipliers for name in expected} == expected
-    for name, table in PAPER_RESULTS.items():  # every row of the paper's table has one cell per default length
+    for name, table in PAPER_RESULTS.items():  # every row of the paper's table: one cell per default length
         assert all(len(row) == len(expected[name]) for row in table.values()), name
 
 

@@ -54,12 +54,16 @@ def test_eval_unfinished_evaluates_a_stopped_run(tmp_path):
     assert json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())["softmax"]["steps_reached"] == 4
 
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags"])
-def test_resume_misuse_is_one_line(tmp_path, case):
-    extra = ["--train-flags", TINY] if case == "with-flags" else []
-    result = reproduce(tmp_path, "--resume", *extra)
+@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables"])
+def test_misuse_is_one_line(tmp_path, case):
+    extra = {"no-checkpoint": ["--resume"], "with-flags": ["--resume", "--train-flags", TINY],
+             "fresh-tables": ["--tables", "fresh"]}[case]
+    result = reproduce(tmp_path, *extra)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert ("no checkpoint" if case == "no-checkpoint" else "drop --train-flags") in result.stderr
+    expected = {"no-checkpoint": "no checkpoint", "with-flags": "drop --train-flags",
+                "fresh-tables": "task copy has no key and value tables"}[case]
+    last = result.stderr.strip().splitlines()[-1]  # argparse's usage, then the one error line
+    assert last.startswith("reproduce_paper.py: error: ") and expected in last
     assert not (tmp_path / "work").exists()
 
 

@@ -337,10 +337,10 @@ def _eval_parser(sub):
 
     p = sub.add_parser("eval", help="exact match per length multiplier of trained runs", description=(
         "Greedy-decode fixed test sets at each length multiplier; writes <run-dir>/eval.json and eval.md "
-        "(eval_best.* with --checkpoint best; or --output) after every length. A re-run continues where "
-        "the last one stopped (same checkpoint and settings); on the CPU the default multipliers stop at "
-        "--cpu-max-length tokens, and a length "
-        "estimated to take over a minute is announced with its estimate."))
+        "(eval_best.* with --checkpoint best, a _fresh suffix with --tables fresh; or --output) after every "
+        "length. A re-run continues where the last one stopped (same checkpoint and settings); the default "
+        "multipliers are the task's table's in the paper, on the CPU only up to --cpu-max-length tokens; a "
+        "length estimated to take over a minute is announced with its estimate."))
     p.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding checkpoint.pt")
     p.add_argument("--output", type=Path, help="output path prefix (one run dir only)")
     p.add_argument("--fresh", action="store_true",

@@ -36,23 +36,24 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
 
+import numpy as np
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
 from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
-    BEST_EVAL_NAME,
     BEST_NAME,
     CHECKPOINT_NAME,
     CONFIG_NAME,
-    EVAL_NAME,
     RunError,
     describe_device,
+    evaluation_name,
     format_multiplier,
     git_commit,
     load_checkpoint,
     load_evaluation,
     read_json,
+    run_name,
     saved_layout,
     write_json,
     write_text,
@@ -60,6 +61,7 @@ from asentmax.runs import (
 from asentmax.tasks.scoring import autocast, shape_batches
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
+TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
 
 
 @dataclass
@@ -85,6 +87,9 @@ class EvalConfig:
     cpu_max_length: int = field(default=4096, metadata={
         "help": "on the CPU, the default multipliers stop at this many tokens (0: no limit); "
                 "explicit --multipliers are never cut"})
+    tables: str = field(default="train", metadata={"help": (
+        "train (the run's word tables) | fresh (new MQMTAR key and value tables for every test length, as "
+        "the paper's code draws every test set; written to eval_fresh.json unless --output)")})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
@@ -108,6 +113,8 @@ class EvalConfig:
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
         if self.checkpoint not in ("last", "best"):
             raise ValueError(f"checkpoint must be last or best, got {self.checkpoint!r}")
+        if self.tables not in ("train", "fresh"):
+            raise ValueError(f"tables must be train or fresh, got {self.tables!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.amp not in ("auto", "bf16", "off"):
@@ -222,12 +229,14 @@ def _duration(seconds: float) -> str:
 def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_dtype=None,
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
              dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
-             progress: bool = False, log=print,
+             progress: bool = False, log=print, tables: str = "train",
              estimate_threshold_s: float = ESTIMATE_THRESHOLD_S) -> list[dict]:
     """One row per length, shortest first: exact match (+ Wilson interval), per-token accuracy, seconds
     taken, and (for sequences up to dispersion_max_tokens) attention dispersion on the first
     dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
-    `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples."""
+    `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples.
+    `tables="fresh"`: each length's set is drawn with new word tables (Task.with_fresh_tables, from
+    numpy's default_rng([seed, length, TABLES_STREAM])), as the paper's code draws every test set."""
     from tqdm.auto import tqdm
 
     from asentmax.tasks import make_eval_set
@@ -241,17 +250,19 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
                 "(extrapolated from the shorter lengths); finished lengths are saved, so Ctrl-C and the "
                 "same command later continue from there")
         start = time.perf_counter()
-        examples = make_eval_set(task, length, samples, seed)
+        length_task = (task.with_fresh_tables(np.random.default_rng([seed, length, TABLES_STREAM]))
+                       if tables == "fresh" else task)
+        examples = make_eval_set(length_task, length, samples, seed)
         with tqdm(total=samples, desc=f"length {length}", unit="sample", disable=not progress,
                   leave=False) as bar:
-            scores = greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
-                                     batch_size=batch_size, max_batch_tokens=max_batch_tokens,
-                                     on_batch=bar.update)
+            scores = greedy_accuracy(model, length_task, examples, device=device,
+                                     autocast_dtype=autocast_dtype, batch_size=batch_size,
+                                     max_batch_tokens=max_batch_tokens, on_batch=bar.update)
         low, high = wilson_interval(scores["n_exact"], scores["n"], confidence)
         row = {"length": length, **scores, "ci_low": low, "ci_high": high}
         subset = examples[:dispersion_samples]
         if subset and max(len(e.source) + len(e.target) + 2 for e in subset) <= dispersion_max_tokens:
-            row["dispersion"] = answer_dispersion(model, task, subset, device=device)
+            row["dispersion"] = answer_dispersion(model, length_task, subset, device=device)
         row["seconds"] = time.perf_counter() - start
         rows[length] = row
         log(f"length {length}: exact match {100 * row['exact_match']:.1f}% ({row['n_exact']}/{row['n']}), "
@@ -277,13 +288,13 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
 
 def _write_results(output: Path, result: dict) -> None:
     """<output>.json and <output>.md, each replaced atomically; the .md's title names the task (and its
-    sample layout where not the default), the attention and the run."""
+    sample layout where not the default), the attention and the run (runs.run_name)."""
 
     write_json(output.with_suffix(".json"), result)
     model_config = result["model_config"]
     layout = saved_layout(result.get("workload") or {})
     task = result["task"] if layout == "random" else f"{result['task']} ({layout} layout)"
-    title = f"{task}, {model_config.get('attention')} ({Path(result['run_dir']).name})"
+    title = f"{task}, {model_config.get('attention')} ({run_name(result)})"
     text = markdown_table(result["rows"], result["id_length"], title)
     if result["pending_lengths"]:
         text += f"\nNot evaluated yet: lengths {', '.join(map(str, result['pending_lengths']))}.\n"
@@ -379,6 +390,7 @@ def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict],
     saved = earlier.get("protocol")
     if not isinstance(saved, dict):
         return [], [f"{path} was written by an older asentmax (no protocol recorded); it will be replaced"]
+    saved = {"tables": "train", **saved}  # a file from before --tables: the run's own tables
     if {k: saved.get(k) for k in ("checkpoint_sha256", "train_step")} != \
             {k: protocol[k] for k in ("checkpoint_sha256", "train_step")}:
         return [], [f"{path} holds results of an earlier checkpoint; it will be replaced"]
@@ -415,6 +427,11 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         task = build_task(task_name, layout)  # the layout the run trained on: its eval sets' layout
     except ValueError as error:
         raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
+    if config.tables == "fresh":
+        try:
+            task.with_fresh_tables(np.random.default_rng(0))
+        except ValueError as error:
+            raise RunError(f"--tables fresh: {error}") from None
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
             or saved_layout(saved_workload) != layout):
@@ -423,7 +440,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     id_length = config.id_length or max_length
     multipliers, left_out = resolve_multipliers(config, id_length, device, task.eval_multipliers)
     lengths = multiplier_lengths(id_length, multipliers, task)
-    output = Path(output) if output is not None else run_dir / (BEST_EVAL_NAME if best else EVAL_NAME)
+    if output is None:
+        output = run_dir / evaluation_name(config.checkpoint, config.tables)
+    output = Path(output)
     folder = output.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {output}.json: {folder} is a file")
@@ -473,7 +492,7 @@ def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print) -> dict
                     max_batch_tokens=config.max_batch_tokens, confidence=config.confidence,
                     dispersion_samples=config.dispersion_samples,
                     dispersion_max_tokens=config.dispersion_max_tokens, done=plan.done, on_row=save,
-                    progress=progress, log=log)
+                    progress=progress, log=log, tables=config.tables)
     save(rows)
     return result
 

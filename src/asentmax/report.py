@@ -22,7 +22,15 @@ from pathlib import Path
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
-from asentmax.runs import LOG_NAME, VAL_NAME, format_multiplier, load_evaluation, saved_layout, write_json
+from asentmax.runs import (
+    LOG_NAME,
+    VAL_NAME,
+    format_multiplier,
+    load_evaluation,
+    run_name,
+    saved_layout,
+    write_json,
+)
 from asentmax.tasks.registry import eval_multipliers
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
@@ -83,12 +91,6 @@ def method_label(result: dict) -> str:
     if layout != "random":
         notes.append(f"{layout} layout")
     return f"{name} ({', '.join(notes)})" if notes else name
-
-
-def run_name(result: dict) -> str:
-    """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights."""
-    best = result.get("eval_config", {}).get("checkpoint") == "best"
-    return Path(result["run_dir"]).name + (", best.pt" if best else "")
 
 
 def _multiplier(row: dict, result: dict) -> float:

@@ -44,9 +44,19 @@ VAL_NAME = "val.csv"
 EVAL_NAME = "eval"  # eval.json and eval.md
 BEST_NAME = "best.pt"  # the weights of the best validation (a workload's selection_score), when kept
 BEST_EVAL_NAME = "eval_best"  # eval_best.json and eval_best.md: `asentmax eval --checkpoint best`
+FRESH_TABLES_SUFFIX = "_fresh"  # eval_fresh.*, eval_best_fresh.*: `asentmax eval --tables fresh`
 TENSORBOARD_NAME = "tensorboard"
-RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, EVAL_NAME + ".json",
-             EVAL_NAME + ".md", BEST_NAME, BEST_EVAL_NAME + ".json", BEST_EVAL_NAME + ".md")
+
+
+def evaluation_name(checkpoint: str = "last", tables: str = "train") -> str:
+    """The default name (without .json / .md) of the results of `asentmax eval --checkpoint C --tables T`."""
+    return (BEST_EVAL_NAME if checkpoint == "best" else EVAL_NAME) + (FRESH_TABLES_SUFFIX if tables == "fresh"
+                                                                       else "")
+
+
+RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, BEST_NAME,
+             *(evaluation_name(c, t) + ext for c in ("last", "best") for t in ("train", "fresh")
+               for ext in (".json", ".md")))
 
 
 class RunError(ValueError):
@@ -140,6 +150,14 @@ def clear_run_files(run_dir: Path | str) -> None:
 def format_multiplier(m: float) -> str:
     """A length multiplier as the tables write it: 1x, 1.5x, 1024x."""
     return f"{m:g}x"
+
+
+def run_name(result: dict) -> str:
+    """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights and
+    ", fresh tables" for one on new word tables (`asentmax eval --tables fresh`)."""
+    config = result.get("eval_config", {})
+    return (Path(result["run_dir"]).name + (", best.pt" if config.get("checkpoint") == "best" else "")
+            + (", fresh tables" if config.get("tables") == "fresh" else ""))
 
 
 def saved_layout(workload: dict) -> str:

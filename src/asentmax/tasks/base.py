@@ -82,6 +82,11 @@ class Task:
         self.check_length(length)
         return length
 
+    def with_fresh_tables(self, rng: np.random.Generator) -> Task:
+        """This task with new word tables drawn from `rng`, as the paper's code draws them for every split
+        (MQMTAR's key and value tables); ValueError for a task without tables."""
+        raise ValueError(f"task {self.name!r} has no key and value tables to draw afresh (mqmtar has)")
+
     def check_length(self, length: int) -> None:
         if not isinstance(length, (int, np.integer)) or isinstance(length, bool):
             raise ValueError(f"task {self.name!r}: length must be an int, got {type(length).__name__}")

@@ -5,9 +5,11 @@ Vocabulary (fixed, 263 ids): 4 specials, BLANK=4 (`_`), COLON=5 (`:`, key-value 
 QUERY=6 (`?`, query marker), then the 256 alphabet symbols (ids 7..262, named x0..x255).
 
 A fixed key table and a fixed value table, drawn once from `numpy.random.default_rng(table_seed)`,
-hold `table_size` (10,000) distinct 2-symbol words each. Every sample draws its P keys and, independently,
-its P values from the tables without replacement, so which value goes with which key is decided
-per sample: the answer can only come from the context, never from memorised weights.
+hold `table_size` (10,000) distinct 2-symbol words each (`with_fresh_tables` draws new ones, as the
+paper's code does for every split; `asentmax eval --tables fresh` tests on them). Every sample draws
+its P keys and, independently, its P values from the tables without replacement, so which value goes
+with which key is decided per sample: the answer can only come from the context, never from memorised
+weights.
 
 Lengths. `length` is the paper's L. A sample holds P = floor(0.8 L / 6) = (2 L) // 15 pairs (capped at
 `table_size`, at least 1), each written `k1 k2 : v1 v2` and followed by a blank (a 6-token block, so
@@ -33,6 +35,8 @@ The minimum length is 6 (one block).
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
@@ -82,9 +86,20 @@ class MQMTARTask(Task):
         super().__init__(["_", ":", "?"] + [f"x{i}" for i in range(ALPHABET_SIZE)])
         self.n_queries, self.table_size, self.table_seed = n_queries, table_size, table_seed
         self.layout = layout
-        table_rng = np.random.default_rng(table_seed)
-        self.keys = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
-        self.values = self._words(table_rng.choice(ALPHABET_SIZE**2, table_size, replace=False))
+        self._draw_tables(np.random.default_rng(table_seed))
+
+    def _draw_tables(self, rng: np.random.Generator) -> None:
+        self.keys = self._words(rng.choice(ALPHABET_SIZE**2, self.table_size, replace=False))
+        self.values = self._words(rng.choice(ALPHABET_SIZE**2, self.table_size, replace=False))
+
+    def with_fresh_tables(self, rng: np.random.Generator) -> MQMTARTask:
+        """A copy with new key and value tables of `table_size` words each, drawn from `rng` (the paper's code
+        draws them for every split: training, each validation and each test set)."""
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+        task = copy.copy(self)
+        task._draw_tables(rng)
+        return task
 
     @staticmethod
     def _words(codes: np.ndarray) -> np.ndarray:
