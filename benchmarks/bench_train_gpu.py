@@ -23,8 +23,9 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   largest relative difference between its logged losses and those of the loop without graphs (same
   seed, same batches: bf16 rounding and atomics only);
 - validation: ms of one validation by the task workload (the presets' 3 lengths, eager model, as the
-  trainer runs it) and its share of training time at the presets' val-every 500; checkpoint: writing
-  model + AdamW state once (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500;
+  trainer runs it) and its share of training time at val-every 500 (TrainConfig's default; the MQMTAR
+  preset's is 3,200 since the eleventh session); checkpoint: writing model + AdamW state once
+  (asentmax.runs.save_checkpoint) and its share at checkpoint-every 500 (MQMTAR's preset: 1,600);
 - data: ms per batch of the training sampler alone (device sampler, synchronised) as a fraction of the
   loop's ms/step: an upper bound of the time the step waits for data (the trainer draws each batch one
   step ahead on a side CUDA stream, so these kernels mostly run beside the previous step);
@@ -69,7 +70,7 @@ from asentmax.trainer import TrainConfig, compiled_for_training
 
 NORMALISERS = ("softmax", "ssmax", "entmax", "asentmax")
 REPO = Path(__file__).resolve().parents[1]
-EVERY = 500  # the presets' validation and checkpoint interval (TrainConfig.val_every, checkpoint_every)
+EVERY = 500  # TrainConfig's default validation and checkpoint interval (val_every, checkpoint_every)
 
 
 def sync(device: torch.device) -> None:
