@@ -1,0 +1,163 @@
+"""Train and evaluate a plan of named runs side by side within a time window, continued by the same command in
+the next window: how this project spends a time-limited GPU (at most 10 minutes a call) on issue 15's runs.
+
+    PYTHONPATH=src python benchmarks/device_plan.py PLAN.json --work runs/plan --seconds 560 [--runs A B]
+
+PLAN.json names each run's `asentmax train` flags and its `asentmax eval` flag sets:
+
+    {"runs": {"mqmtar_asentmax_seed0": {"train": "--preset mqmtar --attention asentmax --seed 0",
+                                        "evals": ["--samples 100", "--samples 100 --tables fresh"]}}}
+
+Every run of the plan (or of --runs) starts at once, each as a chain of processes: training (its flags the
+first time, `--resume` once <work>/<name> holds a checkpoint), then its evaluations in order. `--margin`
+seconds before the window closes, training still running gets SIGINT, on which `asentmax train` saves a
+checkpoint at the step it reached (an evaluation gets it 5 s before the end and keeps its finished lengths;
+both exit 130); the next call continues both. A step that fails (any other exit code) stops its own chain
+only; its log says why. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
+(<name>.trained, <name>.eval<i>.done) record what finished; <work>/status.json and the printed lines give
+every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
+
+
+def read_plan(path: Path) -> dict[str, dict]:
+    """{name: {"train": [flags], "evals": [[flags], ...]}} from PLAN.json; one-line SystemExit if bad."""
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SystemExit(f"{path}: not a readable JSON plan ({error})") from None
+    runs = plan.get("runs") if isinstance(plan, dict) else None
+    if not isinstance(runs, dict) or not runs:
+        raise SystemExit(f"{path}: expected {{\"runs\": {{NAME: {{\"train\": FLAGS, \"evals\": "
+                         "[FLAGS, ...]}}}}")
+    parsed = {}
+    for name, run in runs.items():
+        if (not name or "/" in name or not isinstance(run, dict) or not isinstance(run.get("train"), str)
+                or not isinstance(run.get("evals", []), list)
+                or not all(isinstance(e, str) for e in run.get("evals", []))
+                or set(run) - {"train", "evals"}):
+            raise SystemExit(f"{path}: run {name!r} needs \"train\": a string of flags and optionally "
+                             "\"evals\": a list of strings of flags, nothing else")
+        parsed[name] = {"train": shlex.split(run["train"]),
+                        "evals": [shlex.split(flags) for flags in run.get("evals", [])]}
+    return parsed
+
+
+def run_step(args: list[str], log: Path, deadline: float) -> tuple[int, float]:
+    """Run `python -m asentmax ARGS`, appending to `log`; SIGINT at `deadline` (time.time()), SIGKILL GRACE_S
+    later. Returns (exit code, seconds)."""
+    start = time.time()
+    with open(log, "a") as out:
+        out.write(f"$ asentmax {shlex.join(args)}\n")
+        out.flush()
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        child = subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=out,
+                                 stderr=subprocess.STDOUT, env=env)
+        try:
+            child.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGINT)
+            try:
+                child.wait(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    return child.returncode, round(time.time() - start, 1)
+
+
+def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float) -> dict:
+    """Train (or resume) run `name`, then its evaluations not done yet, within the window ending at `end`."""
+    run_dir, state = work / name, {"steps": []}
+    trained = work / f"{name}.trained"
+    if not trained.exists():
+        resume = (run_dir / "checkpoint.pt").exists()
+        flags = ["--resume"] if resume else run["train"]
+        args = ["train", "--run-dir", str(run_dir), "--no-progress", *flags]
+        code, seconds = run_step(args, work / f"{name}.train.log", end - margin)
+        state["steps"].append({"step": "train", "resumed": resume, "exit": code, "seconds": seconds})
+        if code == 0:
+            trained.touch()
+        elif code != 130:
+            return {**state, "failed": "train"}
+    if trained.exists():
+        for i, flags in enumerate(run["evals"]):
+            done = work / f"{name}.eval{i}.done"
+            if done.exists():
+                continue
+            if end - time.time() < min_eval_s:
+                break
+            code, seconds = run_step(["eval", str(run_dir), "--no-progress", *flags],
+                                     work / f"{name}.eval.log", end - 5)
+            state["steps"].append({"step": f"eval{i}", "exit": code, "seconds": seconds})
+            if code == 0:
+                done.touch()
+            elif code != 130:
+                return {**state, "failed": f"eval{i}"}
+            else:
+                break
+    return state
+
+
+def summary(name: str, run: dict, work: Path, state: dict) -> dict:
+    """A run's state after this call: trained or not, evaluations done, this call's steps."""
+    evals = [(work / f"{name}.eval{i}.done").exists() for i in range(len(run["evals"]))]
+    return {"trained": (work / f"{name}.trained").exists(), "evals_done": sum(evals), "evals": len(evals),
+            **state}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("plan", type=Path, help="PLAN.json")
+    parser.add_argument("--work", type=Path, required=True, help="run directories, logs and markers")
+    parser.add_argument("--seconds", type=float, required=True, help="length of this call's window")
+    parser.add_argument("--runs", nargs="+", help="only these runs of the plan (default: all)")
+    parser.add_argument("--margin", type=float, default=25.0,
+                        help="seconds before the window closes when training is stopped (with a checkpoint)")
+    parser.add_argument("--min-eval-seconds", type=float, default=20.0,
+                        help="an evaluation starts only with this much of the window left")
+    args = parser.parse_args()
+    plan = read_plan(args.plan)
+    unknown = sorted(set(args.runs or ()) - set(plan))
+    if unknown:
+        parser.error(f"--runs {' '.join(unknown)}: not in {args.plan} (it has {', '.join(plan)})")
+    if args.seconds <= args.margin:
+        parser.error(f"--seconds {args.seconds:g} leaves no time before --margin {args.margin:g}")
+    names = args.runs or list(plan)
+    args.work.mkdir(parents=True, exist_ok=True)
+    end, states = time.time() + args.seconds, {}
+
+    def chain(name):
+        states[name] = run_chain(name, plan[name], args.work, end, args.margin, args.min_eval_seconds)
+
+    threads = [threading.Thread(target=chain, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    status = {name: summary(name, plan[name], args.work, states[name]) for name in names}
+    (args.work / "status.json").write_text(json.dumps(status, indent=2) + "\n")
+    for name, s in status.items():
+        steps = ", ".join(f"{step['step']} exit {step['exit']} in {step['seconds']:g} s"
+                          for step in s["steps"])
+        failed = f"; FAILED at {s['failed']}" if "failed" in s else ""
+        print(f"{name}: {'trained' if s['trained'] else 'training'}, evaluations "
+              f"{s['evals_done']}/{s['evals']}{failed} ({steps or 'nothing to do'})")
+    return 1 if any("failed" in s for s in status.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""benchmarks/device_plan.py: a plan's runs train and evaluate side by side; a failing run stops only its own
+chain; a window that closes mid-training leaves a checkpoint the next call resumes from."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_plan.py"
+TINY = ("--task reverse --min-length 3 --max-length 6 --batch-size 4 --warmup-steps 1 --val-every 0 "
+        "--log-every 1 --d-model 32 --n-layers 1 --n-heads 2 --d-ff 64 --device cpu")
+
+
+def call(tmp_path, plan, *args, timeout=300):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"runs": plan}))
+    return subprocess.run([sys.executable, str(SCRIPT), str(path), "--work", str(tmp_path / "work"), *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={"PYTHONPATH": str(SCRIPT.parents[1] / "src"), "PATH": "/usr/bin:/bin"})
+
+
+def test_runs_train_then_evaluate_and_a_failing_run_stops_only_itself(tmp_path):
+    evals = ["--multipliers 1 --samples 2", "--multipliers 1 2 --samples 2 --tables train"]
+    plan = {"good": {"train": TINY + " --steps 4", "evals": evals},
+            "bad": {"train": TINY + " --steps 4 --lr -1", "evals": ["--multipliers 1 --samples 2"]}}
+    result = call(tmp_path, plan, "--seconds", "240")
+    assert result.returncode == 1, result.stderr
+    work = tmp_path / "work"
+    status = json.loads((work / "status.json").read_text())
+    assert status["good"]["trained"] and status["good"]["evals_done"] == 2 and "failed" not in status["good"]
+    assert [s["step"] for s in status["good"]["steps"]] == ["train", "eval0", "eval1"]
+    assert status["bad"]["failed"] == "train" and not status["bad"]["trained"]
+    assert "lr" in (work / "bad.train.log").read_text()
+    rows = json.loads((work / "good" / "eval.json").read_text())["rows"]
+    assert [row["length"] for row in rows] == [6, 12]  # the second evaluation continued the first
+    assert "FAILED at train" in result.stdout and "good: trained, evaluations 2/2" in result.stdout
+    again = call(tmp_path, {"good": plan["good"]}, "--seconds", "240")  # all done: nothing runs
+    assert again.returncode == 0 and "good: trained, evaluations 2/2 (nothing to do)" in again.stdout
+
+
+def test_a_closing_window_checkpoints_and_the_next_call_resumes(tmp_path):
+    plan = {"long": {"train": TINY + " --steps 1000000", "evals": ["--multipliers 1 --samples 2"]}}
+    first = call(tmp_path, plan, "--seconds", "14", "--margin", "2")
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "work" / "long"
+    step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
+    status = json.loads((tmp_path / "work" / "status.json").read_text())["long"]
+    assert 0 < step < 1000000 and not status["trained"] and status["steps"][0]["exit"] == 130
+    second = call(tmp_path, plan, "--seconds", "14", "--margin", "2")
+    assert second.returncode == 0, second.stderr
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] > step
+    commands = [line for line in (tmp_path / "work" / "long.train.log").read_text().splitlines()
+                if line.startswith("$ asentmax train")]
+    assert len(commands) == 2 and "--resume" not in commands[0] and commands[1].endswith("--resume")
+    assert not (run / "eval.json").exists()  # never trained to the end: not evaluated
+
+
+def test_plan_mistakes_are_one_line(tmp_path):
+    result = call(tmp_path, {"x": {"train": 3}}, "--seconds", "60")
+    assert result.returncode != 0 and "needs \"train\": a string of flags" in result.stderr
+    result = call(tmp_path, {"x": {"train": TINY}}, "--seconds", "60", "--runs", "y")
+    assert result.returncode == 2 and "--runs y: not in" in result.stderr.splitlines()[-1]
+
+
+def test_every_committed_plan_builds_valid_configs(tmp_path):
+    import importlib.util
+
+    from asentmax.cli import _given, _new_run, build_parser
+    from asentmax.eval import EvalConfig
+
+    spec = importlib.util.spec_from_file_location("device_plan", SCRIPT)
+    device_plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device_plan)
+    plans = sorted((SCRIPT.parent / "plans").glob("*.json"))
+    assert plans
+    parser = build_parser()
+    for path in plans:
+        for name, run in device_plan.read_plan(path).items():
+            args = parser.parse_args(["train", "--run-dir", str(tmp_path / path.stem / name), *run["train"]])
+            workload, train_config, model_config = _new_run(args)  # the trainer's own checks
+            assert train_config.steps >= train_config.warmup_steps, name
+            for flags in run["evals"]:
+                args = parser.parse_args(["eval", str(tmp_path), *flags])
+                EvalConfig(**_given(args, args.eval_names)).validate()
