@@ -133,3 +133,27 @@ def test_graphed_steps_never_wait_for_the_device(tmp_path):
                                             checked=range(start, steps - 1))
     assert observed.widths == widths[:steps] and skips == 0
     assert observed.captures_before[start:] == [captures] * (steps - start)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_bf16_true_trains_compiled_and_graphed_in_bf16(attention, tmp_path):
+    """--amp bf16-true on CUDA with the default compile and CUDA graphs: the loss falls and stays finite,
+    weights and AdamW states are bf16, and the graphs are recorded once per width as in fp32."""
+    torch._dynamo.reset()
+    counters.clear()
+    config = TrainConfig(steps=60, batch_size=BATCH, lr=1e-3, warmup_steps=5, log_every=5, val_every=0,
+                         checkpoint_every=0, amp="bf16-true", device="cuda", cuda_graphs="on")
+    with cuda_graph_captures() as captures:
+        observed = workload().observe(captures)
+        train(observed, config, observed.model_config({**MODEL, "attention": attention}), tmp_path,
+              progress=False)
+    with open(tmp_path / "log.csv", newline="") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.8 * losses[0], losses
+    checkpoint = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert {value.dtype for value in checkpoint["model"].values()} == {torch.bfloat16}
+    states = [value for state in checkpoint["optimizer"]["state"].values()
+              for key, value in state.items() if key != "step"]
+    assert {value.dtype for value in states} == {torch.bfloat16}
+    assert counters["inductor"]["cudagraph_skips"] == 0
+    assert len(captures) <= 2 * len(set(observed.widths)) + 1

@@ -166,13 +166,15 @@ def test_training_reduces_the_loss(tmp_path):
     assert {int(r["length"]) for r in val} == {6, 12}
 
 
-@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
-def test_kill_and_resume_gives_the_same_weights(tmp_path, attention):
+@pytest.mark.parametrize("attention,amp", [("softmax", "auto"), ("asentmax", "auto"),
+                                           ("asentmax", "bf16-true")])
+def test_kill_and_resume_gives_the_same_weights(tmp_path, attention, amp):
     task = get_task("copy")
     # dropout > 0 makes the result depend on the restored torch RNG state
     model_config = tiny_model(task, attention=attention, dropout=0.1)
-    straight = train(tiny_workload(), tiny_train(), model_config, tmp_path / "straight", progress=False)
-    first = train(tiny_workload(), tiny_train(), model_config, tmp_path / "resumed", stop_at_step=5,
+    config = tiny_train(amp=amp)
+    straight = train(tiny_workload(), config, model_config, tmp_path / "straight", progress=False)
+    first = train(tiny_workload(), config, model_config, tmp_path / "resumed", stop_at_step=5,
                   progress=False)
     assert first["step"] == 5 and load_checkpoint(tmp_path / "resumed" / CHECKPOINT_NAME)["step"] == 5
     resumed = resume_run(tmp_path / "resumed", progress=False)  # fresh objects, from the checkpoint
@@ -190,6 +192,34 @@ def test_kill_and_resume_gives_the_same_weights(tmp_path, attention):
     log_a, log_b = _read_csv(tmp_path / "straight" / "log.csv"), _read_csv(tmp_path / "resumed" / "log.csv")
     assert [r["step"] for r in log_a] == [r["step"] for r in log_b]
     assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+
+
+def test_bf16_true_trains_weights_and_adamw_states_in_bf16(tmp_path):
+    from asentmax.eval import EvalConfig, evaluate_run
+
+    task = get_task("copy")
+    config = tiny_train(steps=100, batch_size=16, warmup_steps=10, log_every=10, checkpoint_every=0,
+                        amp="bf16-true")
+    model_config = tiny_model(task, d_model=48, n_heads=4, attention="asentmax")
+    train(tiny_workload(), config, model_config, tmp_path / "true", progress=False)
+    checkpoint = load_checkpoint(tmp_path / "true" / CHECKPOINT_NAME)
+    assert {value.dtype for value in checkpoint["model"].values()} == {torch.bfloat16}
+    states = [value for state in checkpoint["optimizer"]["state"].values()
+              for key, value in state.items() if key != "step"]
+    assert states and {value.dtype for value in states} == {torch.bfloat16}
+    losses = [float(r["loss"]) for r in _read_csv(tmp_path / "true" / "log.csv")]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < 0.9 * losses[0]
+    # one step at a negligible lr: the weights are the fp32 run's draw, rounded once to bf16
+    for name, amp in (("fp32", "off"), ("bf16", "bf16-true")):
+        train(tiny_workload(), tiny_train(steps=1, amp=amp, lr=1e-12, warmup_steps=0), model_config,
+              tmp_path / name, progress=False)
+    fp32 = load_checkpoint(tmp_path / "fp32" / CHECKPOINT_NAME)["model"]
+    bf16 = load_checkpoint(tmp_path / "bf16" / CHECKPOINT_NAME)["model"]
+    for name in fp32:
+        assert torch.all((bf16[name].float() - fp32[name]).abs() <= 2**-8 * fp32[name].abs() + 1e-11), name
+    result = evaluate_run(tmp_path / "true", EvalConfig(multipliers=(1,), samples=4, device="cpu"),
+                          log=lambda _: None)
+    assert result["rows"][0]["n"] == 4  # evaluation reads the bf16 weights
 
 
 def test_checkpoint_holds_configs_states_and_provenance(tmp_path):

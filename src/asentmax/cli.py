@@ -144,7 +144,7 @@ def _train_parser(sub):
     from asentmax.tasks import TASK_NAMES
     from asentmax.tasks.mqmtar import LAYOUTS
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig
+    from asentmax.trainer import AMP_MODES, TrainConfig
 
     p = sub.add_parser("train", help="train a model on a synthetic task", epilog=TRAIN_EPILOG, description=(
         "Train a model on a synthetic task. Flags not given keep the preset's values "
@@ -160,7 +160,7 @@ def _train_parser(sub):
     p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
                    help="synthetic task (its preset applies unless --preset is given)")
     workload_names = ["task"] + add_config_flags(p, TaskWorkload, skip=("task",), choices={"layout": LAYOUTS})
-    train_choices = {"device": ("auto", "cpu", "cuda"), "amp": ("auto", "bf16", "off")}
+    train_choices = {"device": ("auto", "cpu", "cuda"), "amp": AMP_MODES}
     train_names = add_config_flags(p, TrainConfig, choices=train_choices)
     model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,
                      "alibi_slopes": config.ALIBI_SLOPES, "asentmax_init": config.ASENTMAX_INITS,

@@ -2,7 +2,8 @@
 nothing about either (docs/method.md section 6, reference training).
 
 AdamW, linear warm-up then cosine decay to min_lr_ratio * lr (optionally over fewer steps than the run:
-`decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA,
+`decay_steps`, after which the lr stays at the minimum), gradient clipping, bf16 autocast on CUDA (or, with
+amp "bf16-true", weights, activations and AdamW states all in bf16, as the paper code's Lightning precision),
 next-token cross-entropy on the labelled tokens only, periodic validation by the workload (rank 0),
 a tqdm bar, CSV (and TensorBoard when installed) logs, and atomic checkpoints holding everything a
 resume needs to continue bit for bit: configs, workload, model, optimizer, schedule, RNG states of
@@ -77,6 +78,8 @@ from asentmax.runs import (
     set_rng_state,
 )
 
+AMP_MODES = ("auto", "bf16", "bf16-true", "off")  # TrainConfig.amp: the training precisions
+
 
 @dataclass
 class TrainConfig:
@@ -103,7 +106,9 @@ class TrainConfig:
     checkpoint_every: int = field(default=500, metadata={"help": "checkpoint every N steps (and at the end)"})
     seed: int = field(default=0, metadata={"help": "seed of model init and data"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
-    amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
+    amp: str = field(default="auto", metadata={"help": (
+        "auto (bf16 autocast on CUDA) | bf16 (autocast over fp32 weights) | bf16-true (weights, activations "
+        "and AdamW states in bf16, the paper code's precision; the loss in fp32) | off")})
     compile: str = field(default="auto", metadata={"help": (
         "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
         "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
@@ -139,8 +144,8 @@ class TrainConfig:
             raise ValueError(f"betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
         for name in ("compile", "fused", "cuda_graphs"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ValueError(f"{name.replace('_', '-')} must be auto, on or off, "
@@ -514,6 +519,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
+    if train_config.amp == "bf16-true":  # drawn in fp32 as for the other precisions, then rounded once
+        model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
                                   betas=(train_config.beta1, train_config.beta2),
                                   weight_decay=train_config.weight_decay,
