@@ -60,11 +60,11 @@ def test_train_eval_compare_end_to_end(tmp_path, capsys):
     out_dir = tmp_path / "report"
     assert main(["compare", str(runs["softmax"]), str(runs["asentmax"]), "--output-dir", str(out_dir)]) == 0
     table = (out_dir / "compare.md").read_text()
-    assert "| copy | Softmax | ours (softmax) |" in table
-    assert "| copy | ASEntmax | paper | 100.0 | 100.0 |" in table
+    assert "| copy | Softmax | ours (softmax) | 32 | 3 |" in table  # 8 steps x batch 4; 3 test samples
+    assert "| copy | ASEntmax | paper | 20M | 1,000 | 100.0 | 100.0 |" in table
     for name in ("accuracy.png", "dispersion.png", "compare.json"):
         assert (out_dir / name).stat().st_size > 0
-    assert "| task | method | source | ID | 2x |" in capsys.readouterr().out
+    assert "| task | method | source | samples | test n | ID | 2x |" in capsys.readouterr().out
 
 
 def _existing_run(tmp_path):

@@ -65,3 +65,19 @@ def test_run_colours_gives_n_distinct_colours_across_its_three_palettes(n_runs):
     colours = run_colours(n_runs)
     assert len(colours) == n_runs
     assert len({matplotlib.colors.to_rgba(colour) for colour in colours}) == n_runs
+
+
+def test_the_table_gives_each_rows_training_and_test_samples():
+    from asentmax.report import comparison_table
+
+    ours = evaluated("a1", "asentmax", 0.9)
+    for row, n in zip(ours["rows"], (100, 100, 40), strict=True):
+        row["n"] = n
+    ours.update(train_step=64000, train_config={"batch_size": 128})
+    unknown = evaluated("s1", "softmax", 0.5)  # a file without the training record
+    for row in unknown["rows"]:
+        row["n"] = 7
+    lines = comparison_table([ours, unknown]).splitlines()
+    assert lines[0].startswith("| task | method | source | samples | test n | ID | 4x | 16x |")
+    rows = {line.split(" | ")[2]: line.split(" | ")[3:5] for line in lines[2:6]}
+    assert rows == {"ours (a1)": ["8.19M", "40-100"], "paper": ["50M", "1,000"], "ours (s1)": ["-", "7"]}

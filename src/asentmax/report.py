@@ -35,7 +35,11 @@ from asentmax.tasks.registry import eval_multipliers
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes); the multipliers
-# are the tasks' (Task.eval_multipliers, the lengths `asentmax eval` tests by default).
+# are the tasks' (Task.eval_multipliers, the lengths `asentmax eval` tests by default). PAPER_SAMPLES: the
+# training samples of the paper code's runs (batch 128 x steps; results/paper/README.md) and its 1,000 test
+# samples per length.
+PAPER_SAMPLES = {"mqmtar": 50_000_000, "sort": 40_000_000, "reverse": 30_000_000, "copy": 20_000_000}
+PAPER_TEST_SAMPLES = 1000
 PAPER_RESULTS = {
     "mqmtar": {
         "multipliers": eval_multipliers("mqmtar"),
@@ -101,16 +105,37 @@ def _column_name(m: float) -> str:
     return "ID" if m == 1 else format_multiplier(m)
 
 
+def samples_seen(result: dict) -> int | None:
+    """Training samples behind an evaluated checkpoint: its step x the run's batch size (None if unknown)."""
+    batch = (result.get("train_config") or {}).get("batch_size")
+    step = result.get("train_step")
+    return step * batch if isinstance(step, int) and isinstance(batch, int) else None
+
+
+def _samples(n: int | None) -> str:
+    """8,192,000 -> 8.2M; None -> -."""
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K" if n >= 1e3 else str(n)
+
+
+def _test_counts(result: dict) -> str:
+    """The test samples per length: one number, or the range where lengths differ."""
+    counts = sorted({row["n"] for row in result["rows"]})
+    return "-" if not counts else f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,}-{counts[-1]:,}"
+
+
 def comparison_table(results: list[dict]) -> str:
     """Markdown table shaped like the paper's results tables: our runs' exact match % and the paper's."""
     multipliers = sorted({_multiplier(row, r) for r in results for row in r["rows"]})
-    header = ["task", "method", "source", *(_column_name(m) for m in multipliers)]
+    header = ["task", "method", "source", "samples", "test n", *(_column_name(m) for m in multipliers)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     paper_rows_done = set()
     for result in results:
         by_m = {_multiplier(row, result): row for row in result["rows"]}
         cells = [f"{100 * by_m[m]['exact_match']:.1f}" if m in by_m else "-" for m in multipliers]
         lines.append(f"| {result['task']} | {method_label(result)} | ours ({run_name(result)}) | "
+                     f"{_samples(samples_seen(result))} | {_test_counts(result)} | "
                      + " | ".join(cells) + " |")
         paper = PAPER_RESULTS.get(result["task"], {})
         key = (result["task"], result["model_config"]["attention"])
@@ -118,10 +143,13 @@ def comparison_table(results: list[dict]) -> str:
             paper_rows_done.add(key)
             values = dict(zip(paper["multipliers"], paper[key[1]], strict=True))
             cells = [f"{values[m]:.1f}" if m in values else "-" for m in multipliers]
-            lines.append(f"| {result['task']} | {METHOD_NAMES[key[1]]} | paper | " + " | ".join(cells) + " |")
+            lines.append(f"| {result['task']} | {METHOD_NAMES[key[1]]} | paper | "
+                         f"{_samples(PAPER_SAMPLES.get(result['task']))} | {PAPER_TEST_SAMPLES:,} | "
+                         + " | ".join(cells) + " |")
     ids = sorted({r["id_length"] for r in results})
     note = (f"\nExact match % of greedy decoding; ID = length {', '.join(map(str, ids))} for our runs, "
-            "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured).\n")
+            "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured); samples: training samples seen "
+            "(step x batch size of the tested checkpoint); test n: test samples per length.\n")
     for result in results:
         if result.get("pending_lengths"):
             note += (f"{run_name(result)}: evaluation unfinished, lengths "
