@@ -18,6 +18,8 @@ from test_nn_attention import expected_slopes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PROJECTIONS = ("wq", "wk", "wv", "wo")
+EPS32 = torch.finfo(torch.float32).eps
+ZERO_GRADIENT_ULPS = 8  # an exactly-zero gradient may hold up to this many ulps of the largest one
 
 
 def make_layer(position, form, route):
@@ -94,11 +96,18 @@ def check(run, model, attn, lengths, total, limit=1e-5):
                                       weights64, x64, ids, mask, probe)
     out, grads = output_and_grads(run, params, x64.float(), ids, mask, probe)
     errors = {"output": relative_error(out, want_out)}
-    # a gradient that is 0 (s, wq, wk at T = 1: one visible key) is measured against 1e-3 of the largest
-    floor = 1e-3 * max(g.abs().max().item() for g in want.values())
-    errors.update({name: relative_error(grads[name], want[name], floor) for name in want})
+    largest = max(g.abs().max().item() for g in want.values())
+    # a gradient that is exactly 0 (s, wq, wk at T = 1: one visible key, p = 1) keeps fp32 rounding noise
+    # of at most ZERO_GRADIENT_ULPS ulps of the largest gradient (0.2 ulp on an AVX-512 CPU; measured
+    # against 1e-3 of the largest, as before, it read 2.1e-5: only exact cancellation passed that)
+    zero = [name for name in want if want[name].abs().max() == 0]
+    noise = {name: grads[name].abs().max().item() / (EPS32 * largest) for name in zero}
+    errors.update({name: relative_error(grads[name], want[name], 1e-3 * largest)
+                   for name in want if name not in zero})
     bad = {name: f"{e:.1e}" for name, e in errors.items() if not e < limit}
-    assert not bad, f"relative error against the fp64 oracle above {limit:g}: {bad}"
+    bad.update({name: f"{u:.1f} ulps of the largest gradient" for name, u in noise.items()
+                if not u <= ZERO_GRADIENT_ULPS})
+    assert not bad, f"error against the fp64 oracle above {limit:g} (zero gradients: 8 ulps): {bad}"
 
 
 SHAPES = {"T=1": ([1, 1, 1], 1), "odd": ([7, 7], 7), "padded": ([13, 9, 1], 13)}
