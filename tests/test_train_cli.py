@@ -166,6 +166,20 @@ def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     assert "nan" not in out and "already at step 8" in out and "--steps" in out
 
 
+def test_stop_at_step_between_log_steps_reports_the_steps_trained(tmp_path, capsys):
+    # with --log-every 8, steps 1-3 and 4-5 hold no log step: each call trained, and says so
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *TINY, "--log-every", "8", "--stop-at-step", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "at step 3 after" in out and "nothing to do" not in out
+    assert main(["train", "--run-dir", str(run), "--resume", "--stop-at-step", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "at step 5 after" in out and "nothing to do" not in out
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 5
+    assert main(["train", "--run-dir", str(run), "--resume", "--stop-at-step", "5", "--no-progress"]) == 0
+    assert "at step 5 already (--stop-at-step); nothing to do" in capsys.readouterr().out
+
+
 def test_resume_with_steps_extends_a_finished_run_at_the_minimum_lr(tmp_path, capsys):
     run = _finished_run(tmp_path, "--lr", "0.004", "--min-lr-ratio", "0.25")
     assert main(["train", "--run-dir", str(run), "--resume", "--steps", "12", "--no-progress"]) == 0

@@ -319,15 +319,16 @@ def _report_training(summary: dict, run_dir: Path) -> None:
               f"{run_dir / 'checkpoint.pt'} holds step {summary['checkpoint_step']}. Resume with: "
               f"asentmax train --run-dir {run_dir} --resume", file=sys.stderr)
         raise SystemExit(130)
-    if summary["loss"] is None and summary["step"] >= summary["total_steps"]:
+    if summary["step"] == summary["start_step"] and summary["step"] >= summary["total_steps"]:
         print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
               f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")
         return
-    if summary["loss"] is None:
+    if summary["step"] == summary["start_step"]:
         print(f"run {run_dir} is at step {summary['step']} already (--stop-at-step); nothing to do")
         return
-    print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
-          f"{summary['loss']:.4f}; run dir {summary['run_dir']}")
+    loss = "no log step yet" if summary["loss"] is None else f"last loss {summary['loss']:.4f}"
+    print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, {loss}; "
+          f"run dir {summary['run_dir']}")
 
 
 # ---- eval ----

@@ -495,7 +495,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
     early after that many total steps with a checkpoint (as if killed there).
 
-    Summary: step, total_steps, loss (of the last log line of this process, None when no step ran), val
+    Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
+    of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
     signal name, or None)."""
     from asentmax.nn import Transformer
@@ -532,6 +533,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         set_rng_state(saved_state["rng"])
         window_loss, window_targets = restored_window(rank_states, world)
     saved_step = None if checkpoint is None else step
+    start_step = step
     best = None if checkpoint is None else checkpoint.get("best")  # {"score", "step"} of best.pt
     ddp_model = model
     if world.active:
@@ -704,6 +706,6 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         dist.barrier()
     if world.owns_group:
         dist.destroy_process_group()
-    return {"step": step, "total_steps": total, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
-            "elapsed_s": time.perf_counter() - start_time, "checkpoint_step": saved_step,
-            "interrupted": interrupted}
+    return {"step": step, "start_step": start_step, "total_steps": total, "loss": last_loss, "val": val_rows,
+            "run_dir": str(run_dir), "elapsed_s": time.perf_counter() - start_time,
+            "checkpoint_step": saved_step, "interrupted": interrupted}
