@@ -130,7 +130,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
