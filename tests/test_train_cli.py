@@ -94,6 +94,28 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "new").exists()
 
 
+def test_attention_backend_triton_on_the_cpu_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["train", "--run-dir", str(tmp_path / "new"), *TINY, "--device", "cpu"]
+    assert main([*argv, "--attention-backend", "triton"]) == 2
+    assert "--attention-backend triton needs" in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+    # a run trained with the kernels (on a GPU), evaluated on the CPU: one line that names the way out
+    run = _finished_run(tmp_path, "--device", "cpu")
+    state = load_checkpoint(run / "checkpoint.pt")
+    state["model_config"]["attention_backend"] = "triton"
+    torch.save(state, run / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--device", "cpu", "--multipliers", "1", "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asentmax eval: error:") and err.count("\n") == 1, err
+    assert "checkpoint.pt: attention backend triton needs" in err and "--attention-backend chunked" in err
+    assert main(["eval", str(run), "--device", "cpu", "--multipliers", "1", "--samples", "2",
+                 "--attention-backend", "chunked", "--no-progress"]) == 0
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "10"]) == 2
+    assert "--attention-backend triton needs" in _one_line_error(capsys)
+
+
 @pytest.mark.parametrize("flag,value", [("--lr", "inf"), ("--lr", "nan"), ("--min-lr-ratio", "nan"),
                                         ("--grad-clip", "inf"), ("--weight-decay", "-inf"),
                                         ("--beta2", "nan"), ("--dropout", "nan"), ("--alpha", "inf")])

@@ -228,7 +228,7 @@ def _saved_run(args):
     """The checkpoint of --run-dir to resume and the --steps to extend it to (None: keep its steps)."""
     from asentmax.runs import CHECKPOINT_NAME
     from asentmax.train import extended, load_run
-    from asentmax.trainer import check_cuda_graphs
+    from asentmax.trainer import check_attention_backend, check_cuda_graphs
 
     train_overrides = _given(args, args.train_names)
     steps = train_overrides.pop("steps", None)
@@ -243,6 +243,7 @@ def _saved_run(args):
     _check_world(saved.train_config)
     try:
         saved.train_config.validate()
+        check_attention_backend(saved.train_config, saved.model_config)
         check_cuda_graphs(saved.train_config, saved.model_config, _world_size())
     except ValueError as error:
         raise UsageError(f"{error} (the run's saved configuration)") from None
@@ -258,7 +259,7 @@ def _new_run(args):
     """(workload, TrainConfig, ModelConfig) of the flags, checked, with --run-dir ready for them."""
     from asentmax.tasks import get_task
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig, check_cuda_graphs
+    from asentmax.trainer import TrainConfig, check_attention_backend, check_cuda_graphs
 
     run_dir: Path = args.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -271,6 +272,7 @@ def _new_run(args):
         train_config.validate()
         model_config = workload.model_config(_given(args, args.model_names))
         workload.check_model(model_config)
+        check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
     except (ValueError, TypeError) as error:
         raise UsageError(str(error)) from None

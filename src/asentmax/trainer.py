@@ -304,6 +304,16 @@ def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) 
         raise ValueError(f"--cuda-graphs on: {refusal}; use --cuda-graphs off or auto")
 
 
+def check_attention_backend(train_config: TrainConfig, model_config) -> None:
+    """ValueError (one line) when the model's --attention-backend cannot run on the training device."""
+    from asentmax.ops.attention import backend_refusal
+
+    refusal = backend_refusal(model_config.attention_backend,
+                              "cuda" if uses_cuda(train_config.device) else "cpu")
+    if refusal is not None:
+        raise ValueError(f"--attention-backend {refusal}")
+
+
 def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed) -> bool:
     """Whether the compiled step (--compile) is replayed as CUDA graphs: --cuda-graphs on
     (TrainConfig.validate and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device
@@ -339,9 +349,14 @@ class Distributed:
         return self.world_size > 1
 
 
+def uses_cuda(device_name: str) -> bool:
+    """Whether --device `device_name` (auto | cpu | cuda) trains on CUDA."""
+    return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+
+
 def setup_distributed(device_name: str) -> Distributed:
     """Join the torchrun process group when WORLD_SIZE > 1 (gloo on CPU, NCCL on CUDA) and pick the device."""
-    use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    use_cuda = uses_cuda(device_name)
     if device_name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -505,6 +520,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     train_config.validate()
     workload.check_model(model_config)
 
+    check_attention_backend(train_config, model_config)
     world = setup_distributed(train_config.device)
     check_cuda_graphs(train_config, model_config, world.world_size)
     if train_config.batch_size % world.world_size:
