@@ -77,7 +77,7 @@ def _existing_run(tmp_path):
 @pytest.mark.parametrize("case", [
     "unknown-task", "min-above-max", "too-short-for-task", "bad-model", "existing-run-dir", "resume-missing",
     "resume-with-flags", "eval-missing-checkpoint", "eval-fractional-length", "compare-not-evaluated",
-    "unknown-command", "bad-multiplier"])
+    "unknown-command", "bad-multiplier", "alpha-above-range", "negative-seed"])
 def test_argument_errors_exit_2_with_one_line(case, tmp_path, capsys):
     existing = _existing_run(tmp_path)
     new = str(tmp_path / "new")
@@ -94,6 +94,8 @@ def test_argument_errors_exit_2_with_one_line(case, tmp_path, capsys):
         "compare-not-evaluated": ["compare", str(existing), "--output-dir", new],
         "unknown-command": ["fly"],
         "bad-multiplier": ["eval", str(existing), "--multipliers", "0"],
+        "alpha-above-range": ["train", "--run-dir", new, *TINY, "--alpha", "11"],
+        "negative-seed": ["train", "--run-dir", new, *TINY, "--seed", "-1"],
     }[case]
     assert main(argv) == 2
     err = capsys.readouterr().err

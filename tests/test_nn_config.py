@@ -34,6 +34,7 @@ BAD = [
     (dict(attention="entmax", alpha=1.0), "alpha must be > 1 for attention='entmax'"),
     (dict(attention="asentmax", alpha=0.5), "alpha must be > 1 for attention='asentmax'"),
     (dict(attention="asentmax", alpha=float("nan")), "alpha must be > 1"),
+    (dict(attention="entmax", alpha=11.0), "alpha must be <= 10 for attention='entmax'"),
     (dict(position="nape", n_heads=1, d_model=32), "n_heads must be even"),
     (dict(position="rope", d_model=24, n_heads=8), "even head_dim"),
     (dict(vocab_size=0), "vocab_size must be a positive int"),

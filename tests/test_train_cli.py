@@ -94,6 +94,28 @@ def test_device_cuda_without_a_gpu_is_one_line(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "new").exists()
 
 
+def test_attention_backend_triton_on_the_cpu_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["train", "--run-dir", str(tmp_path / "new"), *TINY, "--device", "cpu"]
+    assert main([*argv, "--attention-backend", "triton"]) == 2
+    assert "--attention-backend triton needs" in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+    # a run trained with the kernels (on a GPU), evaluated on the CPU: one line that names the way out
+    run = _finished_run(tmp_path, "--device", "cpu")
+    state = load_checkpoint(run / "checkpoint.pt")
+    state["model_config"]["attention_backend"] = "triton"
+    torch.save(state, run / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--device", "cpu", "--multipliers", "1", "--samples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("asentmax eval: error:") and err.count("\n") == 1, err
+    assert "checkpoint.pt: attention backend triton needs" in err and "--attention-backend chunked" in err
+    assert main(["eval", str(run), "--device", "cpu", "--multipliers", "1", "--samples", "2",
+                 "--attention-backend", "chunked", "--no-progress"]) == 0
+    assert main(["train", "--run-dir", str(run), "--resume", "--steps", "10"]) == 2
+    assert "--attention-backend triton needs" in _one_line_error(capsys)
+
+
 @pytest.mark.parametrize("flag,value", [("--lr", "inf"), ("--lr", "nan"), ("--min-lr-ratio", "nan"),
                                         ("--grad-clip", "inf"), ("--weight-decay", "-inf"),
                                         ("--beta2", "nan"), ("--dropout", "nan"), ("--alpha", "inf")])
@@ -164,6 +186,20 @@ def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     assert main(["train", "--run-dir", str(run), "--resume"]) == 0
     out = capsys.readouterr().out
     assert "nan" not in out and "already at step 8" in out and "--steps" in out
+
+
+def test_stop_at_step_between_log_steps_reports_the_steps_trained(tmp_path, capsys):
+    # with --log-every 8, steps 1-3 and 4-5 hold no log step: each call trained, and says so
+    run = tmp_path / "run"
+    assert main(["train", "--run-dir", str(run), *TINY, "--log-every", "8", "--stop-at-step", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "at step 3 after" in out and "nothing to do" not in out
+    assert main(["train", "--run-dir", str(run), "--resume", "--stop-at-step", "5", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "at step 5 after" in out and "nothing to do" not in out
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 5
+    assert main(["train", "--run-dir", str(run), "--resume", "--stop-at-step", "5", "--no-progress"]) == 0
+    assert "at step 5 already (--stop-at-step); nothing to do" in capsys.readouterr().out
 
 
 def test_resume_with_steps_extends_a_finished_run_at_the_minimum_lr(tmp_path, capsys):

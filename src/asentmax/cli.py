@@ -228,7 +228,7 @@ def _saved_run(args):
     """The checkpoint of --run-dir to resume and the --steps to extend it to (None: keep its steps)."""
     from asentmax.runs import CHECKPOINT_NAME
     from asentmax.train import extended, load_run
-    from asentmax.trainer import check_cuda_graphs
+    from asentmax.trainer import check_attention_backend, check_cuda_graphs
 
     train_overrides = _given(args, args.train_names)
     steps = train_overrides.pop("steps", None)
@@ -243,6 +243,7 @@ def _saved_run(args):
     _check_world(saved.train_config)
     try:
         saved.train_config.validate()
+        check_attention_backend(saved.train_config, saved.model_config)
         check_cuda_graphs(saved.train_config, saved.model_config, _world_size())
     except ValueError as error:
         raise UsageError(f"{error} (the run's saved configuration)") from None
@@ -258,7 +259,7 @@ def _new_run(args):
     """(workload, TrainConfig, ModelConfig) of the flags, checked, with --run-dir ready for them."""
     from asentmax.tasks import get_task
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig, check_cuda_graphs
+    from asentmax.trainer import TrainConfig, check_attention_backend, check_cuda_graphs
 
     run_dir: Path = args.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -271,6 +272,7 @@ def _new_run(args):
         train_config.validate()
         model_config = workload.model_config(_given(args, args.model_names))
         workload.check_model(model_config)
+        check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
     except (ValueError, TypeError) as error:
         raise UsageError(str(error)) from None
@@ -319,15 +321,16 @@ def _report_training(summary: dict, run_dir: Path) -> None:
               f"{run_dir / 'checkpoint.pt'} holds step {summary['checkpoint_step']}. Resume with: "
               f"asentmax train --run-dir {run_dir} --resume", file=sys.stderr)
         raise SystemExit(130)
-    if summary["loss"] is None and summary["step"] >= summary["total_steps"]:
+    if summary["step"] == summary["start_step"] and summary["step"] >= summary["total_steps"]:
         print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
               f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")
         return
-    if summary["loss"] is None:
+    if summary["step"] == summary["start_step"]:
         print(f"run {run_dir} is at step {summary['step']} already (--stop-at-step); nothing to do")
         return
-    print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, last loss "
-          f"{summary['loss']:.4f}; run dir {summary['run_dir']}")
+    loss = "no log step yet" if summary["loss"] is None else f"last loss {summary['loss']:.4f}"
+    print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, {loss}; "
+          f"run dir {summary['run_dir']}")
 
 
 # ---- eval ----

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
+from asentmax.ops.attention import backend_refusal
 from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
     BEST_NAME,
@@ -127,10 +127,9 @@ def eval_device(config: EvalConfig) -> torch.device:
         raise ValueError("--device cuda: no CUDA device is available on this machine; "
                          "use --device cpu or auto")
     device = torch.device("cuda" if config.device != "cpu" and torch.cuda.is_available() else "cpu")
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    if config.attention_backend == "triton" and device.type == "cpu" and not interpreted:
-        raise ValueError("--attention-backend triton needs a CUDA device (or TRITON_INTERPRET=1); "
-                         "use chunked on the CPU")
+    refusal = backend_refusal(config.attention_backend, device.type)
+    if refusal is not None:
+        raise ValueError(f"--attention-backend {refusal}")
     return device
 
 
@@ -421,6 +420,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         raise RunError(f"no {BEST_NAME} in {run_dir}: only a run trained with --keep-best-at keeps one")
     checkpoint = load_checkpoint(checkpoint_path)
     model_config, model_state = _model_from_checkpoint(checkpoint_path, checkpoint, config.attention_backend)
+    refusal = backend_refusal(model_config.attention_backend, device.type)
+    if refusal is not None:  # a run trained with --attention-backend triton, evaluated on the CPU
+        raise RunError(f"{checkpoint_path}: attention backend {refusal} (--attention-backend chunked)")
     if task_name not in TASK_NAMES:
         raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}")
     try:

@@ -135,7 +135,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
@@ -309,6 +309,16 @@ def check_cuda_graphs(train_config: TrainConfig, model_config, world_size: int) 
         raise ValueError(f"--cuda-graphs on: {refusal}; use --cuda-graphs off or auto")
 
 
+def check_attention_backend(train_config: TrainConfig, model_config) -> None:
+    """ValueError (one line) when the model's --attention-backend cannot run on the training device."""
+    from asentmax.ops.attention import backend_refusal
+
+    refusal = backend_refusal(model_config.attention_backend,
+                              "cuda" if uses_cuda(train_config.device) else "cpu")
+    if refusal is not None:
+        raise ValueError(f"--attention-backend {refusal}")
+
+
 def uses_cuda_graphs(train_config: TrainConfig, model_config, world: Distributed) -> bool:
     """Whether the compiled step (--compile) is replayed as CUDA graphs: --cuda-graphs on
     (TrainConfig.validate and check_cuda_graphs refuse it where it cannot run), or auto on one CUDA device
@@ -344,9 +354,14 @@ class Distributed:
         return self.world_size > 1
 
 
+def uses_cuda(device_name: str) -> bool:
+    """Whether --device `device_name` (auto | cpu | cuda) trains on CUDA."""
+    return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+
+
 def setup_distributed(device_name: str) -> Distributed:
     """Join the torchrun process group when WORLD_SIZE > 1 (gloo on CPU, NCCL on CUDA) and pick the device."""
-    use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    use_cuda = uses_cuda(device_name)
     if device_name == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available; use --device cpu or auto")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -500,7 +515,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
     early after that many total steps with a checkpoint (as if killed there).
 
-    Summary: step, total_steps, loss (of the last log line of this process, None when no step ran), val
+    Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
+    of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
     signal name, or None)."""
     from asentmax.nn import Transformer
@@ -509,6 +525,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     train_config.validate()
     workload.check_model(model_config)
 
+    check_attention_backend(train_config, model_config)
     world = setup_distributed(train_config.device)
     check_cuda_graphs(train_config, model_config, world.world_size)
     if train_config.batch_size % world.world_size:
@@ -539,6 +556,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         set_rng_state(saved_state["rng"])
         window_loss, window_targets = restored_window(rank_states, world)
     saved_step = None if checkpoint is None else step
+    start_step = step
     best = None if checkpoint is None else checkpoint.get("best")  # {"score", "step"} of best.pt
     ddp_model = model
     if world.active:
@@ -711,6 +729,6 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         dist.barrier()
     if world.owns_group:
         dist.destroy_process_group()
-    return {"step": step, "total_steps": total, "loss": last_loss, "val": val_rows, "run_dir": str(run_dir),
-            "elapsed_s": time.perf_counter() - start_time, "checkpoint_step": saved_step,
-            "interrupted": interrupted}
+    return {"step": step, "start_step": start_step, "total_steps": total, "loss": last_loss, "val": val_rows,
+            "run_dir": str(run_dir), "elapsed_s": time.perf_counter() - start_time,
+            "checkpoint_step": saved_step, "interrupted": interrupted}

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from asentmax.nn.normalisers import NAMES as ATTENTIONS
 from asentmax.nn.normalisers import get_normaliser
+from asentmax.ops.entmax import ALPHA_MAX
 from asentmax.ops.types import BACKENDS
 
 POSITIONS = ("nope", "alibi", "rope", "nape")
@@ -50,7 +51,8 @@ class ModelConfig:
     scale_embeddings: bool = _field(
         False, "multiply the token embeddings by sqrt(d_model) (Gemma-2, the paper's code)")
     attention: str = _field("asentmax", f"attention normaliser: {' | '.join(ATTENTIONS)}")
-    alpha: float = _field(1.5, "alpha of alpha-entmax (entmax, asentmax), > 1; 1.5 in the paper")
+    alpha: float = _field(1.5, f"alpha of alpha-entmax (entmax, asentmax), in (1, {ALPHA_MAX:g}]; 1.5 in the "
+                               "paper")
     topk_k: int = _field(32, "topk: softmax over each query's k largest logits (32 in the paper's Sort runs)")
     position: str = _field("nape", "positions: nope | alibi | rope | nape (first H/2 heads ALiBi, rest NoPE)")
     alibi_slopes: str = _field(
@@ -114,6 +116,9 @@ class ModelConfig:
             need(math.isfinite(self.alpha) and self.alpha > 1,
                  f"alpha must be > 1 for attention={self.attention!r}, got {self.alpha!r} "
                  "(alpha = 1 is softmax: use attention='softmax')")
+            need(self.alpha <= ALPHA_MAX,
+                 f"alpha must be <= {ALPHA_MAX:g} for attention={self.attention!r} (the range "
+                 f"alpha-entmax supports), got {self.alpha!r}")
         if self.position == "nape":
             need(self.n_heads >= 2 and self.n_heads % 2 == 0,
                  f"position='nape' splits heads in two halves (ALiBi / NoPE): n_heads must be even, "

@@ -22,13 +22,16 @@ asentmax::attention_fwd / attention_bwd / attention_decode): the one boundary to
 compiled model traces this function and the argument checks but none of the block loops or kernel launches.
 """
 
+import os
+
 import torch
 
 from asentmax.ops import chunked, reference
 from asentmax.ops import triton as triton_backend
 from asentmax.ops.types import BACKENDS, AttentionAux, validate_attention_args
 
-__all__ = ["BACKENDS", "AttentionAux", "choose_backend", "entmax_attention", "resolve_backend"]
+__all__ = ["BACKENDS", "AttentionAux", "backend_refusal", "choose_backend", "entmax_attention",
+           "resolve_backend"]
 
 
 _SUPPORT = {"reference": reference.SUPPORT, "chunked": chunked.SUPPORT, "triton": triton_backend.SUPPORT}
@@ -57,6 +60,19 @@ def resolve_backend(backend: str, on_cuda: bool, alpha: float, head_dim: int, dt
     if _SUPPORT[backend].refusal(alpha, head_dim, dtype) is not None:
         return "chunked"
     return backend
+
+
+def backend_refusal(backend: str, device_type: str) -> str | None:
+    """None when `backend` can compute attention on a `device_type` ("cpu" / "cuda") device, else why not,
+    on one line: "triton" where its kernels cannot run (no triton package, or the CPU without
+    TRITON_INTERPRET=1). "auto" and the torch backends run everywhere. For checks before any tensor
+    exists (training and evaluation settings)."""
+    if backend != "triton":
+        return None
+    if not _triton_available() or (device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1"):
+        return ("triton needs the triton package and a CUDA device (or TRITON_INTERPRET=1); use chunked "
+                "on the CPU")
+    return None
 
 
 def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slopes=None, q_scale=None,
