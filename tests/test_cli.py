@@ -141,6 +141,21 @@ def trained_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.parametrize("case", ["repeated-multiplier", "compare-twice"])
+def test_a_repeated_argument_is_one_line(trained_run, tmp_path, capsys, case):
+    out = str(tmp_path / "x")
+    argv, message = {
+        "repeated-multiplier": (["eval", str(trained_run), "--multipliers", "1", "2", "1", "--output", out],
+                                "multipliers must differ from each other, got 1.0 2.0 1.0"),
+        "compare-twice": (["compare", str(trained_run), f"{trained_run}/", "--output-dir", out],
+                          "a run is given twice"),
+    }[case]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.json").exists()
+
+
 def _damaged_copy(trained_run, tmp_path, name, content):
     import shutil
 

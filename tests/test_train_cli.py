@@ -218,7 +218,10 @@ def test_resume_with_steps_extends_a_finished_run_at_the_minimum_lr(tmp_path, ca
 def test_a_warm_up_longer_than_the_run_is_warned_about(tmp_path, capsys):
     assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, "--warmup-steps", "20"]) == 0
     err = capsys.readouterr().err
-    assert "warning: --warmup-steps 20 >= --steps 8" in err and "peaks at 0.0004" in err
+    assert "warning: --warmup-steps 20 > --steps 8" in err and "peaks at 0.0004" in err
+    # a warm-up as long as the run reaches --lr at its last step: nothing to warn about
+    assert main(["train", "--run-dir", str(tmp_path / "equal"), *TINY, "--warmup-steps", "8"]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 # ---- help ----

@@ -279,8 +279,8 @@ def _new_run(args):
     _check_device(train_config.device)
     _check_world(train_config)
     _prepare_run_dir(run_dir, args.overwrite)
-    if train_config.warmup_steps >= train_config.steps and _main_rank():
-        print(f"warning: --warmup-steps {train_config.warmup_steps} >= --steps {train_config.steps}: the lr "
+    if train_config.warmup_steps > train_config.steps and _main_rank():
+        print(f"warning: --warmup-steps {train_config.warmup_steps} > --steps {train_config.steps}: the lr "
               f"rises for the whole run and peaks at "
               f"{train_config.lr * train_config.steps / train_config.warmup_steps:.3g}, not --lr "
               f"{train_config.lr:g}", file=sys.stderr)
@@ -401,6 +401,8 @@ def _run_compare(args) -> None:
     from asentmax.report import compare_runs
 
     _writable_dir(args.output_dir, "--output-dir")
+    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
+        raise UsageError("a run is given twice")
     print(compare_runs(args.run_dirs, args.output_dir))  # RunError (one line) for an unusable eval.json
 
 

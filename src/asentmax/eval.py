@@ -101,6 +101,9 @@ class EvalConfig:
         if any(not (m > 0 and math.isfinite(m)) for m in self.multipliers):
             given = " ".join(map(str, self.multipliers))
             raise ValueError(f"multipliers must be positive and finite, got {given}")
+        if len(set(self.multipliers)) < len(self.multipliers):
+            given = " ".join(map(str, self.multipliers))
+            raise ValueError(f"multipliers must differ from each other, got {given}")
         if self.dispersion_samples < 0 or self.dispersion_max_tokens < 0:
             raise ValueError("dispersion-samples and dispersion-max-tokens must be >= 0")
         for name in ("samples", "batch_size", "max_batch_tokens"):
