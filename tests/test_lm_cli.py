@@ -9,22 +9,35 @@ from pathlib import Path
 import pytest
 
 from asentmax.cli import main
+from asentmax.lm.cli import _load_model
 
 pytest.importorskip("tokenizers")
 
 SAMPLE = Path(__file__).resolve().parents[1] / "src" / "asentmax" / "lm" / "sample"
 
 
-def test_lm_prepare_train_eval_compare(tmp_path, capsys):
-    data, run, out = tmp_path / "data", tmp_path / "run", tmp_path / "results"
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """The sample corpus prepared at vocabulary 400 and context 16 (2 test documents, 1 valid one)."""
+    data = tmp_path_factory.mktemp("lm") / "data"
     assert main(["lm", "prepare", "--text-folder", str(SAMPLE), "--out", str(data), "--vocab-size",
                  "400", "--context", "16", "--test-docs", "2", "--valid-docs", "1"]) == 0
+    return data
+
+
+def tiny_train(data: Path, run: Path) -> list[str]:
+    """`asentmax lm train` of an lm_tiny model on `data` on the CPU (add --steps)."""
+    return ["lm", "train", "--run-dir", str(run), "--data", str(data), "--size", "lm_tiny",
+            "--context", "16", "--batch-size", "4", "--warmup-steps", "2", "--val-every", "3",
+            "--log-every", "3", "--checkpoint-every", "3", "--device", "cpu", "--no-progress",
+            "--retrieval-share", "0"]
+
+
+def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
+    run, out = tmp_path / "run", tmp_path / "results"
     manifest = json.loads((data / "manifest.json").read_text())
     assert manifest["splits"]["test"]["documents"] == 2 and manifest["vocab_size"] == 400
-    train = ["lm", "train", "--run-dir", str(run), "--data", str(data), "--size", "lm_tiny",
-             "--context", "16", "--batch-size", "4", "--warmup-steps", "2", "--val-every", "3",
-             "--log-every", "3",
-             "--checkpoint-every", "3", "--device", "cpu", "--no-progress", "--retrieval-share", "0"]
+    train = tiny_train(data, run)
     assert main(train + ["--steps", "6"]) == 0
     report = json.loads((run / "lm_train.json").read_text())
     assert report["step"] == 6 and report["windows_seen"] == 24 and report["token_slots_seen"] == 24 * 16
@@ -53,3 +66,35 @@ def test_lm_errors_are_one_line(tmp_path, capsys):
     assert "asentmax lm prepare" in capsys.readouterr().err
     assert main(["lm", "eval", str(tmp_path / "missing")]) == 2
     assert "no checkpoint" in capsys.readouterr().err
+
+
+def test_lm_block_options(data, tmp_path, capsys):
+    """The block flags of `asentmax train` build the LM (saved in its config, so resume and eval rebuild
+    it); the other block options keep the size preset's values."""
+    run = tmp_path / "run"
+    assert main(tiny_train(data, run) + ["--steps", "3", "--norm-placement", "sandwich", "--mlp", "geglu",
+                                         "--norm-eps", "1e-6"]) == 0
+    saved = json.loads((run / "config.json").read_text())["model_config"]
+    assert (saved["norm_placement"], saved["mlp"], saved["norm_eps"]) == ("sandwich", "geglu", 1e-6)
+    assert saved["tie_embeddings"] is False and saved["scale_embeddings"] is False  # lm_tiny's, ModelConfig's
+    assert main(["lm", "train", "--run-dir", str(run), "--resume", "--steps", "4", "--no-progress"]) == 0
+    model, _, step = _load_model(run, "cpu")  # eval's loader: the saved config, the weights loaded strictly
+    assert step == 4 and model.config.to_dict() == saved
+    assert all(block.mlp.kind == "geglu" and None not in (block.attn_post_norm, block.mlp_post_norm)
+               for block in model.blocks)
+    capsys.readouterr()
+    assert main(["lm", "train", "--run-dir", str(run), "--resume", "--steps", "5", "--mlp", "gelu"]) == 2
+    assert "drop --mlp" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--mlp", "relu"], "argument --mlp: invalid choice: 'relu'"),
+    (["--norm-eps", "0"], "norm_eps must be > 0"),
+    (["--scale-embeddings", "maybe"], "expected true or false"),
+])
+def test_lm_bad_block_option_is_one_line(data, tmp_path, capsys, flags, message):
+    run = tmp_path / "run"
+    assert main(tiny_train(data, run) + ["--steps", "1", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not run.exists()

@@ -64,9 +64,11 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defaults_note: str | None = None):
-    """One flag per field of dataclass `cls` (`choices` maps field names to allowed values); absent flags
-    stay out of the namespace. Returns the field names."""
+def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defaults_note: str | None = None,
+                     defaults: dict | None = None):
+    """One flag per field of dataclass `cls` (`choices` maps field names to allowed values, `defaults` to
+    the default the help shows where it is not the field's own, e.g. a preset's); absent flags stay out of
+    the namespace. Returns the field names."""
     group = parser.add_argument_group(f"{cls.__name__} options")
     hints = typing.get_type_hints(cls)
     names = []
@@ -80,7 +82,8 @@ def add_config_flags(parser, cls, *, skip=(), choices: dict | None = None, defau
         elif kind is float:
             kind = _finite_float
         default = f.default if f.default is not dataclasses.MISSING else None
-        note = defaults_note or f"default: {f.metadata.get('default_help', default)}"
+        shown = (defaults or {}).get(f.name, f.metadata.get("default_help", default))
+        note = defaults_note or f"default: {shown}"
         group.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=kind, nargs=nargs,
                            choices=allowed, default=argparse.SUPPRESS,
                            metavar=None if allowed else f.name.upper(),
@@ -162,12 +165,8 @@ def _train_parser(sub):
     workload_names = ["task"] + add_config_flags(p, TaskWorkload, skip=("task",), choices={"layout": LAYOUTS})
     train_choices = {"device": ("auto", "cpu", "cuda"), "amp": AMP_MODES}
     train_names = add_config_flags(p, TrainConfig, choices=train_choices)
-    model_choices = {"attention": config.ATTENTIONS, "position": config.POSITIONS, "mlp": config.MLPS,
-                     "alibi_slopes": config.ALIBI_SLOPES, "asentmax_init": config.ASENTMAX_INITS,
-                     "ssmax_form": config.SSMAX_FORMS, "attention_backend": config.BACKENDS,
-                     "norm_placement": config.NORM_PLACEMENTS}
     model_names = add_config_flags(p, ModelConfig, skip=("vocab_size",) + tuple(train_names + workload_names),
-                                   choices=model_choices)
+                                   choices=config.CHOICES)
     field_help = {f.name: f.metadata.get("help", f.name.replace("_", " "))
                   for cls in (TaskWorkload, TrainConfig, ModelConfig) for f in dataclasses.fields(cls)}
     for action in p._actions:

@@ -14,6 +14,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 # optimisation defaults of an LM run: 2500 steps of 256 windows of 512 tokens = 328M token slots (~309M
@@ -44,20 +45,29 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     p.add_argument("--valid-docs", type=int, default=64, help="validation documents (default 64)")
     p.set_defaults(run=lambda args: _guard(usage_error, _prepare, args))
 
+    from asentmax.nn import ModelConfig
+    from asentmax.nn.config import CHOICES
+    from asentmax.nn.presets import PAPER_CODE_BLOCKS
     from asentmax.trainer import TrainConfig
 
     lm_defaults = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in LM_TRAIN_DEFAULTS.items())
     p = lm_sub.add_parser("train", help="train an LM on the prepared data (TrainConfig, LMConfig flags)",
                           description=f"Train an LM. Optimisation defaults of LM runs: {lm_defaults}; "
                           "the other TrainConfig flags keep TrainConfig's defaults (torch.compile and "
-                          "fused AdamW are on by default on CUDA).")
+                          "fused AdamW are on by default on CUDA). The block options (the ModelConfig "
+                          "flags of `asentmax train`; asentmax.nn.presets.PAPER_CODE_BLOCKS, the Gemma-2 "
+                          "blocks of the paper's code, lists them) keep the --size preset's values unless "
+                          "given.")
     p.add_argument("--run-dir", required=True, type=Path, help="output directory (refused if it exists)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     train_names = add_config_flags(p, TrainConfig, defaults_note="default: TrainConfig's or the LM one above")
     lm_names = add_config_flags(p, LMConfig, skip=tuple(train_names),
                                 choices={"preset": tuple(ATTENTION_PRESETS), "size": tuple(MODEL_SIZES)})
-    p.set_defaults(run=lambda args: _guard(usage_error, _train, args, train_names, lm_names))
+    block_names = add_config_flags(p, ModelConfig, skip=[f.name for f in fields(ModelConfig)
+                                                         if f.name not in PAPER_CODE_BLOCKS],
+                                   choices=CHOICES, defaults=_size_defaults(PAPER_CODE_BLOCKS))
+    p.set_defaults(run=lambda args: _guard(usage_error, _train, args, train_names, lm_names, block_names))
 
     p = lm_sub.add_parser("eval", help="perplexity, needle retrieval and dispersion at 1x..16x the context")
     p.add_argument("run_dirs", nargs="+", type=Path, help="trained LM run directories")
@@ -81,6 +91,20 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     p.add_argument("run_dirs", nargs="+", type=Path, help="evaluated LM run directories")
     p.add_argument("--out", type=Path, default=Path("results/lm"), help="output folder (default results/lm)")
     p.set_defaults(run=lambda args: _guard(usage_error, _compare, args))
+
+
+def _size_defaults(names) -> dict:
+    """The default of each ModelConfig field in `names` for the help: its value under every --size, or
+    each size's where they differ (e.g. "lm_tiny False, lm_25m True, lm_120m False")."""
+    from asentmax.lm.workload import MODEL_SIZES
+
+    configs = {size: make(1) for size, make in MODEL_SIZES.items()}
+    shown = {}
+    for name in names:
+        values = {size: getattr(config, name) for size, config in configs.items()}
+        shown[name] = (next(iter(values.values())) if len(set(values.values())) == 1
+                       else ", ".join(f"{size} {value}" for size, value in values.items()))
+    return shown
 
 
 def _guard(usage_error, function, *args):
@@ -122,12 +146,17 @@ def _prepare(args) -> None:
 
 # ---- train ----
 
-def _train(args, train_names, lm_names) -> None:
+def _train(args, train_names, lm_names, block_names) -> None:
     from asentmax.lm.workload import LMConfig, LMWorkload
     from asentmax.trainer import TrainConfig, train
 
-    given = {name: getattr(args, name) for name in train_names + lm_names if hasattr(args, name)}
+    names = train_names + lm_names + block_names
+    given = {name: getattr(args, name) for name in names if hasattr(args, name)}
     if args.resume:
+        flags = ["--" + name.replace("_", "-") for name in given if name != "steps"]
+        if flags:
+            raise ValueError(f"--resume continues with the saved configuration; drop {' '.join(flags)} "
+                             "(only --steps may be given, to extend the run)")
         from asentmax.train import load_run, resume_run  # rebuilds the workload via asentmax.train.WORKLOADS
 
         saved = load_run(args.run_dir)
@@ -141,8 +170,8 @@ def _train(args, train_names, lm_names) -> None:
         workload = LMWorkload(LMConfig(**{k: v for k, v in given.items() if k in lm_names}))
         train_values = {k: v for k, v in given.items() if k in train_names}
         train_config = TrainConfig(**{**LM_TRAIN_DEFAULTS, **train_values})
-        summary = train(workload, train_config, workload.model_config(), args.run_dir,
-                        progress=not args.no_progress)
+        model_config = workload.model_config({k: v for k, v in given.items() if k in block_names})
+        summary = train(workload, train_config, model_config, args.run_dir, progress=not args.no_progress)
         batch_size = train_config.batch_size
     summary.update(epoch_report(workload, summary["step"], batch_size))
     report = args.run_dir / "lm_train.json"

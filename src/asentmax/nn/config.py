@@ -27,6 +27,10 @@ NORM_PLACEMENTS = ("pre", "sandwich")
 ALIBI_SLOPES = ("harmonic", "geometric")
 ASENTMAX_INITS = ("zero", "reference", "normal")
 SSMAX_FORMS = ("delta", "plain")
+# the allowed values of every field with a fixed set of them (validation below, the CLI's choices)
+CHOICES = {"attention": ATTENTIONS, "position": POSITIONS, "mlp": MLPS, "alibi_slopes": ALIBI_SLOPES,
+           "asentmax_init": ASENTMAX_INITS, "ssmax_form": SSMAX_FORMS, "attention_backend": BACKENDS,
+           "norm_placement": NORM_PLACEMENTS}
 
 
 def _field(default, help: str):
@@ -97,10 +101,7 @@ class ModelConfig:
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                  f"{name} must be a positive int, got {value!r}")
-        for name, allowed in (("attention", ATTENTIONS), ("position", POSITIONS), ("mlp", MLPS),
-                              ("alibi_slopes", ALIBI_SLOPES), ("asentmax_init", ASENTMAX_INITS),
-                              ("ssmax_form", SSMAX_FORMS), ("attention_backend", BACKENDS),
-                              ("norm_placement", NORM_PLACEMENTS)):
+        for name, allowed in CHOICES.items():
             value = getattr(self, name)
             need(value in allowed, f"unknown {name} {value!r}; expected one of {', '.join(allowed)}")
         need(self.d_model % self.n_heads == 0,
