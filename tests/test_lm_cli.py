@@ -59,6 +59,17 @@ def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
         assert (run / name).is_file()
     assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
     assert "paper ASEntmax" in (out / "compare.md").read_text()
+    # a second run of the same preset and size keeps its own row (the first one's label was overwritten)
+    import shutil
+
+    shutil.copytree(run, tmp_path / "seed2")
+    assert main(["lm", "compare", str(run), str(tmp_path / "seed2"), "--out", str(out)]) == 0
+    table = (out / "compare.md").read_text()
+    label = f"{config['workload']['preset']} ({config['workload']['size']})"
+    assert f"| {label} |" in table and f"| {label} [seed2] |" in table
+    capsys.readouterr()
+    assert main(["lm", "compare", str(run), f"{run}/", "--out", str(out)]) == 2
+    assert "a run is given twice" in capsys.readouterr().err
 
 
 def test_lm_errors_are_one_line(tmp_path, capsys):

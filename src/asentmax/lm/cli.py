@@ -254,10 +254,16 @@ def _compare(args) -> None:
     from asentmax.lm.report import markdown, plot
     from asentmax.runs import read_json
 
+    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
+        raise ValueError("a run is given twice")
     results, rows = {}, []
     for run_dir in args.run_dirs:
         result = read_json(run_dir / f"{EVAL_NAME}.json", "LM evaluation (run `asentmax lm eval` first)")
         label = f"{result['workload']['preset']} ({result['workload']['size']})"
+        if label in results:  # runs of one preset and size (other seeds, steps or block options)
+            label = f"{label} [{run_dir.name}]"
+        if label in results:
+            raise ValueError(f"two runs compare as {label}: give their directories different names")
         results[label] = result
         train_file = run_dir / "lm_train.json"
         train = json.loads(train_file.read_text()) if train_file.is_file() else {}
