@@ -354,11 +354,11 @@ def _eval_parser(sub):
 
 def _run_eval(args) -> None:
     from asentmax.eval import EvalConfig, plan_evaluation, run_evaluation
+    from asentmax.runs import check_distinct_runs
 
     if args.output is not None and len(args.run_dirs) > 1:
         raise UsageError("--output needs exactly one run dir")
-    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
-        raise UsageError("a run dir is given twice")
+    check_distinct_runs(args.run_dirs)
     try:
         config = EvalConfig(**_given(args, args.eval_names))
         plans = [plan_evaluation(run_dir, config, args.output, fresh=args.fresh) for run_dir in args.run_dirs]
@@ -398,10 +398,10 @@ def _writable_dir(path: Path, flag: str) -> None:
 
 def _run_compare(args) -> None:
     from asentmax.report import compare_runs
+    from asentmax.runs import check_distinct_runs
 
     _writable_dir(args.output_dir, "--output-dir")
-    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
-        raise UsageError("a run is given twice")
+    check_distinct_runs(args.run_dirs)
     print(compare_runs(args.run_dirs, args.output_dir))  # RunError (one line) for an unusable eval.json
 
 

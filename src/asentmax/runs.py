@@ -152,6 +152,12 @@ def format_multiplier(m: float) -> str:
     return f"{m:g}x"
 
 
+def check_distinct_runs(run_dirs) -> None:
+    """RunError (one line) when a command is given the same run twice (paths that resolve alike)."""
+    if len({Path(d).resolve() for d in run_dirs}) < len(run_dirs):
+        raise RunError("a run is given twice")
+
+
 def run_name(result: dict) -> str:
     """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights and
     ", fresh tables" for one on new word tables (`asentmax eval --tables fresh`)."""

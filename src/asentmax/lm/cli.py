@@ -252,10 +252,9 @@ def _eval(args) -> None:
 
 def _compare(args) -> None:
     from asentmax.lm.report import markdown, plot
-    from asentmax.runs import read_json
+    from asentmax.runs import check_distinct_runs, read_json
 
-    if len({d.resolve() for d in args.run_dirs}) < len(args.run_dirs):
-        raise ValueError("a run is given twice")
+    check_distinct_runs(args.run_dirs)
     results, rows = {}, []
     for run_dir in args.run_dirs:
         result = read_json(run_dir / f"{EVAL_NAME}.json", "LM evaluation (run `asentmax lm eval` first)")

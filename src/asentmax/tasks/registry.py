@@ -25,19 +25,21 @@ _TASKS: dict[str, type[Task]] = {
 TASK_NAMES: tuple[str, ...] = tuple(_TASKS)
 
 
-def task_options(name: str) -> tuple[str, ...]:
-    """The options task `name` takes: its constructor's parameters (e.g. n_symbols; mqmtar's layout)."""
+def _task_class(name: str) -> type[Task]:
     if name not in _TASKS:
         raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
-    return tuple(inspect.signature(_TASKS[name]).parameters)
+    return _TASKS[name]
+
+
+def task_options(name: str) -> tuple[str, ...]:
+    """The options task `name` takes: its constructor's parameters (e.g. n_symbols; mqmtar's layout)."""
+    return tuple(inspect.signature(_task_class(name)).parameters)
 
 
 def eval_multipliers(name: str) -> tuple[float, ...]:
     """The lengths task `name` is tested at by default, as multiples of its 1x length
     (Task.eval_multipliers)."""
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(TASK_NAMES)}")
-    return _TASKS[name].eval_multipliers
+    return _task_class(name).eval_multipliers
 
 
 def get_task(name: str, **options) -> Task:
