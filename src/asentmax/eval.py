@@ -6,7 +6,10 @@ set is drawn (asentmax.tasks.make_eval_set), prompts `<bos> source <sep>` are de
 the model's KV cache (`Transformer.generate`), in batches sized by a token budget so long lengths stay
 memory-safe on CPU (the model's "auto" attention backend is the chunked torch path there). A sample is
 an exact match when it reproduces the target and then <eos> (the tokens the training loss covers);
-per-token accuracy is over the same tokens. Exact match comes with a Wilson confidence interval.
+per-token accuracy is over the same tokens. Exact match comes with a Wilson confidence interval. For tasks
+whose answers copy source tokens (Copy, Reverse, MQMTAR's values: Task.answer_sources) the answer tokens are
+also scored by the tenth of the source they copy from ("source_tenth_accuracy"), which shows whether a long
+context fails everywhere or where its answers sit far from the query (the start of the source, say).
 
 `evaluate_run` is the driver behind `asentmax eval`; it is built for runs a person waits for:
 - the results file (<output>.json and .md, default <run-dir>/eval.*) is rewritten atomically after every
@@ -62,6 +65,7 @@ from asentmax.tasks.scoring import autocast, shape_batches
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
+SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
 
 
 @dataclass
@@ -165,11 +169,16 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
                     max_batch_tokens: int = 32768, on_batch=None) -> dict:
-    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates.
-    `on_batch(n)` (optional) is called after each batch with the number of samples it held."""
+    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates, and for a
+    task whose answers copy source tokens (Task.answer_sources) "source_tenth_accuracy": the accuracy of the
+    answer tokens copied from each tenth of the source, first tenth first (None for a tenth no answer comes
+    from). `on_batch(n)` (optional) is called after each batch with the number of samples it held."""
     from asentmax.tasks.base import BOS, EOS, SEP
 
     exact, correct, total = 0, 0, 0
+    tenth_correct = np.zeros(SOURCE_PARTS, dtype=np.int64)
+    tenth_total = np.zeros(SOURCE_PARTS, dtype=np.int64)
+    copies = True
     key = lambda e: (len(e.source) + 2, len(e.target))
     for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
         group = [examples[i] for i in indices]
@@ -181,10 +190,34 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         exact += int(hits.all(1).sum())
         correct += int(hits.sum())
         total += hits.numel()
+        copies = copies and _count_by_source_part(task, group, hits.cpu().numpy(), tenth_correct, tenth_total)
         if on_batch is not None:
             on_batch(len(indices))
-    return {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
-            "token_accuracy": correct / total}
+    scores = {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
+              "token_accuracy": correct / total}
+    if copies and tenth_total.any():
+        scores["source_tenth_accuracy"] = [float(c / t) if t else None
+                                           for c, t in zip(tenth_correct, tenth_total, strict=True)]
+    return scores
+
+
+def _count_by_source_part(task, examples, hits, part_correct, part_total) -> bool:
+    """Add each answer token's hit (hits: (B, >= len(target))) to the part of the source it copies from
+    (len(part_total) equal parts); False, counting nothing, for a task whose answers copy no source token."""
+    parts = len(part_total)
+    for example, row in zip(examples, hits, strict=True):
+        sources = task.answer_sources(example)
+        if sources is None:
+            return False
+        copied = [(position, hit) for position, hit in zip(sources, row, strict=False)  # row: + EOS
+                  if position is not None]
+        if not copied:
+            continue
+        positions, hit = (np.asarray(column) for column in zip(*copied, strict=True))
+        part = positions * parts // len(example.source)
+        np.add.at(part_correct, part, hit.astype(np.int64))
+        np.add.at(part_total, part, 1)
+    return True
 
 
 @torch.no_grad()
@@ -275,7 +308,8 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
 
 
 def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
-    """Exact match % (with the interval) and token accuracy % per length multiplier."""
+    """Exact match % (with the interval) and token accuracy % per length multiplier; then, where rows have
+    it, the accuracy % of the answer tokens by the tenth of the source they copy from."""
     lines = [f"### {title}", "", "| length | multiplier | exact match % | 95% CI | token acc % | n |",
              "|---|---|---|---|---|---|"]
     for row in rows:
@@ -283,6 +317,16 @@ def markdown_table(rows: list[dict], id_length: int, title: str) -> str:
                      f"{100 * row['exact_match']:.1f} | "
                      f"{100 * row['ci_low']:.1f}-{100 * row['ci_high']:.1f} | "
                      f"{100 * row['token_accuracy']:.1f} | {row['n']} |")
+    by_part = [row for row in rows if row.get("source_tenth_accuracy")]
+    if by_part:
+        lines += ["", "Token accuracy % of the answers by where in the source they are copied from (tenths, "
+                  "start first; '-': no answer from there):", "",
+                  "| length | " + " | ".join(f"{10 * i}-{10 * i + 10}%" for i in range(SOURCE_PARTS)) + " |",
+                  "|---|" + "---|" * SOURCE_PARTS]
+        for row in by_part:
+            cells = ("-" if value is None else f"{100 * value:.1f}"
+                     for value in row["source_tenth_accuracy"])
+            lines.append(f"| {row['length']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

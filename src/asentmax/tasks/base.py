@@ -87,6 +87,12 @@ class Task:
         (MQMTAR's key and value tables); ValueError for a task without tables."""
         raise ValueError(f"task {self.name!r} has no key and value tables to draw afresh (mqmtar has)")
 
+    def answer_sources(self, example: Example) -> list[int | None] | None:
+        """For each target token, the index of the source token it is copied from (None for a token that
+        copies none, such as MQMTAR's query markers); None for a task whose answers are not copies of single
+        source tokens (Sort). `asentmax eval` scores the answers by where their source sits."""
+        return None
+
     def check_length(self, length: int) -> None:
         if not isinstance(length, (int, np.integer)) or isinstance(length, bool):
             raise ValueError(f"task {self.name!r}: length must be an int, got {type(length).__name__}")

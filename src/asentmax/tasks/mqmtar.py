@@ -117,6 +117,22 @@ class MQMTARTask(Task):
     def source_length(self, length: int) -> int:
         return self.context_length(length) + 3 * self.n_queries
 
+    def answer_sources(self, example):
+        """Each query's value tokens come from the two tokens after its key's colon (keys are distinct within
+        a sample, so the match is unique); the query markers copy none."""
+        source = np.asarray(example.source)
+        context = source[:len(source) - 3 * self.n_queries]
+        colons = np.flatnonzero(context[2:] == COLON)  # candidate key starts: k1 k2 : v1 v2
+        colons = colons[colons + 5 <= len(context)]
+        sources: list[int | None] = []
+        for query in source[len(context):].reshape(self.n_queries, 3):
+            start = colons[(context[colons] == query[1]) & (context[colons + 1] == query[2])]
+            if len(start) != 1:
+                raise ValueError(f"task 'mqmtar': the queried key {self.decode_tokens(query[1:])} is in the "
+                                 f"context {len(start)} times, not once")
+            sources += [None, int(start[0]) + 3, int(start[0]) + 4]
+        return sources
+
     def _generate(self, length, rng):
         n_pairs = pairs_for_length(length, self.table_size)
         keys = self.keys[rng.choice(self.table_size, n_pairs, replace=False)]

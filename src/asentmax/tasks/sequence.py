@@ -45,6 +45,9 @@ class CopyTask(RandomSequenceTask):
     def transform(self, source):
         return source
 
+    def answer_sources(self, example):
+        return list(range(len(example.target)))
+
 
 class ReverseTask(RandomSequenceTask):
     """Target = the source reversed."""
@@ -57,6 +60,9 @@ class ReverseTask(RandomSequenceTask):
 
     def transform(self, source):
         return source[::-1]
+
+    def answer_sources(self, example):
+        return list(range(len(example.source) - 1, -1, -1))
 
 
 class SortTask(RandomSequenceTask):
