@@ -100,8 +100,10 @@ def test_sort_has_no_source_tenths_and_the_table_shows_them_only_when_measured()
     assert "source_tenth_accuracy" not in scores
     reverse = get_task("reverse")
     known = [e for n in (10, 20) for e in make_eval_set(reverse, n, 4, seed=9)]
+    printed = []
     rows = evaluate(StubModel(reverse, known), reverse, [10, 20], samples=4, seed=9, device="cpu",
-                    log=lambda *a: None)
+                    log=printed.append)
+    assert sum("by the tenth of the source" in line for line in printed) == 2
     assert all(row["source_tenth_accuracy"] == [1.0] * SOURCE_PARTS for row in rows)
     text = markdown_table(rows, 10, "reverse")
     assert "by where in the source" in text

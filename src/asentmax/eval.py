@@ -302,6 +302,9 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
         rows[length] = row
         log(f"length {length}: exact match {100 * row['exact_match']:.1f}% ({row['n_exact']}/{row['n']}), "
             f"{row['seconds']:.1f}s")
+        if "source_tenth_accuracy" in row:
+            tenths = " ".join("-" if v is None else f"{100 * v:.1f}" for v in row["source_tenth_accuracy"])
+            log(f"length {length}: token accuracy % by the tenth of the source the answers copy: {tenths}")
         if on_row is not None:
             on_row(sorted(rows.values(), key=lambda r: r["length"]))
     return sorted(rows.values(), key=lambda r: r["length"])
