@@ -16,6 +16,11 @@ both exit 130); the next call continues both. A step that fails (any other exit 
 only; its log says why. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
 (<name>.trained, <name>.eval<i>.done) record what finished; <work>/status.json and the printed lines give
 every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
+
+This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
+command, appended to its log, SIGINT at the deadline; its exit code and seconds), `side_by_side` (functions at
+once, a thread each: here the chains) and `run_together` (commands at once, each of which must exit 0 or 130),
+which benchmarks/reproduce_paper.py and benchmarks/plateau_study.py import.
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
+T = TypeVar("T")
 
 
 def read_plan(path: Path) -> dict[str, dict]:
@@ -57,9 +66,9 @@ def read_plan(path: Path) -> dict[str, dict]:
     return parsed
 
 
-def run_step(args: list[str], log: Path, deadline: float) -> tuple[int, float]:
-    """Run `python -m asentmax ARGS`, appending to `log`; SIGINT at `deadline` (time.time()), SIGKILL GRACE_S
-    later. Returns (exit code, seconds)."""
+def run_step(args: list[str], log: Path, deadline: float | None) -> tuple[int, float]:
+    """Run `python -m asentmax ARGS`, appending to `log`; SIGINT at `deadline` (time.time(); None: never),
+    SIGKILL GRACE_S later. Returns (exit code, seconds)."""
     start = time.time()
     with open(log, "a") as out:
         out.write(f"$ asentmax {shlex.join(args)}\n")
@@ -68,7 +77,7 @@ def run_step(args: list[str], log: Path, deadline: float) -> tuple[int, float]:
         child = subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=out,
                                  stderr=subprocess.STDOUT, env=env)
         try:
-            child.wait(timeout=max(0.0, deadline - time.time()))
+            child.wait(timeout=None if deadline is None else max(0.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             child.send_signal(signal.SIGINT)
             try:
@@ -77,6 +86,25 @@ def run_step(args: list[str], log: Path, deadline: float) -> tuple[int, float]:
                 child.kill()
                 child.wait()
     return child.returncode, round(time.time() - start, 1)
+
+
+def side_by_side(calls: dict[str, Callable[[], T]]) -> dict[str, T]:
+    """Call every function at once, each in a thread of its own; {name: its result} once all have returned
+    (an exception in one is raised here)."""
+    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+    return {name: future.result() for name, future in futures.items()}
+
+
+def run_together(commands: dict[str, list[str]], work: Path, stage: str, deadline: float | None) -> dict:
+    """run_step for every command at once, logged to <work>/<name>.<stage>.log; {name: seconds}. One-line
+    SystemExit when any exits other than 0 or 130 (stopped at the deadline)."""
+    done = side_by_side({name: partial(run_step, args, work / f"{name}.{stage}.log", deadline)
+                         for name, args in commands.items()})
+    failed = [f"{name} (exit {code})" for name, (code, _) in done.items() if code not in (0, 130)]
+    if failed:
+        raise SystemExit(f"{stage} failed for {', '.join(failed)}; see {work}/<name>.{stage}.log")
+    return {name: seconds for name, (_, seconds) in done.items()}
 
 
 def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float) -> dict:
@@ -138,16 +166,9 @@ def main() -> int:
         parser.error(f"--seconds {args.seconds:g} leaves no time before --margin {args.margin:g}")
     names = args.runs or list(plan)
     args.work.mkdir(parents=True, exist_ok=True)
-    end, states = time.time() + args.seconds, {}
-
-    def chain(name):
-        states[name] = run_chain(name, plan[name], args.work, end, args.margin, args.min_eval_seconds)
-
-    threads = [threading.Thread(target=chain, args=(name,)) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    end = time.time() + args.seconds
+    states = side_by_side({name: partial(run_chain, name, plan[name], args.work, end, args.margin,
+                                         args.min_eval_seconds) for name in names})
     status = {name: summary(name, plan[name], args.work, states[name]) for name in names}
     (args.work / "status.json").write_text(json.dumps(status, indent=2) + "\n")
     for name, s in status.items():

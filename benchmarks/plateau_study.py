@@ -24,9 +24,10 @@ import csv
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
-from reproduce_paper import run_all  # the same side-by-side launcher
+from device_plan import run_together  # the one side-by-side runner
 
 # name -> flags added to `asentmax train --preset mqmtar`; the candidate causes of the plateau: the
 # initialisation of the beta/gamma projections, warm-up, learning rate, theta's offset delta, the
@@ -89,11 +90,11 @@ def train_command(name: str, flags: list[str], work: Path, steps: int, smoke: bo
 
 
 def run_in_groups(commands: dict[str, list[str]], work: Path, seconds: float, parallel: int | None) -> None:
-    """run_all over `parallel` runs at a time (all at once when None); `seconds` bounds each group."""
+    """run_together over `parallel` runs at a time (all at once when None); `seconds` bounds each group."""
     names = list(commands)
     size = parallel or len(names)
     for i in range(0, len(names), size):
-        run_all({n: commands[n] for n in names[i:i + size]}, work, "train", seconds)
+        run_together({n: commands[n] for n in names[i:i + size]}, work, "train", time.time() + seconds)
 
 
 def read_curve(run_dir: Path) -> list[tuple[int, float, float]]:

@@ -8,7 +8,12 @@ the accuracy and dispersion plots, plus the commands, seeds, samples seen and wa
     <out>/<task>.md            the table and the provenance of every number in it
     <out>/<task>/compare.md, accuracy.png, dispersion.png, training.png, compare.json, runs.json
 
-`--train-seconds` stops every training run at that wall time (the run saves a checkpoint at the step
+The processes run through benchmarks/device_plan.py (`run_together`: its `run_step`, of which a plan's runs
+are made, for every method at once): first every method's training, then every method's evaluation, each
+logged to <work>/<task>/<method>.train.log or .eval.log (appended to, after its command line, on every call).
+It is not a plan of its own, since its runs count as finished at their planned steps rather than at exit 0,
+and none is evaluated before all are (the table compares finished runs): that is what `--resume` chains.
+`--train-seconds` sends every training run SIGINT at that wall time (the run saves a checkpoint at the step
 it reached). A run stopped before its planned steps is not evaluated (its cosine has not decayed): the
 command says so and exits 0, and the same command with `--resume` continues every run from its checkpoint
 in --work (another `--train-seconds` window), until all have finished; then they are evaluated and the
@@ -29,44 +34,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from device_plan import run_together
+
 from asentmax.report import PAPER_RESULTS
 from asentmax.runs import evaluation_name
-from asentmax.tasks.registry import eval_multipliers
+from asentmax.tasks.registry import eval_multipliers, has_fresh_tables
 
 METHODS = ("softmax", "ssmax", "entmax", "asentmax")
-
-
-def run_all(commands: dict[str, list[str]], work: Path, stage: str, seconds: float | None) -> dict:
-    """Start every command at once; SIGTERM those still running after `seconds`; wall time per name."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    start, ends, children = time.time(), {}, {}
-    for name, args in commands.items():
-        log = open(work / f"{name}.{stage}.log", "w")
-        children[name] = subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=log,
-                                          stderr=subprocess.STDOUT, env=env)
-    stopped = False
-    while len(ends) < len(children):
-        time.sleep(2)
-        for name, child in children.items():
-            if name not in ends and child.poll() is not None:
-                ends[name] = round(time.time() - start, 1)
-        if seconds is not None and not stopped and time.time() - start > seconds:
-            for child in children.values():
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)  # the trainer checkpoints the step it reached
-            stopped = True
-    failed = [n for n, c in children.items() if c.returncode not in (0, 130)]
-    if failed:
-        raise SystemExit(f"{stage} failed for {', '.join(failed)}; see {work}/<name>.{stage}.log")
-    return ends
 
 
 def progress(run_dir: Path) -> tuple[int, int]:
@@ -110,8 +90,8 @@ def main() -> int:
                         help="MQMTAR's test words: the run's tables, or new ones for every length as the "
                         "paper's code draws its test sets")
     args = parser.parse_args()
-    if args.tables == "fresh" and args.task != "mqmtar":
-        parser.error(f"--tables fresh: task {args.task} has no key and value tables (mqmtar has)")
+    if args.tables == "fresh" and not has_fresh_tables(args.task):
+        parser.error(f"--tables fresh: task {args.task!r} has no key and value tables to draw afresh")
     work = args.work / args.task
     runs = {m: work / m for m in args.methods}
     if args.resume:
@@ -130,7 +110,8 @@ def main() -> int:
         train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
                      "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
         before = dict.fromkeys(runs, 0)
-    train_s = run_all(train, work, "train", args.train_seconds)
+    deadline = None if args.train_seconds is None else time.time() + args.train_seconds
+    train_s = run_together(train, work, "train", deadline)
     reached = {m: progress(d) for m, d in runs.items()}
     calls = {m: recorded_calls(work, m, train_s[m], (before[m], reached[m][0]), args.resume) for m in runs}
     unfinished = {m: r for m, r in reached.items() if r[0] < r[1]}
@@ -146,7 +127,7 @@ def main() -> int:
                  str(args.samples), "--checkpoint", args.checkpoint, "--tables", args.tables,
                  *args.eval_flags.split()]
              for m, d in runs.items()}
-    eval_s = run_all(evals, work, "eval", None)
+    eval_s = run_together(evals, work, "eval", None)
     result_name = evaluation_name(args.checkpoint, args.tables) + ".json"
     compare = subprocess.run([sys.executable, "-m", "asentmax", "compare",
                               *(str(d / result_name) for d in runs.values()),

@@ -1,16 +1,26 @@
 """benchmarks/device_plan.py: a plan's runs train and evaluate side by side; a failing run stops only its own
-chain; a window that closes mid-training leaves a checkpoint the next call resumes from."""
+chain; a window that closes mid-training leaves a checkpoint the next call resumes from; run_together, the
+runner reproduce_paper.py and plateau_study.py share, names the commands that failed."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "device_plan.py"
 TINY = ("--task reverse --min-length 3 --max-length 6 --batch-size 4 --warmup-steps 1 --val-every 0 "
         "--log-every 1 --d-model 32 --n-layers 1 --n-heads 2 --d-ff 64 --device cpu")
+
+
+def load_device_plan():
+    spec = importlib.util.spec_from_file_location("device_plan", SCRIPT)
+    device_plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(device_plan)
+    return device_plan
 
 
 def call(tmp_path, plan, *args, timeout=300):
@@ -64,15 +74,29 @@ def test_plan_mistakes_are_one_line(tmp_path):
     assert result.returncode == 2 and "--runs y: not in" in result.stderr.splitlines()[-1]
 
 
-def test_every_committed_plan_builds_valid_configs(tmp_path):
-    import importlib.util
+def test_run_together_logs_every_command_and_names_the_ones_that_failed(tmp_path):
+    device_plan = load_device_plan()
+    with pytest.raises(SystemExit, match=r"^check failed for bad \(exit 2\); see ") as stop:
+        device_plan.run_together({"good": ["--help"], "bad": ["no-such-command"]}, tmp_path, "check", None)
+    assert "good" not in str(stop.value)
+    for name in ("good", "bad"):
+        log = (tmp_path / f"{name}.check.log").read_text()
+        assert log.startswith("$ asentmax ") and len(log.splitlines()) > 1
 
+
+def test_side_by_side_returns_every_result_and_raises_a_failure():
+    side_by_side = load_device_plan().side_by_side
+    assert side_by_side({"a": lambda: 1, "b": lambda: 2}) == {"a": 1, "b": 2}
+    with pytest.raises(ZeroDivisionError):
+        side_by_side({"a": lambda: 1, "b": lambda: 1 / 0})
+
+
+def test_every_committed_plan_builds_valid_configs(tmp_path):
     from asentmax.cli import _given, _new_run, build_parser
     from asentmax.eval import EvalConfig
+    from asentmax.tasks.registry import has_fresh_tables
 
-    spec = importlib.util.spec_from_file_location("device_plan", SCRIPT)
-    device_plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(device_plan)
+    device_plan = load_device_plan()
     plans = sorted((SCRIPT.parent / "plans").glob("*.json"))
     assert plans
     parser = build_parser()
@@ -83,4 +107,6 @@ def test_every_committed_plan_builds_valid_configs(tmp_path):
             assert train_config.steps >= train_config.warmup_steps, name
             for flags in run["evals"]:
                 args = parser.parse_args(["eval", str(tmp_path), *flags])
-                EvalConfig(**_given(args, args.eval_names)).validate()
+                config = EvalConfig(**_given(args, args.eval_names))
+                config.validate()
+                assert config.tables == "train" or has_fresh_tables(workload.task), (name, flags)

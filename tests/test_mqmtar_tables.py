@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from asentmax.tasks import get_task, make_eval_set
-from asentmax.tasks.mqmtar import COLON
+from asentmax.tasks import TASK_NAMES, get_task, make_eval_set
+from asentmax.tasks.mqmtar import COLON, MQMTARTask
+from asentmax.tasks.registry import has_fresh_tables
 from test_mqmtar_layout import TINY_MQMTAR
 
 
@@ -50,6 +51,22 @@ def test_tasks_without_tables_refuse_fresh_ones():
         get_task("reverse").with_fresh_tables(np.random.default_rng(0))
     with pytest.raises(ValueError, match="numpy.random.Generator"):
         get_task("mqmtar").with_fresh_tables(0)
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_the_registry_says_which_tasks_draw_fresh_tables(name):
+    assert has_fresh_tables(name) == (name == "mqmtar")
+    task = get_task(name)
+    if has_fresh_tables(name):
+        assert type(task.with_fresh_tables(np.random.default_rng(0))) is type(task)
+    else:
+        with pytest.raises(ValueError, match="has no key and value tables"):
+            task.with_fresh_tables(np.random.default_rng(0))
+
+
+def test_the_registry_query_refuses_an_unknown_task():
+    with pytest.raises(ValueError, match="unknown task 'nope'"):
+        has_fresh_tables("nope")
 
 
 @pytest.fixture
@@ -95,6 +112,17 @@ def test_eval_with_fresh_tables_tests_each_length_on_its_own_tables(tiny_mqmtar,
     seen.clear()
     assert main([*args, "--tables", "fresh"]) == 0
     assert seen == {} and json.loads((tiny_mqmtar / "eval_fresh.json").read_text())["rows"] == fresh_rows
+
+
+def test_planning_an_evaluation_on_fresh_tables_draws_none(tiny_mqmtar, monkeypatch):
+    from asentmax.eval import EvalConfig, plan_evaluation
+
+    def refuse(self, rng):
+        raise AssertionError("plan_evaluation drew tables")
+
+    monkeypatch.setattr(MQMTARTask, "with_fresh_tables", refuse)  # still MQMTAR's own: it has tables
+    plan = plan_evaluation(tiny_mqmtar, EvalConfig(multipliers=(1,), samples=2, tables="fresh"))
+    assert plan.output.name == "eval_fresh"
 
 
 def test_an_eval_file_from_before_the_option_continues_as_the_runs_tables(tiny_mqmtar):

@@ -1,6 +1,8 @@
-"""benchmarks/reproduce_paper.py on the CPU with a tiny model: a run stopped before its planned steps is
-not evaluated, `--resume` continues it from its checkpoint to the planned steps in a later call, and the
-table and runs.json then account for every call; wrong uses of --resume are one-line errors."""
+"""benchmarks/reproduce_paper.py on the CPU with a tiny model: its methods train and evaluate side by side
+through benchmarks/device_plan.py's runner, which stops them at --train-seconds with a checkpoint; a run
+stopped before its planned steps is not evaluated, `--resume` continues it from its checkpoint to the planned
+steps in a later call, and the table and runs.json then account for every call; wrong uses of --resume and
+--tables fresh for a task without tables are one-line errors."""
 
 import json
 import os
@@ -54,14 +56,34 @@ def test_eval_unfinished_evaluates_a_stopped_run(tmp_path):
     assert json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())["softmax"]["steps_reached"] == 4
 
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables"])
+def test_methods_run_side_by_side_and_train_seconds_stops_each_with_a_checkpoint(tmp_path):
+    done = reproduce(tmp_path, "--methods", "softmax", "asentmax", "--train-seconds", "20",
+                     "--eval-unfinished", "--train-flags", f"{TINY} --steps 1000000")
+    assert done.returncode == 0, done.stderr
+    work = tmp_path / "work" / "copy"
+    provenance = json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())
+    assert list(provenance) == ["softmax", "asentmax"]
+    for method in ("softmax", "asentmax"):  # both still training at the deadline, both stopped there
+        step = torch.load(work / method / "checkpoint.pt", weights_only=False)["step"]
+        assert 0 < step < 1000000 and provenance[method]["steps_reached"] == step
+        assert json.loads((work / method / "eval.json").read_text())["train_step"] == step
+        [call] = provenance[method]["train_calls"]
+        assert 19 < call["train_s"] < 50 and (call["from_step"], call["to_step"]) == (0, step)
+        for stage in ("train", "eval"):  # device_plan.run_step's log: the command line, then the output
+            assert (work / f"{method}.{stage}.log").read_text().startswith(f"$ asentmax {stage} ")
+    assert "| softmax |" in (tmp_path / "out" / "copy.md").read_text()
+
+
+@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables", "fresh-tables-mqmtar"])
 def test_misuse_is_one_line(tmp_path, case):
     extra = {"no-checkpoint": ["--resume"], "with-flags": ["--resume", "--train-flags", TINY],
-             "fresh-tables": ["--tables", "fresh"]}[case]
+             "fresh-tables": ["--tables", "fresh"],
+             "fresh-tables-mqmtar": ["--task", "mqmtar", "--tables", "fresh", "--resume"]}[case]
     result = reproduce(tmp_path, *extra)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     expected = {"no-checkpoint": "no checkpoint", "with-flags": "drop --train-flags",
-                "fresh-tables": "task copy has no key and value tables"}[case]
+                "fresh-tables": "--tables fresh: task 'copy' has no key and value tables",
+                "fresh-tables-mqmtar": "no checkpoint"}[case]  # mqmtar has tables: on to the next check
     last = result.stderr.strip().splitlines()[-1]  # argparse's usage, then the one error line
     assert last.startswith("reproduce_paper.py: error: ") and expected in last
     assert not (tmp_path / "work").exists()

@@ -456,6 +456,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     RunError, one line): the settings, the device, config.json, the checkpoint, the lengths, the output
     location and an earlier result file there. Nothing is written."""
     from asentmax.tasks import TASK_NAMES
+    from asentmax.tasks.registry import has_fresh_tables
     from asentmax.tasks.workload import build_task
 
     config.validate()
@@ -479,11 +480,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         task = build_task(task_name, layout)  # the layout the run trained on: its eval sets' layout
     except ValueError as error:
         raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
-    if config.tables == "fresh":
-        try:
-            task.with_fresh_tables(np.random.default_rng(0))
-        except ValueError as error:
-            raise RunError(f"--tables fresh: {error}") from None
+    if config.tables == "fresh" and not has_fresh_tables(task_name):
+        raise RunError(f"--tables fresh: task {task_name!r} has no key and value tables to draw afresh")
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
             or saved_layout(saved_workload) != layout):

@@ -1,5 +1,5 @@
 """Task names -> task classes (docs/method.md section 6): `get_task(name, **options)`, `task_options(name)`,
-`eval_multipliers(name)` and `TASK_NAMES`."""
+`eval_multipliers(name)`, `has_fresh_tables(name)` and `TASK_NAMES`."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def eval_multipliers(name: str) -> tuple[float, ...]:
     """The lengths task `name` is tested at by default, as multiples of its 1x length
     (Task.eval_multipliers)."""
     return _task_class(name).eval_multipliers
+
+
+def has_fresh_tables(name: str) -> bool:
+    """Whether task `name` has word tables to draw afresh (`asentmax eval --tables fresh`): its class
+    overrides Task.with_fresh_tables, as MQMTAR's does for its key and value tables."""
+    return _task_class(name).with_fresh_tables is not Task.with_fresh_tables
 
 
 def get_task(name: str, **options) -> Task:
