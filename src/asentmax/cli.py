@@ -455,18 +455,26 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asentmax.runs import RunError
-
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        from asentmax.runs import RunError
+
+        return _main(argv, command, RunError)
+    except KeyboardInterrupt:  # Ctrl-C where no step handles it: importing torch, building, compiling
+        print(f"asentmax {command}: interrupted".replace("  ", " "), file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str], command: str, run_error: type[Exception]) -> int:
+    parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if args.command is None:
             parser.print_help(sys.stderr)
             return 2
         args.run(args)
-    except (UsageError, RunError) as error:
+    except (UsageError, run_error) as error:
         print(f"asentmax {command}: error: {error}".replace("  ", " "), file=sys.stderr)
         return 2
     except Interrupted as error:
