@@ -32,6 +32,18 @@ def test_help(command, capsys):
         assert "peak learning rate" in out  # help text from the dataclass field
 
 
+def test_eval_help_lists_the_values_of_fixed_choice_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    usage = capsys.readouterr().out.split("\n\n")[0]
+    for shown in ("--checkpoint {last,best}", "--tables {train,fresh}", "--device {auto,cpu,cuda}",
+                  "--amp {auto,bf16,off}", "--attention-backend {auto,"):
+        assert shown in usage, usage
+    assert main(["eval", "run", "--checkpoint", "newest"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid choice: 'newest' (choose from 'last', 'best')" in err, err
+
+
 def test_python_dash_m_runs_the_cli():
     result = subprocess.run([sys.executable, "-m", "asentmax", "eval", "--help"], capture_output=True,
                             text=True, timeout=120)

@@ -150,4 +150,4 @@ def test_fresh_tables_for_a_task_without_tables_is_a_one_line_error(tmp_path, on
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "--tables fresh" in error and "reverse" in error
     assert main(["eval", str(run), "--tables", "new", "--samples", "2", "--no-progress"]) != 0
-    assert "tables must be train or fresh" in capsys.readouterr().err
+    assert "invalid choice: 'new' (choose from 'train', 'fresh')" in capsys.readouterr().err

@@ -335,7 +335,8 @@ def _report_training(summary: dict, run_dir: Path) -> None:
 # ---- eval ----
 
 def _eval_parser(sub):
-    from asentmax.eval import EvalConfig
+    from asentmax.eval import CHOICES, EvalConfig
+    from asentmax.ops.types import BACKENDS
 
     p = sub.add_parser("eval", help="exact match per length multiplier of trained runs", description=(
         "Greedy-decode fixed test sets at each length multiplier; writes <run-dir>/eval.json and eval.md "
@@ -348,7 +349,7 @@ def _eval_parser(sub):
     p.add_argument("--fresh", action="store_true",
                    help="replace an earlier eval.json instead of continuing it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    names = add_config_flags(p, EvalConfig)
+    names = add_config_flags(p, EvalConfig, choices={**CHOICES, "attention_backend": BACKENDS})
     p.set_defaults(run=_run_eval, eval_names=names)
 
 

@@ -66,6 +66,9 @@ from asentmax.tasks.scoring import autocast, shape_batches
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
 SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
+# EvalConfig's fields with a fixed set of values (the CLI's choices; attention_backend: "" or BACKENDS)
+CHOICES = {"checkpoint": ("last", "best"), "tables": ("train", "fresh"), "device": ("auto", "cpu", "cuda"),
+           "amp": ("auto", "bf16", "off")}
 
 
 @dataclass
@@ -118,14 +121,9 @@ class EvalConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence}")
-        if self.checkpoint not in ("last", "best"):
-            raise ValueError(f"checkpoint must be last or best, got {self.checkpoint!r}")
-        if self.tables not in ("train", "fresh"):
-            raise ValueError(f"tables must be train or fresh, got {self.tables!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.amp not in ("auto", "bf16", "off"):
-            raise ValueError(f"amp must be auto, bf16 or off, got {self.amp!r}")
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
 
 def eval_device(config: EvalConfig) -> torch.device:
