@@ -126,6 +126,18 @@ def test_non_finite_numbers_are_refused_before_anything_is_written(tmp_path, cap
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("attention", ["softmax", "ssmax", "topk"])
+def test_alpha_for_a_normaliser_without_one_is_refused(tmp_path, capsys, attention):
+    run = tmp_path / "new"
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention, "--alpha", "1.7"]) == 2
+    assert f"--alpha has no effect with --attention {attention}" in _one_line_error(capsys)
+    assert not run.exists()
+    # the preset's alpha is not the user's: softmax without --alpha trains, and entmax takes --alpha
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention, "--steps", "1"]) == 0
+    assert main(["train", "--run-dir", str(tmp_path / "entmax"), *TINY, "--attention", "entmax",
+                 "--alpha", "1.7", "--steps", "1"]) == 0
+
+
 def test_a_diverging_run_says_which_checkpoint_exists(tmp_path, capsys):
     run = tmp_path / "new"
     assert main(["train", "--run-dir", str(run), *TINY, "--lr", "1e30", "--checkpoint-every", "0"]) == 2

@@ -269,7 +269,10 @@ def _new_run(args):
         workload = TaskWorkload(**{"task": preset, **workload_overrides})
         train_config = TrainConfig(**{**get_task(preset).train_preset, **_given(args, args.train_names)})
         train_config.validate()
-        model_config = workload.model_config(_given(args, args.model_names))
+        model_overrides = _given(args, args.model_names)
+        model_config = workload.model_config(model_overrides)
+        if "alpha" in model_overrides:
+            _check_alpha_used(model_config.attention)
         workload.check_model(model_config)
         check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
@@ -284,6 +287,16 @@ def _new_run(args):
               f"{train_config.lr * train_config.steps / train_config.warmup_steps:.3g}, not --lr "
               f"{train_config.lr:g}", file=sys.stderr)
     return workload, train_config, model_config
+
+
+def _check_alpha_used(attention: str) -> None:
+    """UsageError when --alpha is given for a normaliser that does not read ModelConfig.alpha."""
+    from asentmax.nn.normalisers import NORMALISERS, get_normaliser
+
+    if not get_normaliser(attention).takes_config_alpha:
+        takers = " or ".join(n.name for n in NORMALISERS if n.takes_config_alpha)
+        raise UsageError(f"--alpha has no effect with --attention {attention} (only {takers} read it); "
+                         "drop --alpha")
 
 
 def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
