@@ -52,6 +52,7 @@ def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
     assert set(result["perplexity"]) == {"1", "4", "16"}
     assert all(v["tokens"] == 2 * 256 for v in result["perplexity"].values())  # same targets at every length
     assert result["retrieval"]["niah_1"]["16"]["samples"] == 1 and result["step"] == 8
+    assert result["model_config"] == config["model_config"]  # the results file names the model it scored
     assert result["retrieval"]["passkey"]["1"]["accuracy"] is None  # 16 tokens hold no passkey prompt
     assert set(result["dispersion"]) == {"1", "4"}
     assert set(result["seconds"]) == {"perplexity", "retrieval", "dispersion"}

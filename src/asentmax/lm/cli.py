@@ -5,7 +5,8 @@ configs, hands them to asentmax.trainer (new runs) or asentmax.train.resume_run,
 asentmax.cli registers the subcommands with `add_lm_parser(sub, add_config_flags, usage_error)` (the
 shared flag builder and one-line error type are passed in, so that nothing here imports the CLI back).
 
-Run directory additions: lm_eval.json, lm_eval.md, perplexity.png, retrieval.png.
+Run directory additions: lm_eval.json (the results with the step, workload and model config they come
+from), lm_eval.md, perplexity.png, retrieval.png.
 """
 
 from __future__ import annotations
@@ -235,8 +236,8 @@ def _eval(args) -> None:
                                 autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
         elapsed = round(time.perf_counter() - start, 1)
         result.update({"run_dir": str(run_dir), "step": step, "workload": workload,
-                       "n_parameters": model.num_parameters(), "eval_s": elapsed,
-                       "device": describe_device(device), "git_commit": git_commit(),
+                       "model_config": model.config.to_dict(), "n_parameters": model.num_parameters(),
+                       "eval_s": elapsed, "device": describe_device(device), "git_commit": git_commit(),
                        "python": platform.python_version(), "command": " ".join(["asentmax"] + sys.argv[1:]),
                        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                                     if k not in ("run", "run_dirs")}})
