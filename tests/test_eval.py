@@ -393,3 +393,37 @@ def test_load_evaluation_rejects_what_eval_does_not_write(problem, data, tmp_pat
     with pytest.raises(RunError, match=problem) as info:
         load_evaluation(tmp_path)
     assert str(path) in str(info.value)
+
+
+def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, capsys):
+    """A run stopped before its planned steps (here --stop-at-step; Ctrl-C or a time limit alike): eval warns
+    and compare labels it, for its last checkpoint and for best.pt; once trained to the end, neither does,
+    though best.pt's own step stays below the planned ones."""
+    import json
+
+    from asentmax.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "compare"
+    train = ["train", "--run-dir", str(run), *TINY_RUN, "--val-every", "2", "--keep-best-at", "1"]
+    assert main([*train, "--stop-at-step", "2"]) == 0
+    eval_best = ["eval", str(run), *EVAL_ARGS, "--checkpoint", "best"]
+    compare = ["compare", str(run), str(run / "eval_best.json"), "--output-dir", str(out)]
+    capsys.readouterr()
+    assert main(["eval", str(run), *EVAL_ARGS]) == 0 and main(eval_best) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(f"warning: run {run} stopped at step 2 of 4 planned; evaluating ") == 2, printed
+    assert "evaluating the checkpoint of step 2" in printed and "evaluating best.pt, of step 2" in printed
+    result = json.loads((run / "eval.json").read_text())
+    assert (result["train_step"], result["train_config"]["steps"]) == (2, 4)
+    assert json.loads((run / "eval_best.json").read_text())["last_checkpoint"] == {"step": 2, "steps": 4}
+    assert main(compare) == 0
+    table = (out / "compare.md").read_text()
+    assert "ours (run, cut at 2 of 4 steps)" in table and "ours (run, best.pt, cut at 2 of 4 steps)" in table
+
+    assert main(["train", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), *EVAL_ARGS]) == 0 and main(eval_best) == 0
+    assert "warning" not in capsys.readouterr().out
+    assert json.loads((run / "eval_best.json").read_text())["train_step"] < 4  # ties keep the earlier best
+    assert main(compare) == 0
+    assert "cut at" not in (out / "compare.md").read_text()

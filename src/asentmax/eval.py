@@ -21,6 +21,10 @@ context fails everywhere or where its answers sit far from the query (the start 
   it, or --output to write elsewhere);
 - a progress bar over the samples of each length, and before a length whose time, extrapolated from the
   lengths measured so far, exceeds a minute, a line with the estimate;
+- a run whose training stopped before its planned steps (Ctrl-C, a time limit, --stop-at-step: the step of
+  its checkpoint.pt below its train_config's steps) gets a warning line, and its name in eval.md and in
+  `asentmax compare` says "cut at S of N steps" (runs.training_cut; eval.json has the step as train_step,
+  an evaluation of best.pt as last_checkpoint);
 - the default multipliers are the task's (Task.eval_multipliers: the columns of its table in the paper);
   on the CPU they stop at `cpu_max_length` tokens (MQMTAR's 1x..1024x is hours there); any --multipliers
   given explicitly are evaluated as given, with the estimate printed.
@@ -58,6 +62,7 @@ from asentmax.runs import (
     read_json,
     run_name,
     saved_layout,
+    training_cut,
     write_json,
     write_text,
 )
@@ -514,6 +519,16 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
               "workload": saved_workload, "train_step": checkpoint["step"], "git_commit": git_commit(),
               "device": describe_device(device)}
+    if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
+        last = load_checkpoint(run_dir / CHECKPOINT_NAME)
+        planned = (last.get("train_config") or {}).get("steps")
+        header["last_checkpoint"] = {"step": last["step"], "steps": planned}
+    cut = training_cut(header)
+    if cut:
+        notes.insert(0, f"warning: run {run_dir} stopped at step {cut[0]} of {cut[1]} planned; evaluating "
+                        + (f"{BEST_NAME}, of step {checkpoint['step']}" if best else
+                           f"the checkpoint of step {cut[0]}")
+                        + f" (`asentmax train --run-dir {run_dir} --resume` trains it to the end)")
     return EvalPlan(run_dir=run_dir, output=output, config=config, device=device,
                     autocast_dtype=autocast_dtype, task=task, model_config=model_config,
                     model_state=model_state, lengths=lengths, done=done, header=header, notes=notes)

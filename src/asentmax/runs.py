@@ -158,12 +158,29 @@ def check_distinct_runs(run_dirs) -> None:
         raise RunError("a run is given twice")
 
 
+def training_cut(result: dict) -> tuple[int, int] | None:
+    """(step, planned steps) of an evaluated run whose training stopped before its planned steps (Ctrl-C, a
+    time limit, --stop-at-step), None when it finished or the file does not say: the step of its
+    checkpoint.pt against its train_config's steps, which for an evaluation of best.pt (whose own
+    train_step is the best validation's) are its `last_checkpoint` record."""
+    if result.get("eval_config", {}).get("checkpoint") == "best":
+        last = result.get("last_checkpoint") or {}
+        step, planned = last.get("step"), last.get("steps")
+    else:
+        step, planned = result.get("train_step"), (result.get("train_config") or {}).get("steps")
+    ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (step, planned))
+    return (step, planned) if ints and step < planned else None
+
+
 def run_name(result: dict) -> str:
-    """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights and
-    ", fresh tables" for one on new word tables (`asentmax eval --tables fresh`)."""
+    """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights,
+    ", fresh tables" for one on new word tables (`asentmax eval --tables fresh`) and ", cut at S of N steps"
+    for a run whose training stopped short (training_cut)."""
     config = result.get("eval_config", {})
+    cut = training_cut(result)
     return (Path(result["run_dir"]).name + (", best.pt" if config.get("checkpoint") == "best" else "")
-            + (", fresh tables" if config.get("tables") == "fresh" else ""))
+            + (", fresh tables" if config.get("tables") == "fresh" else "")
+            + (f", cut at {cut[0]} of {cut[1]} steps" if cut else ""))
 
 
 def saved_layout(workload: dict) -> str:
