@@ -427,3 +427,5 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     assert json.loads((run / "eval_best.json").read_text())["train_step"] < 4  # ties keep the earlier best
     assert main(compare) == 0
     assert "cut at" not in (out / "compare.md").read_text()
+    (run / "checkpoint.pt").write_bytes(b"damaged")  # best.pt is still evaluated; its run: not known
+    assert main(eval_best) == 0 and "last_checkpoint" not in json.loads((run / "eval_best.json").read_text())

@@ -520,9 +520,13 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "workload": saved_workload, "train_step": checkpoint["step"], "git_commit": git_commit(),
               "device": describe_device(device)}
     if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
-        last = load_checkpoint(run_dir / CHECKPOINT_NAME)
-        planned = (last.get("train_config") or {}).get("steps")
-        header["last_checkpoint"] = {"step": last["step"], "steps": planned}
+        try:
+            last = load_checkpoint(run_dir / CHECKPOINT_NAME)
+        except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
+            last = None
+        if last is not None:
+            planned = (last.get("train_config") or {}).get("steps")
+            header["last_checkpoint"] = {"step": last["step"], "steps": planned}
     cut = training_cut(header)
     if cut:
         notes.insert(0, f"warning: run {run_dir} stopped at step {cut[0]} of {cut[1]} planned; evaluating "
