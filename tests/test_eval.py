@@ -376,6 +376,17 @@ def test_rerun_after_more_training_starts_afresh(tiny_run, monkeypatch, capsys):
     assert json.loads((tiny_run / "eval.json").read_text())["train_step"] == state["step"]
 
 
+def test_a_first_length_above_1x_says_it_has_no_estimate(tiny_run, capsys):
+    from asentmax.cli import main
+
+    notice = "length 24 (4x) is the first length: no time estimate"
+    args = ["eval", str(tiny_run), "--samples", "2", "--dispersion-samples", "0", "--no-progress", "--output"]
+    assert main([*args, str(tiny_run / "a"), "--multipliers", "4", "8"]) == 0
+    assert notice in capsys.readouterr().out
+    assert main([*args, str(tiny_run / "b"), "--multipliers", "1", "4"]) == 0
+    assert "no time estimate" not in capsys.readouterr().out  # 4x extrapolates from the 1x just measured
+
+
 @pytest.mark.parametrize("problem,data", [
     ("no rows", {"task": "copy", "run_dir": "r", "id_length": 4, "model_config": {"attention": "softmax"}}),
     ("no positive id_length", {"task": "copy", "run_dir": "r", "id_length": 0, "rows": [],

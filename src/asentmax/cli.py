@@ -356,7 +356,8 @@ def _eval_parser(sub):
         "(eval_best.* with --checkpoint best, a _fresh suffix with --tables fresh; or --output) after every "
         "length. A re-run continues where the last one stopped (same checkpoint and settings); the default "
         "multipliers are the task's table's in the paper, on the CPU only up to --cpu-max-length tokens; a "
-        "length estimated to take over a minute is announced with its estimate."))
+        "length estimated to take over a minute is announced with its estimate, a first length above 1x as "
+        "having none."))
     p.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding checkpoint.pt")
     p.add_argument("--output", type=Path, help="output path prefix (one run dir only)")
     p.add_argument("--fresh", action="store_true",

@@ -20,7 +20,8 @@ context fails everywhere or where its answers sit far from the query (the start 
   checkpoint is replaced (a note says so); a file from other settings is refused (pass --fresh to replace
   it, or --output to write elsewhere);
 - a progress bar over the samples of each length, and before a length whose time, extrapolated from the
-  lengths measured so far, exceeds a minute, a line with the estimate;
+  lengths measured so far, exceeds a minute, a line with the estimate; when the first length is above 1x,
+  a line says it has none (nothing shorter to extrapolate from);
 - a run whose training stopped before its planned steps (Ctrl-C, a time limit, --stop-at-step: the step of
   its checkpoint.pt below its train_config's steps) gets a warning line, and its name in eval.md and in
   `asentmax compare` says "cut at S of N steps" (runs.training_cut; eval.json has the step as train_step,
@@ -514,6 +515,11 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     reused = sorted({row["length"] for row in done} & set(lengths))
     if reused:
         notes.append(f"continuing {output}.json: lengths {', '.join(map(str, reused))} are done")
+    first = min(set(lengths) - set(reused), default=None)
+    if first is not None and first > id_length and estimate_seconds(done, first, config.samples) is None:
+        notes.append(f"length {first} ({format_multiplier(first / id_length)}) is the first length: no time "
+                     "estimate, nothing shorter is measured to extrapolate from (a shorter multiplier first, "
+                     "e.g. 1, gives one)")
     header = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length,
               "eval_config": {**asdict(config), "multipliers": list(multipliers)}, "protocol": protocol,
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
