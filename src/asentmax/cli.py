@@ -473,15 +473,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), "")
     try:
-        from asentmax.runs import RunError
-
-        return _main(argv, command, RunError)
+        return _main(argv, command)
     except KeyboardInterrupt:  # Ctrl-C where no step handles it: importing torch, building, compiling
         print(f"asentmax {command}: interrupted".replace("  ", " "), file=sys.stderr)
         return 130
 
 
-def _main(argv: list[str], command: str, run_error: type[Exception]) -> int:
+def _main(argv: list[str], command: str) -> int:
+    from asentmax.runs import RunError
+
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -489,7 +489,7 @@ def _main(argv: list[str], command: str, run_error: type[Exception]) -> int:
             parser.print_help(sys.stderr)
             return 2
         args.run(args)
-    except (UsageError, run_error) as error:
+    except (UsageError, RunError) as error:
         print(f"asentmax {command}: error: {error}".replace("  ", " "), file=sys.stderr)
         return 2
     except Interrupted as error:
