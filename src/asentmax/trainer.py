@@ -124,6 +124,12 @@ class TrainConfig:
     temperature_delay_steps: int = field(default=0, metadata={"help": (
         "the temperature parameters keep their initial values for this many steps, then follow the "
         "schedule after a warm-up of their own (0: from the start)")})
+    stall_step: int = field(default=0, metadata={"help": (
+        "stop the run (with a checkpoint, exit code 3) at the first log step from this one on if no log "
+        "line so far had a training loss below --stall-loss: it has not left the loss plateau, and a run "
+        "that leaves it late generalises less far (results/paper/mqmtar.md; 0: never check)")})
+    stall_loss: float = field(default=0.3, metadata={"help": (
+        "the training loss that counts as off the plateau for --stall-step (MQMTAR's plateau is near 0.6)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -135,9 +141,11 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed", "stall_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if not self.stall_loss > 0:
+            raise ValueError(f"stall-loss must be > 0, got {self.stall_loss}")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need lr > 0 and 0 <= min-lr-ratio <= 1, got {self.lr}, {self.min_lr_ratio}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
@@ -513,12 +521,16 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     `checkpoint` (a dict from asentmax.runs.load_checkpoint of this run) resumes from it: model,
     optimizer, schedule, RNG states and step come from it, the configs from the arguments (the caller
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
-    early after that many total steps with a checkpoint (as if killed there).
+    early after that many total steps with a checkpoint (as if killed there). `train_config.stall_step`
+    ends it the same way at the first log step from that step on when no log line had a loss below
+    `stall_loss` (summary["stalled"]).
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
-    signal name, or None)."""
+    signal name, or None), stalled ({"step", "loss", "stall_step", "stall_loss"} when the stall check
+    ended the run, else None), escape_step (the first log step with a loss below stall_loss, None when
+    none was)."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
@@ -545,6 +557,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
     step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
+    escape_step = None  # the first log step with a training loss below stall_loss
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -555,6 +568,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
         set_rng_state(saved_state["rng"])
         window_loss, window_targets = restored_window(rank_states, world)
+        escape_step = checkpoint.get("escape_step")
     saved_step = None if checkpoint is None else step
     start_step = step
     best = None if checkpoint is None else checkpoint.get("best")  # {"score", "step"} of best.pt
@@ -643,7 +657,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             save_checkpoint(run_dir / CHECKPOINT_NAME, {
                 **config_record, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "rank_states": states, "step": step, "best": best, "git_commit": commit,
+                "rank_states": states, "step": step, "best": best, "escape_step": escape_step,
+                "git_commit": commit,
                 "device": describe_device(device), "world_size": world.world_size})
         saved_step = step
 
@@ -655,7 +670,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                                world_size=world.world_size, local_batch_size=local_batch, device=device)
     model.train()
     window_start = time.perf_counter()
-    start_time, last_loss, val_rows, interrupted = time.perf_counter(), None, [], None
+    start_time, last_loss, val_rows, interrupted, stalled = time.perf_counter(), None, [], None, None
     # DDP: a signalled rank sets its flag on the device; the ranks' sum is read at log steps only (the host
     # reads the device there anyway), so all stop after the same step without a wait at every step
     stop_flag = torch.zeros((), dtype=torch.float64, device=device) if world.active else None
@@ -701,6 +716,14 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                         writer.add_scalar("train/loss", last_loss, step)
                         writer.add_scalar("train/lr", lr, step)
                 bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
+                if escape_step is None and last_loss < train_config.stall_loss:
+                    escape_step = step
+                stall_step = train_config.stall_step
+                if (stall_step and escape_step is None and step - train_config.log_every < stall_step <= step
+                        and step < end):  # the first log step from stall_step on (a resumed run: passed)
+                    stalled = {"step": step, "loss": last_loss, "stall_step": stall_step,
+                               "stall_loss": train_config.stall_loss}
+                    end = step
                 for t in (window_loss_t, window_targets_t, window_tokens_t):
                     t.zero_()
                 window_start = time.perf_counter()
@@ -731,4 +754,5 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         dist.destroy_process_group()
     return {"step": step, "start_step": start_step, "total_steps": total, "loss": last_loss, "val": val_rows,
             "run_dir": str(run_dir), "elapsed_s": time.perf_counter() - start_time,
-            "checkpoint_step": saved_step, "interrupted": interrupted}
+            "checkpoint_step": saved_step, "interrupted": interrupted, "stalled": stalled,
+            "escape_step": escape_step}
