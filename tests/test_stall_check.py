@@ -61,7 +61,8 @@ def test_a_run_below_the_loss_goes_on_and_its_escape_step_is_the_first_such_log_
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("flag, value", [("--stall-step", "-1"), ("--stall-loss", "0"), ("--stall-loss", "nan")])
+@pytest.mark.parametrize("flag, value",
+                         [("--stall-step", "-1"), ("--stall-loss", "0"), ("--stall-loss", "nan")])
 def test_bad_stall_values_are_refused_in_one_line(tmp_path, capsys, flag, value):
     assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", flag, value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
