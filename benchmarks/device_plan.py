@@ -12,9 +12,12 @@ Every run of the plan (or of --runs) starts at once, each as a chain of processe
 first time, `--resume` once <work>/<name> holds a checkpoint), then its evaluations in order. `--margin`
 seconds before the window closes, training still running gets SIGINT, on which `asentmax train` saves a
 checkpoint at the step it reached (an evaluation gets it 5 s before the end and keeps its finished lengths;
-both exit 130); the next call continues both. A step that fails (any other exit code) stops its own chain
-only; its log says why. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
-(<name>.trained, <name>.eval<i>.done) record what finished; <work>/status.json and the printed lines give
+both exit 130); the next call continues both. A training that its --stall-step stopped (exit 3) ends its
+chain as "stalled", unevaluated. A step that fails (any other exit code) stops its own chain only; its log
+says why. `--continuing` refuses (exit 2, nothing started) a call in which a run would start again from
+step 0: on a machine that lost --work between calls it saves the window. An evaluation starts only with at
+least --min-eval-seconds left. Markers in --work (<name>.trained, <name>.stalled, <name>.eval<i>.done)
+record what finished; <work>/status.json and the printed lines give
 every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
 
 This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
@@ -39,6 +42,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
+STALLED_EXIT = 3  # `asentmax train --stall-step`: the run stopped on the loss plateau (asentmax.cli)
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
 T = TypeVar("T")
 
@@ -110,7 +114,9 @@ def run_together(commands: dict[str, list[str]], work: Path, stage: str, deadlin
 def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float) -> dict:
     """Train (or resume) run `name`, then its evaluations not done yet, within the window ending at `end`."""
     run_dir, state = work / name, {"steps": []}
-    trained = work / f"{name}.trained"
+    trained, stalled = work / f"{name}.trained", work / f"{name}.stalled"
+    if stalled.exists():  # stays stopped: --resume would carry it past its stall check
+        return state
     if not trained.exists():
         resume = (run_dir / "checkpoint.pt").exists()
         flags = ["--resume"] if resume else run["train"]
@@ -119,6 +125,9 @@ def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_e
         state["steps"].append({"step": "train", "resumed": resume, "exit": code, "seconds": seconds})
         if code == 0:
             trained.touch()
+        elif code == STALLED_EXIT:
+            stalled.touch()
+            return state
         elif code != 130:
             return {**state, "failed": "train"}
     if trained.exists():
@@ -144,7 +153,7 @@ def summary(name: str, run: dict, work: Path, state: dict) -> dict:
     """A run's state after this call: trained or not, evaluations done, this call's steps."""
     evals = [(work / f"{name}.eval{i}.done").exists() for i in range(len(run["evals"]))]
     return {"trained": (work / f"{name}.trained").exists(), "evals_done": sum(evals), "evals": len(evals),
-            **state}
+            "stalled": (work / f"{name}.stalled").exists(), **state}
 
 
 def main() -> int:
@@ -157,6 +166,9 @@ def main() -> int:
                         help="seconds before the window closes when training is stopped (with a checkpoint)")
     parser.add_argument("--min-eval-seconds", type=float, default=20.0,
                         help="an evaluation starts only with this much of the window left")
+    parser.add_argument("--continuing", action="store_true",
+                        help="this call continues an earlier window: start nothing if a run would begin "
+                             "again from step 0 (a fresh machine has lost --work)")
     args = parser.parse_args()
     plan = read_plan(args.plan)
     unknown = sorted(set(args.runs or ()) - set(plan))
@@ -165,6 +177,12 @@ def main() -> int:
     if args.seconds <= args.margin:
         parser.error(f"--seconds {args.seconds:g} leaves no time before --margin {args.margin:g}")
     names = args.runs or list(plan)
+    if args.continuing:
+        fresh = [n for n in names if not (args.work / f"{n}.trained").exists()
+                 and not (args.work / n / "checkpoint.pt").exists()]
+        if fresh:
+            parser.error(f"--continuing: {', '.join(fresh)} would start again from step 0 (no checkpoint or "
+                         f"marker under {args.work}: a fresh machine?); nothing started")
     args.work.mkdir(parents=True, exist_ok=True)
     end = time.time() + args.seconds
     states = side_by_side({name: partial(run_chain, name, plan[name], args.work, end, args.margin,
@@ -175,6 +193,7 @@ def main() -> int:
         steps = ", ".join(f"{step['step']} exit {step['exit']} in {step['seconds']:g} s"
                           for step in s["steps"])
         failed = f"; FAILED at {s['failed']}" if "failed" in s else ""
+        failed += "; stalled on the loss plateau (--stall-step), not evaluated" if s["stalled"] else ""
         print(f"{name}: {'trained' if s['trained'] else 'training'}, evaluations "
               f"{s['evals_done']}/{s['evals']}{failed} ({steps or 'nothing to do'})")
     return 1 if any("failed" in s for s in status.values()) else 0

@@ -67,6 +67,32 @@ def test_a_closing_window_checkpoints_and_the_next_call_resumes(tmp_path):
     assert not (run / "eval.json").exists()  # never trained to the end: not evaluated
 
 
+def test_a_stalled_run_ends_its_chain_unevaluated_and_stays_stopped(tmp_path):
+    plan = {"stuck": {"train": TINY + " --steps 40 --stall-step 2 --stall-loss 1e-9",
+                      "evals": ["--multipliers 1 --samples 2"]}}
+    first = call(tmp_path, plan, "--seconds", "240")
+    assert first.returncode == 0, first.stderr  # a stall is an outcome, not a failure
+    work = tmp_path / "work"
+    status = json.loads((work / "status.json").read_text())["stuck"]
+    assert status["stalled"] and not status["trained"] and status["steps"][0]["exit"] == 3
+    assert torch.load(work / "stuck" / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert "stalled on the loss plateau" in first.stdout and not (work / "stuck" / "eval.json").exists()
+    again = call(tmp_path, plan, "--seconds", "240", "--continuing")  # not resumed past its stall check
+    assert again.returncode == 0 and "(nothing to do)" in again.stdout
+    assert torch.load(work / "stuck" / "checkpoint.pt", weights_only=False)["step"] == 2
+
+
+def test_continuing_refuses_to_start_a_run_from_step_0(tmp_path):
+    plan = {name: {"train": TINY + " --steps 4", "evals": []} for name in ("a", "b")}
+    result = call(tmp_path, plan, "--seconds", "60", "--continuing")
+    assert result.returncode == 2
+    assert "--continuing: a, b would start again from step 0" in result.stderr.splitlines()[-1]
+    assert not (tmp_path / "work").exists()  # nothing started, nothing written
+    assert call(tmp_path, {"a": plan["a"]}, "--seconds", "120").returncode == 0
+    result = call(tmp_path, plan, "--seconds", "60", "--continuing")
+    assert result.returncode == 2 and "--continuing: b would" in result.stderr  # a is trained; b is not
+
+
 def test_plan_mistakes_are_one_line(tmp_path):
     result = call(tmp_path, {"x": {"train": 3}}, "--seconds", "60")
     assert result.returncode != 0 and "needs \"train\": a string of flags" in result.stderr
