@@ -271,8 +271,7 @@ def _new_run(args):
         train_config.validate()
         model_overrides = _given(args, args.model_names)
         model_config = workload.model_config(model_overrides)
-        if "alpha" in model_overrides:
-            _check_alpha_used(model_config.attention)
+        _check_normaliser_flags(model_config.attention, model_overrides)
         workload.check_model(model_config)
         check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
@@ -289,14 +288,17 @@ def _new_run(args):
     return workload, train_config, model_config
 
 
-def _check_alpha_used(attention: str) -> None:
-    """UsageError when --alpha is given for a normaliser that does not read ModelConfig.alpha."""
-    from asentmax.nn.normalisers import NORMALISERS, get_normaliser
+def _check_normaliser_flags(attention: str, given: dict) -> None:
+    """UsageError when the user gave --alpha or --topk-k (nn/normalisers.py PARAMETERS) for a normaliser
+    that does not read it; a preset's value is not the user's and passes."""
+    from asentmax.nn.normalisers import NORMALISERS, PARAMETERS, get_normaliser
 
-    if not get_normaliser(attention).takes_config_alpha:
-        takers = " or ".join(n.name for n in NORMALISERS if n.takes_config_alpha)
-        raise UsageError(f"--alpha has no effect with --attention {attention} (only {takers} read it); "
-                         "drop --alpha")
+    for name in PARAMETERS:
+        if name in given and not get_normaliser(attention).reads(name):
+            flag = f"--{name.replace('_', '-')}"
+            readers = " or ".join(n.name for n in NORMALISERS if n.reads(name))
+            raise UsageError(f"{flag} has no effect with --attention {attention} (only {readers} reads it); "
+                             f"drop {flag}")
 
 
 def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
