@@ -2,7 +2,8 @@
 through benchmarks/device_plan.py's runner, which stops them at --train-seconds with a checkpoint; a run
 stopped before its planned steps is not evaluated, `--resume` continues it from its checkpoint to the planned
 steps in a later call, and the table and runs.json then account for every call; wrong uses of --resume and
---tables fresh for a task without tables are one-line errors."""
+--tables fresh for a task without tables, and --train-flags that a method's train command would refuse, are
+one-line errors."""
 
 import json
 import os
@@ -87,6 +88,28 @@ def test_misuse_is_one_line(tmp_path, case):
     last = result.stderr.strip().splitlines()[-1]  # argparse's usage, then the one error line
     assert last.startswith("reproduce_paper.py: error: ") and expected in last
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("methods,flags,expected", [
+    (["softmax", "asentmax"], "--alpha 1.5", "--alpha has no effect with --attention softmax"),
+    (["entmax", "asentmax"], "--topk-k=4", "--topk-k has no effect with --attention entmax"),
+    (["topk", "ssmax"], "--topk-k 4", "--topk-k has no effect with --attention ssmax"),
+    (["softmax"], "--no-such-flag 1", "unrecognized arguments: --no-such-flag 1"),
+])
+def test_train_flags_a_method_would_refuse_are_refused_before_any_run(tmp_path, monkeypatch, capsys, methods,
+                                                                     flags, expected):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import reproduce_paper
+
+    monkeypatch.setattr(sys, "argv", [SCRIPT.name, "--task", "copy", "--methods", *methods, "--work",
+                                      str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+                                      "--train-flags", f"{TINY} {flags}"])
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce_paper.main()
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"reproduce_paper.py: error: --train-flags: {expected}"), last
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
 def test_checkpoint_best_tests_each_runs_best_pt(tmp_path):

@@ -271,7 +271,7 @@ def _new_run(args):
         train_config.validate()
         model_overrides = _given(args, args.model_names)
         model_config = workload.model_config(model_overrides)
-        _check_normaliser_flags(model_config.attention, model_overrides)
+        check_normaliser_flags(model_config.attention, model_overrides)
         workload.check_model(model_config)
         check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
@@ -288,9 +288,10 @@ def _new_run(args):
     return workload, train_config, model_config
 
 
-def _check_normaliser_flags(attention: str, given: dict) -> None:
-    """UsageError when the user gave --alpha or --topk-k (nn/normalisers.py PARAMETERS) for a normaliser
-    that does not read it; a preset's value is not the user's and passes."""
+def check_normaliser_flags(attention: str, given: dict) -> None:
+    """UsageError when the user gave --alpha or --topk-k (nn/normalisers.py PARAMETERS; `given`: the parsed
+    flags) for a normaliser that does not read it; a preset's value is not the user's and passes.
+    benchmarks/reproduce_paper.py checks its --train-flags for every method with it."""
     from asentmax.nn.normalisers import NORMALISERS, PARAMETERS, get_normaliser
 
     for name in PARAMETERS:
