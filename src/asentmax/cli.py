@@ -371,7 +371,7 @@ def _eval_parser(sub):
 
 
 def _run_eval(args) -> None:
-    from asentmax.eval import EvalConfig, plan_evaluation, run_evaluation
+    from asentmax.eval import EvalConfig, plan_evaluation, print_note, run_evaluation
     from asentmax.runs import check_distinct_runs
 
     if args.output is not None and len(args.run_dirs) > 1:
@@ -385,7 +385,7 @@ def _run_eval(args) -> None:
     for plan in plans:
         print(f"evaluating {plan.run_dir} at lengths {', '.join(map(str, plan.lengths))}", flush=True)
         for note in plan.notes:
-            print(note, flush=True)
+            print_note(note)
         try:
             result = run_evaluation(plan, progress=not args.no_progress)
         except KeyboardInterrupt:
