@@ -49,7 +49,7 @@ from asentmax.cli import UsageError, build_parser, check_normaliser_flags
 from asentmax.nn.normalisers import NAMES
 from asentmax.report import PAPER_RESULTS
 from asentmax.runs import evaluation_name
-from asentmax.tasks.registry import eval_multipliers, has_fresh_tables
+from asentmax.tasks.registry import eval_multipliers, fresh_tables_refusal
 
 METHODS = ("softmax", "ssmax", "entmax", "asentmax")
 
@@ -103,8 +103,9 @@ def main() -> int:
                         help="MQMTAR's test words: the run's tables, or new ones for every length as the "
                         "paper's code draws its test sets")
     args = parser.parse_args()
-    if args.tables == "fresh" and not has_fresh_tables(args.task):
-        parser.error(f"--tables fresh: task {args.task!r} has no key and value tables to draw afresh")
+    refusal = fresh_tables_refusal(args.task) if args.tables == "fresh" else None
+    if refusal is not None:
+        parser.error(refusal)
     try:
         check_train_flags(args.train_flags.split(), args.methods)
     except UsageError as error:

@@ -470,7 +470,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     RunError, one line): the settings, the device, config.json, the checkpoint, the lengths, the output
     location and an earlier result file there. Nothing is written."""
     from asentmax.tasks import TASK_NAMES
-    from asentmax.tasks.registry import has_fresh_tables
+    from asentmax.tasks.registry import fresh_tables_refusal
     from asentmax.tasks.workload import build_task
 
     config.validate()
@@ -494,8 +494,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         task = build_task(task_name, layout)  # the layout the run trained on: its eval sets' layout
     except ValueError as error:
         raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
-    if config.tables == "fresh" and not has_fresh_tables(task_name):
-        raise RunError(f"--tables fresh: task {task_name!r} has no key and value tables to draw afresh")
+    refusal = fresh_tables_refusal(task_name) if config.tables == "fresh" else None
+    if refusal is not None:
+        raise RunError(refusal)
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
             or saved_layout(saved_workload) != layout):
