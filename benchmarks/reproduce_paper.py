@@ -22,6 +22,9 @@ a time-limited machine is a chain of identical calls. `--eval-unfinished` evalua
 (their samples seen are then reported as reached, not as planned). `--checkpoint best` tests each run's
 best.pt instead of its last step (train with `--keep-best-at M` in --train-flags: the weights of the best
 validation exact match at M x the training length, as the paper's code picks the checkpoint it tests).
+--train-flags go to every method's `asentmax train`: its parser reads them before any run starts, and a flag
+that one of the methods does not read (--alpha for softmax, --topk-k for all but topk) is refused up front, in
+one line (run that method separately).
 
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --out results/paper
     PYTHONPATH=src python benchmarks/reproduce_paper.py --task mqmtar --methods asentmax --train-seconds 540 \
@@ -42,9 +45,11 @@ from pathlib import Path
 
 from device_plan import run_together
 
+from asentmax.cli import UsageError, build_parser, check_normaliser_flags
+from asentmax.nn.normalisers import NAMES
 from asentmax.report import PAPER_RESULTS
 from asentmax.runs import evaluation_name
-from asentmax.tasks.registry import eval_multipliers, has_fresh_tables
+from asentmax.tasks.registry import eval_multipliers, fresh_tables_refusal
 
 METHODS = ("softmax", "ssmax", "entmax", "asentmax")
 
@@ -67,10 +72,18 @@ def recorded_calls(work: Path, method: str, seconds: float, steps: tuple[int, in
     return calls
 
 
+def check_train_flags(train_flags: list[str], methods: list[str]) -> None:
+    """UsageError unless `asentmax train` takes `train_flags` for every method: flags it parses, and none that
+    one of the methods does not read (--alpha with softmax: asentmax.cli.check_normaliser_flags)."""
+    given = vars(build_parser().parse_args(["train", "--run-dir", "unused", *train_flags]))
+    for method in methods:
+        check_normaliser_flags(method, given)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=sorted(PAPER_RESULTS), required=True)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=NAMES)
     parser.add_argument("--out", type=Path, default=Path("results/paper"))
     parser.add_argument("--work", type=Path, default=Path("runs/paper"), help="run directories")
     parser.add_argument("--train-seconds", type=float, help="stop training at this wall time")
@@ -90,8 +103,13 @@ def main() -> int:
                         help="MQMTAR's test words: the run's tables, or new ones for every length as the "
                         "paper's code draws its test sets")
     args = parser.parse_args()
-    if args.tables == "fresh" and not has_fresh_tables(args.task):
-        parser.error(f"--tables fresh: task {args.task!r} has no key and value tables to draw afresh")
+    refusal = fresh_tables_refusal(args.task) if args.tables == "fresh" else None
+    if refusal is not None:
+        parser.error(refusal)
+    try:
+        check_train_flags(args.train_flags.split(), args.methods)
+    except UsageError as error:
+        parser.error(f"--train-flags: {error}")
     work = args.work / args.task
     runs = {m: work / m for m in args.methods}
     if args.resume:

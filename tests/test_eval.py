@@ -206,15 +206,15 @@ def test_long_lengths_are_announced_with_their_estimate():
     task = get_task("reverse")
     lengths, n, seed = [4, 8, 16], 6, 3
     model = StubModel(task, [e for length in lengths for e in make_eval_set(task, length, n, seed)])
-    lines = []
+    lines, notes = [], []
     rows = evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", log=lines.append,
-                    estimate_threshold_s=0.0)
-    announced = [line for line in lines if "estimated" in line]
-    assert [line.split(":")[0] for line in announced] == ["length 8", "length 16"]  # none for the first
+                    note=notes.append, estimate_threshold_s=0.0)
+    assert [line.split(":")[0] for line in notes] == ["length 8", "length 16"]  # none for the first
+    assert all("estimated" in line for line in notes) and not [line for line in lines if "estimated" in line]
     assert [r["length"] for r in rows] == lengths and all(r["seconds"] > 0 for r in rows)
-    lines.clear()
-    evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", log=lines.append)
-    assert not [line for line in lines if "estimated" in line]  # these take far less than a minute
+    notes.clear()
+    evaluate(model, task, lengths, samples=n, seed=seed, device="cpu", log=lines.append, note=notes.append)
+    assert not notes  # these take far less than a minute
 
 
 def test_progress_bar_counts_the_samples_of_each_length(monkeypatch):
@@ -337,7 +337,7 @@ def test_interrupted_eval_keeps_finished_lengths_and_a_rerun_continues(tiny_run,
     calls = _counting_scorer(monkeypatch)
     assert main(["eval", str(tiny_run), *EVAL_ARGS, "--batch-size", "2"]) == 0  # batch sizes may change
     assert calls == [24]  # only the missing length is computed
-    assert "lengths 6, 12 are done" in capsys.readouterr().out
+    assert "lengths 6, 12 are done" in capsys.readouterr().err
     final = json.loads((tiny_run / "eval.json").read_text())
     assert final["pending_lengths"] == []
     strip = lambda rows: [{k: v for k, v in row.items() if k != "seconds"} for row in rows]
@@ -372,7 +372,7 @@ def test_rerun_after_more_training_starts_afresh(tiny_run, monkeypatch, capsys):
     save_checkpoint(tiny_run / "checkpoint.pt", state)
     calls = _counting_scorer(monkeypatch)
     assert main(["eval", str(tiny_run), *EVAL_ARGS]) == 0
-    assert "earlier checkpoint" in capsys.readouterr().out and calls == [6, 12, 24]
+    assert "earlier checkpoint" in capsys.readouterr().err and calls == [6, 12, 24]
     assert json.loads((tiny_run / "eval.json").read_text())["train_step"] == state["step"]
 
 
@@ -382,9 +382,10 @@ def test_a_first_length_above_1x_says_it_has_no_estimate(tiny_run, capsys):
     notice = "length 24 (4x) is the first length: no time estimate"
     args = ["eval", str(tiny_run), "--samples", "2", "--dispersion-samples", "0", "--no-progress", "--output"]
     assert main([*args, str(tiny_run / "a"), "--multipliers", "4", "8"]) == 0
-    assert notice in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert notice in err and notice not in out
     assert main([*args, str(tiny_run / "b"), "--multipliers", "1", "4"]) == 0
-    assert "no time estimate" not in capsys.readouterr().out  # 4x extrapolates from the 1x just measured
+    assert "no time estimate" not in capsys.readouterr().err  # 4x extrapolates from the 1x just measured
 
 
 @pytest.mark.parametrize("problem,data", [
@@ -421,7 +422,9 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     compare = ["compare", str(run), str(run / "eval_best.json"), "--output-dir", str(out)]
     capsys.readouterr()
     assert main(["eval", str(run), *EVAL_ARGS]) == 0 and main(eval_best) == 0
-    printed = capsys.readouterr().out
+    stdout, printed = capsys.readouterr()
+    assert "warning" not in stdout  # warnings go to stderr, as train's do; the results to stdout
+    assert "length 6: exact match" in stdout and "length 6: exact match" not in printed
     assert printed.count(f"warning: run {run} stopped at step 2 of 4 planned; evaluating ") == 2, printed
     assert "evaluating the checkpoint of step 2" in printed and "evaluating best.pt, of step 2" in printed
     result = json.loads((run / "eval.json").read_text())
@@ -434,7 +437,7 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     assert main(["train", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["eval", str(run), *EVAL_ARGS]) == 0 and main(eval_best) == 0
-    assert "warning" not in capsys.readouterr().out
+    assert "warning" not in capsys.readouterr().err
     assert json.loads((run / "eval_best.json").read_text())["train_step"] < 4  # ties keep the earlier best
     assert main(compare) == 0
     assert "cut at" not in (out / "compare.md").read_text()

@@ -9,7 +9,7 @@ import pytest
 
 from asentmax.tasks import TASK_NAMES, get_task, make_eval_set
 from asentmax.tasks.mqmtar import COLON, MQMTARTask
-from asentmax.tasks.registry import has_fresh_tables
+from asentmax.tasks.registry import fresh_tables_refusal, has_fresh_tables
 from test_mqmtar_layout import TINY_MQMTAR
 
 
@@ -56,6 +56,9 @@ def test_tasks_without_tables_refuse_fresh_ones():
 @pytest.mark.parametrize("name", TASK_NAMES)
 def test_the_registry_says_which_tasks_draw_fresh_tables(name):
     assert has_fresh_tables(name) == (name == "mqmtar")
+    refusal = fresh_tables_refusal(name)
+    assert (refusal is None) == has_fresh_tables(name)
+    assert refusal is None or (refusal.startswith("--tables fresh: ") and repr(name) in refusal)
     task = get_task(name)
     if has_fresh_tables(name):
         assert type(task.with_fresh_tables(np.random.default_rng(0))) is type(task)
@@ -148,6 +151,6 @@ def test_fresh_tables_for_a_task_without_tables_is_a_one_line_error(tmp_path, on
     capsys.readouterr()
     assert main(["eval", str(run), "--tables", "fresh", "--samples", "2", "--no-progress"]) != 0
     error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1 and "--tables fresh" in error and "reverse" in error
+    assert error == f"asentmax eval: error: {fresh_tables_refusal('reverse')}"  # reproduce_paper's too
     assert main(["eval", str(run), "--tables", "new", "--samples", "2", "--no-progress"]) != 0
     assert "invalid choice: 'new' (choose from 'train', 'fresh')" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The normaliser registry (nn/normalisers.py) is the one table every consumer reads: config validation and
-CLI choices, the attention layer's kernel and alpha, the temperature module, dispersion, report labels;
-and the dispatcher alone picks the attention backend's fallback (backends never import it)."""
+CLI choices, the attention layer's kernel and alpha, the temperature module, dispersion, report labels,
+which of alpha and topk_k each reads; and the dispatcher alone picks the attention backend's fallback
+(backends never import it)."""
 
 import ast
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 
 from asentmax import dispersion, report
 from asentmax.nn import ModelConfig, Transformer, config
-from asentmax.nn.normalisers import NAMES, NORMALISERS, get_normaliser
+from asentmax.nn.normalisers import NAMES, NORMALISERS, PARAMETERS, get_normaliser
 from asentmax.nn.temperature import TEMPERATURES
 from asentmax.ops import attention as dispatcher
 from asentmax.ops import triton as triton_backend
@@ -39,6 +40,21 @@ def test_model_follows_the_entry(normaliser):
         assert normaliser.alpha(1.7) == 1.0
     else:
         assert normaliser.alpha(1.7) == (1.7 if normaliser.takes_config_alpha else normaliser.fixed_alpha)
+
+
+@pytest.mark.parametrize("parameter,values", [("alpha", (1.5, 1.8)), ("topk_k", (2, 5))])
+@pytest.mark.parametrize("normaliser", NORMALISERS, ids=lambda n: n.name)
+def test_reads_says_whether_the_parameter_changes_the_model(normaliser, parameter, values):
+    assert parameter in PARAMETERS
+    tokens = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for value in values:
+        torch.manual_seed(0)
+        cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, d_ff=16,
+                          attention=normaliser.name, **{parameter: value})
+        with torch.no_grad():
+            outputs.append(Transformer(cfg)(tokens))
+    assert normaliser.reads(parameter) == (not torch.equal(*outputs))
 
 
 def test_probabilities_against_hand_values():

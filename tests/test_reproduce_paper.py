@@ -2,7 +2,8 @@
 through benchmarks/device_plan.py's runner, which stops them at --train-seconds with a checkpoint; a run
 stopped before its planned steps is not evaluated, `--resume` continues it from its checkpoint to the planned
 steps in a later call, and the table and runs.json then account for every call; wrong uses of --resume and
---tables fresh for a task without tables are one-line errors."""
+--tables fresh for a task without tables, and --train-flags that a method's train command would refuse, are
+one-line errors."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from asentmax.tasks import get_task
+from asentmax.tasks.registry import fresh_tables_refusal
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_paper.py"
 TINY = ("--min-length 3 --max-length 6 --batch-size 4 --warmup-steps 2 --val-every 0 --val-samples 2 "
@@ -74,19 +76,50 @@ def test_methods_run_side_by_side_and_train_seconds_stops_each_with_a_checkpoint
     assert "| softmax |" in (tmp_path / "out" / "copy.md").read_text()
 
 
-@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables", "fresh-tables-mqmtar"])
+@pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables-mqmtar"])
 def test_misuse_is_one_line(tmp_path, case):
     extra = {"no-checkpoint": ["--resume"], "with-flags": ["--resume", "--train-flags", TINY],
-             "fresh-tables": ["--tables", "fresh"],
              "fresh-tables-mqmtar": ["--task", "mqmtar", "--tables", "fresh", "--resume"]}[case]
     result = reproduce(tmp_path, *extra)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     expected = {"no-checkpoint": "no checkpoint", "with-flags": "drop --train-flags",
-                "fresh-tables": "--tables fresh: task 'copy' has no key and value tables",
                 "fresh-tables-mqmtar": "no checkpoint"}[case]  # mqmtar has tables: on to the next check
     last = result.stderr.strip().splitlines()[-1]  # argparse's usage, then the one error line
     assert last.startswith("reproduce_paper.py: error: ") and expected in last
     assert not (tmp_path / "work").exists()
+
+
+@pytest.mark.parametrize("methods,flags,expected", [
+    (["softmax", "asentmax"], "--alpha 1.5", "--alpha has no effect with --attention softmax"),
+    (["entmax", "asentmax"], "--topk-k=4", "--topk-k has no effect with --attention entmax"),
+    (["topk", "ssmax"], "--topk-k 4", "--topk-k has no effect with --attention ssmax"),
+    (["softmax"], "--no-such-flag 1", "unrecognized arguments: --no-such-flag 1"),
+])
+def test_train_flags_a_method_would_refuse_are_refused_before_any_run(tmp_path, monkeypatch, capsys, methods,
+                                                                     flags, expected):
+    last = refused_in_process(tmp_path, monkeypatch, capsys, "--methods", *methods, "--train-flags",
+                              f"{TINY} {flags}")
+    assert last.startswith(f"reproduce_paper.py: error: --train-flags: {expected}"), last
+
+
+def test_fresh_tables_for_a_task_without_tables_is_eval_s_refusal(tmp_path, monkeypatch, capsys):
+    last = refused_in_process(tmp_path, monkeypatch, capsys, "--tables", "fresh")
+    assert last == f"reproduce_paper.py: error: {fresh_tables_refusal('copy')}"
+
+
+def refused_in_process(tmp_path, monkeypatch, capsys, *args) -> str:
+    """The last stderr line of reproduce_paper.main() on the copy task with `args`, which must exit 2 before
+    it writes anything."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import reproduce_paper
+
+    monkeypatch.setattr(sys, "argv", [SCRIPT.name, "--task", "copy", "--work", str(tmp_path / "work"),
+                                      "--out", str(tmp_path / "out"), *args])
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce_paper.main()
+    assert exit_info.value.code == 2
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    return capsys.readouterr().err.strip().splitlines()[-1]
 
 
 def test_checkpoint_best_tests_each_runs_best_pt(tmp_path):

@@ -138,6 +138,30 @@ def test_alpha_for_a_normaliser_without_one_is_refused(tmp_path, capsys, attenti
                  "--alpha", "1.7", "--steps", "1"]) == 0
 
 
+@pytest.mark.parametrize("attention", ["softmax", "ssmax", "entmax", "asentmax"])
+def test_topk_k_for_a_normaliser_without_one_is_refused(tmp_path, capsys, monkeypatch, attention):
+    run = tmp_path / "new"
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention, "--topk-k", "4"]) == 2
+    err = _one_line_error(capsys)
+    assert f"--topk-k has no effect with --attention {attention} (only topk reads it); drop --topk-k" in err
+    assert not run.exists()
+    # a preset's topk_k is not the user's: the run trains
+    from asentmax.nn.presets import copy_model
+    from asentmax.tasks.sequence import CopyTask
+
+    monkeypatch.setattr(CopyTask, "model_preset", staticmethod(
+        lambda vocab_size, **overrides: copy_model(vocab_size, **{"topk_k": 4, **overrides})))
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention, "--steps", "1"]) == 0
+    assert load_checkpoint(run / "checkpoint.pt")["model_config"]["topk_k"] == 4
+
+
+def test_topk_k_is_taken_by_topk(tmp_path):
+    run = tmp_path / "topk"
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", "topk", "--topk-k", "3",
+                 "--steps", "1"]) == 0
+    assert load_checkpoint(run / "checkpoint.pt")["model_config"]["topk_k"] == 3
+
+
 def test_a_diverging_run_says_which_checkpoint_exists(tmp_path, capsys):
     run = tmp_path / "new"
     assert main(["train", "--run-dir", str(run), *TINY, "--lr", "1e30", "--checkpoint-every", "0"]) == 2

@@ -273,8 +273,7 @@ def _new_run(args):
         train_config.validate()
         model_overrides = _given(args, args.model_names)
         model_config = workload.model_config(model_overrides)
-        if "alpha" in model_overrides:
-            _check_alpha_used(model_config.attention)
+        check_normaliser_flags(model_config.attention, model_overrides)
         workload.check_model(model_config)
         check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
@@ -291,14 +290,18 @@ def _new_run(args):
     return workload, train_config, model_config
 
 
-def _check_alpha_used(attention: str) -> None:
-    """UsageError when --alpha is given for a normaliser that does not read ModelConfig.alpha."""
-    from asentmax.nn.normalisers import NORMALISERS, get_normaliser
+def check_normaliser_flags(attention: str, given: dict) -> None:
+    """UsageError when the user gave --alpha or --topk-k (nn/normalisers.py PARAMETERS; `given`: the parsed
+    flags) for a normaliser that does not read it; a preset's value is not the user's and passes.
+    benchmarks/reproduce_paper.py checks its --train-flags for every method with it."""
+    from asentmax.nn.normalisers import NORMALISERS, PARAMETERS, get_normaliser
 
-    if not get_normaliser(attention).takes_config_alpha:
-        takers = " or ".join(n.name for n in NORMALISERS if n.takes_config_alpha)
-        raise UsageError(f"--alpha has no effect with --attention {attention} (only {takers} read it); "
-                         "drop --alpha")
+    for name in PARAMETERS:
+        if name in given and not get_normaliser(attention).reads(name):
+            flag = f"--{name.replace('_', '-')}"
+            readers = " or ".join(n.name for n in NORMALISERS if n.reads(name))
+            raise UsageError(f"{flag} has no effect with --attention {attention} (only {readers} reads it); "
+                             f"drop {flag}")
 
 
 def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -381,7 +384,7 @@ def _eval_parser(sub):
 
 
 def _run_eval(args) -> None:
-    from asentmax.eval import EvalConfig, plan_evaluation, run_evaluation
+    from asentmax.eval import EvalConfig, plan_evaluation, print_note, run_evaluation
     from asentmax.runs import check_distinct_runs
 
     if args.output is not None and len(args.run_dirs) > 1:
@@ -395,7 +398,7 @@ def _run_eval(args) -> None:
     for plan in plans:
         print(f"evaluating {plan.run_dir} at lengths {', '.join(map(str, plan.lengths))}", flush=True)
         for note in plan.notes:
-            print(note, flush=True)
+            print_note(note)
         try:
             result = run_evaluation(plan, progress=not args.no_progress)
         except KeyboardInterrupt:

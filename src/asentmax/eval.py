@@ -11,7 +11,9 @@ whose answers copy source tokens (Copy, Reverse, MQMTAR's values: Task.answer_so
 also scored by the tenth of the source they copy from ("source_tenth_accuracy"), which shows whether a long
 context fails everywhere or where its answers sit far from the query (the start of the source, say).
 
-`evaluate_run` is the driver behind `asentmax eval`; it is built for runs a person waits for:
+`plan_evaluation` then `run_evaluation` (the two: `evaluate_run`) drive `asentmax eval`, built for runs a
+person waits for (warnings and notes go to `note`, stderr by default as `asentmax train`'s; each length's
+result to `log`, stdout):
 - the results file (<output>.json and .md, default <run-dir>/eval.*) is rewritten atomically after every
   length, with the lengths still to do listed in it, so an interrupted evaluation loses at most one length;
 - a re-run continues: lengths already in the file are skipped when the file was made from the same
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -260,6 +263,12 @@ def estimate_seconds(rows: list[dict], length: int, samples: int) -> float | Non
     return per_sample * (length / last["length"]) ** power * samples
 
 
+def print_note(line: str) -> None:
+    """The default `note` of the drivers below: a warning or note line on stderr, where `asentmax train`
+    prints its own."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.0f} min" if seconds < 7200
                                                       else f"{seconds / 3600:.1f} h")
@@ -268,12 +277,13 @@ def _duration(seconds: float) -> str:
 def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_dtype=None,
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
              dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
-             progress: bool = False, log=print, tables: str = "train",
+             progress: bool = False, log=print, note=print_note, tables: str = "train",
              estimate_threshold_s: float = ESTIMATE_THRESHOLD_S) -> list[dict]:
     """One row per length, shortest first: exact match (+ Wilson interval), per-token accuracy, seconds
     taken, and (for sequences up to dispersion_max_tokens) attention dispersion on the first
     dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
-    `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples.
+    `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples;
+    `log` gets each length's result line, `note` the estimate announced before a long length.
     `tables="fresh"`: each length's set is drawn with new word tables (Task.with_fresh_tables, from
     numpy's default_rng([seed, length, TABLES_STREAM])), as the paper's code draws every test set."""
     from tqdm.auto import tqdm
@@ -285,7 +295,7 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
     for length in sorted(set(lengths) - set(rows)):
         estimate = estimate_seconds(list(rows.values()), length, samples)
         if estimate is not None and estimate > estimate_threshold_s:
-            log(f"length {length}: estimated {_duration(estimate)} on {torch.device(device).type} "
+            note(f"length {length}: estimated {_duration(estimate)} on {torch.device(device).type} "
                 "(extrapolated from the shorter lengths); finished lengths are saved, so Ctrl-C and the "
                 "same command later continue from there")
         start = time.perf_counter()
@@ -379,7 +389,7 @@ class EvalPlan:
     lengths: list[int]
     done: list[dict]  # rows reused from an earlier run of the same protocol
     header: dict  # the result file without its rows
-    notes: list[str]  # lines to print before starting
+    notes: list[str]  # warnings and notes to print (on stderr) before starting
 
 
 def _saved_task(run_dir: Path) -> tuple[str, int, str]:
@@ -460,7 +470,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     RunError, one line): the settings, the device, config.json, the checkpoint, the lengths, the output
     location and an earlier result file there. Nothing is written."""
     from asentmax.tasks import TASK_NAMES
-    from asentmax.tasks.registry import has_fresh_tables
+    from asentmax.tasks.registry import fresh_tables_refusal
     from asentmax.tasks.workload import build_task
 
     config.validate()
@@ -484,8 +494,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         task = build_task(task_name, layout)  # the layout the run trained on: its eval sets' layout
     except ValueError as error:
         raise RunError(f"{run_dir / CONFIG_NAME}: {error}") from None
-    if config.tables == "fresh" and not has_fresh_tables(task_name):
-        raise RunError(f"--tables fresh: task {task_name!r} has no key and value tables to draw afresh")
+    refusal = fresh_tables_refusal(task_name) if config.tables == "fresh" else None
+    if refusal is not None:
+        raise RunError(refusal)
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
             or saved_layout(saved_workload) != layout):
@@ -544,7 +555,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
                     model_state=model_state, lengths=lengths, done=done, header=header, notes=notes)
 
 
-def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print) -> dict:
+def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print, note=print_note) -> dict:
     """Evaluate a plan's lengths not done yet, rewriting <output>.json/.md after each; returns the result."""
     from asentmax.nn import Transformer
 
@@ -565,16 +576,16 @@ def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print) -> dict
                     max_batch_tokens=config.max_batch_tokens, confidence=config.confidence,
                     dispersion_samples=config.dispersion_samples,
                     dispersion_max_tokens=config.dispersion_max_tokens, done=plan.done, on_row=save,
-                    progress=progress, log=log, tables=config.tables)
+                    progress=progress, log=log, note=note, tables=config.tables)
     save(rows)
     return result
 
 
 def evaluate_run(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None, *,
-                 fresh: bool = False, progress: bool = False, log=print) -> dict:
+                 fresh: bool = False, progress: bool = False, log=print, note=print_note) -> dict:
     """plan_evaluation then run_evaluation: evaluate a run's checkpoint at every multiplier and write
     <output>.json and .md (default run_dir/eval), continuing an earlier evaluation of the same protocol."""
     plan = plan_evaluation(run_dir, config, output, fresh=fresh)
-    for note in plan.notes:
-        log(note)
-    return run_evaluation(plan, progress=progress, log=log)
+    for line in plan.notes:
+        note(line)
+    return run_evaluation(plan, progress=progress, log=log, note=note)

@@ -14,6 +14,9 @@ Fields:
   sdpa         True: computed by torch scaled_dot_product_attention (the plain-torch softmax path);
   fixed_alpha  entmax family: None = ModelConfig.alpha, else this alpha;
   label        the method's name in the paper's tables;
+and the ModelConfig fields that set some normalisers' weights only (PARAMETERS, `Normaliser.reads`): alpha
+(the entmax family without a fixed alpha) and topk_k (the top-k family); `asentmax train` refuses a flag for
+one that the chosen normaliser does not read.
 
 SSMax runs through the fused kernel's softmax mode (sdpa False), not SDPA: with SDPA, torch.compile + Inductor
 gave the gradient of its s wrong on the H200 (torch 2.11) in a compiled model for each of three forms
@@ -33,6 +36,7 @@ import torch
 from asentmax.ops.entmax import entmax
 
 FAMILIES = ("softmax", "entmax", "topk")
+PARAMETERS = ("alpha", "topk_k")  # ModelConfig fields that only some normalisers read (Normaliser.reads)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,11 @@ class Normaliser:
     def takes_config_alpha(self) -> bool:
         """True when ModelConfig.alpha is its alpha (and must then be > 1)."""
         return self.family == "entmax" and self.fixed_alpha is None
+
+    def reads(self, parameter: str) -> bool:
+        """Whether ModelConfig field `parameter` (one of PARAMETERS) changes its weights: alpha when it takes
+        the config's alpha, topk_k for the top-k family."""
+        return {"alpha": self.takes_config_alpha, "topk_k": self.family == "topk"}[parameter]
 
     def probabilities(self, z: torch.Tensor, alpha: float, topk_k: int,
                       backend: str = "auto") -> torch.Tensor:

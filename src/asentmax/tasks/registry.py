@@ -1,5 +1,5 @@
 """Task names -> task classes (docs/method.md section 6): `get_task(name, **options)`, `task_options(name)`,
-`eval_multipliers(name)`, `has_fresh_tables(name)` and `TASK_NAMES`."""
+`eval_multipliers(name)`, `has_fresh_tables(name)`, `fresh_tables_refusal(name)` and `TASK_NAMES`."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def has_fresh_tables(name: str) -> bool:
     """Whether task `name` has word tables to draw afresh (`asentmax eval --tables fresh`): its class
     overrides Task.with_fresh_tables, as MQMTAR's does for its key and value tables."""
     return _task_class(name).with_fresh_tables is not Task.with_fresh_tables
+
+
+def fresh_tables_refusal(name: str) -> str | None:
+    """The one-line refusal of `--tables fresh` for task `name` (`asentmax eval`,
+    benchmarks/reproduce_paper.py), or None when it has tables to draw afresh."""
+    if has_fresh_tables(name):
+        return None
+    return f"--tables fresh: task {name!r} has no key and value tables to draw afresh"
 
 
 def get_task(name: str, **options) -> Task:
