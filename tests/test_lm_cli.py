@@ -90,7 +90,7 @@ def test_lm_block_options(data, tmp_path, capsys):
     assert (saved["norm_placement"], saved["mlp"], saved["norm_eps"]) == ("sandwich", "geglu", 1e-6)
     assert saved["tie_embeddings"] is False and saved["scale_embeddings"] is False  # lm_tiny's, ModelConfig's
     assert main(["lm", "train", "--run-dir", str(run), "--resume", "--steps", "4", "--no-progress"]) == 0
-    model, _, step = _load_model(run, "cpu")  # eval's loader: the saved config, the weights loaded strictly
+    model, _, step, _ = _load_model(run, "cpu")  # eval's loader: the saved config, weights loaded strictly
     assert step == 4 and model.config.to_dict() == saved
     assert all(block.mlp.kind == "geglu" and None not in (block.attn_post_norm, block.mlp_post_norm)
                for block in model.blocks)
@@ -110,3 +110,27 @@ def test_lm_bad_block_option_is_one_line(data, tmp_path, capsys, flags, message)
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not run.exists()
+
+
+def test_a_run_cut_short_is_evaluated_with_a_warning_and_compared_as_cut(data, tmp_path, capsys):
+    from asentmax.train import resume_run
+
+    run, out = tmp_path / "run", tmp_path / "results"
+    assert main(tiny_train(data, run) + ["--steps", "3"]) == 0
+    resume_run(run, steps=9, stop_at_step=6, progress=False)  # planned 9 steps, stopped at 6
+    capsys.readouterr()
+    assert main(["lm", "eval", str(run), "--multipliers", "1", "--samples", "1", "--batch-size", "1",
+                 "--stats-max-length", "16", "--stats-windows", "1", "--tasks", "niah_1", "--device",
+                 "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert "stopped training at step 6 of 9 (cut short)" in err
+    assert json.loads((run / "lm_eval.json").read_text())["train_config"]["steps"] == 9
+    assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
+    assert ", cut at 6 of 9 steps |" in (out / "compare.md").read_text()
+    resume_run(run, progress=False)  # trained to its 9 steps: no longer cut
+    assert main(["lm", "eval", str(run), "--multipliers", "1", "--samples", "1", "--batch-size", "1",
+                 "--stats-max-length", "16", "--stats-windows", "1", "--tasks", "niah_1", "--device",
+                 "cpu"]) == 0
+    assert "cut short" not in capsys.readouterr().err
+    assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
+    assert "cut at" not in (out / "compare.md").read_text()

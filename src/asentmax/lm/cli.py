@@ -5,8 +5,9 @@ configs, hands them to asentmax.trainer (new runs) or asentmax.train.resume_run,
 asentmax.cli registers the subcommands with `add_lm_parser(sub, add_config_flags, usage_error)` (the
 shared flag builder and one-line error type are passed in, so that nothing here imports the CLI back).
 
-Run directory additions: lm_eval.json (the results with the step, workload and model config they come
-from), lm_eval.md, perplexity.png, retrieval.png.
+Run directory additions: lm_eval.json (the results with the step, workload, training and model config
+they come from), lm_eval.md, perplexity.png, retrieval.png. A run whose training stopped before its planned
+steps is evaluated with a warning and compared as "cut at S of N steps" (runs.training_cut).
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ def _load_model(run_dir: Path, device):
         raise ValueError(f"{run_dir} is not an LM run (workload {workload.get('name')!r})")
     model = Transformer(ModelConfig.from_dict(checkpoint["model_config"]))
     model.load_state_dict(checkpoint["model"])
-    return model.to(device).eval(), workload, checkpoint["step"]
+    return model.to(device).eval(), workload, checkpoint["step"], checkpoint["train_config"]
 
 
 def _eval(args) -> None:
@@ -216,13 +217,17 @@ def _eval(args) -> None:
     from asentmax.lm.evaluate import evaluate_model
     from asentmax.lm.report import markdown, plot
     from asentmax.lm.tokenizer import LMTokenizer
-    from asentmax.runs import describe_device, git_commit, write_json, write_text
+    from asentmax.runs import describe_device, git_commit, training_cut, write_json, write_text
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     for run_dir in args.run_dirs:
         start = time.perf_counter()
-        model, workload, step = _load_model(run_dir, device)
+        model, workload, step, train_config = _load_model(run_dir, device)
+        cut = training_cut({"train_step": step, "train_config": train_config})
+        if cut:
+            print(f"warning: {run_dir} stopped training at step {cut[0]} of {cut[1]} (cut short); its "
+                  "results are those of a partly trained model", file=sys.stderr)
         data = args.data or Path(workload["data"])
         read_manifest(data)
         tokenizer = LMTokenizer.load(data)
@@ -236,8 +241,9 @@ def _eval(args) -> None:
                                 autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
         elapsed = round(time.perf_counter() - start, 1)
         result.update({"run_dir": str(run_dir), "step": step, "workload": workload,
-                       "model_config": model.config.to_dict(), "n_parameters": model.num_parameters(),
-                       "eval_s": elapsed, "device": describe_device(device), "git_commit": git_commit(),
+                       "train_config": train_config, "model_config": model.config.to_dict(),
+                       "n_parameters": model.num_parameters(), "eval_s": elapsed,
+                       "device": describe_device(device), "git_commit": git_commit(),
                        "python": platform.python_version(), "command": " ".join(["asentmax"] + sys.argv[1:]),
                        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                                     if k not in ("run", "run_dirs")}})
@@ -253,7 +259,7 @@ def _eval(args) -> None:
 
 def _compare(args) -> None:
     from asentmax.lm.report import markdown, plot
-    from asentmax.runs import check_distinct_runs, read_json
+    from asentmax.runs import check_distinct_runs, read_json, training_cut
 
     check_distinct_runs(args.run_dirs)
     results, rows = {}, []
@@ -262,6 +268,9 @@ def _compare(args) -> None:
         label = f"{result['workload']['preset']} ({result['workload']['size']})"
         if label in results:  # runs of one preset and size (other seeds, steps or block options)
             label = f"{label} [{run_dir.name}]"
+        cut = training_cut({"train_step": result["step"], "train_config": result.get("train_config")})
+        if cut:  # lm_eval.json files written before the thirteenth session have no train_config
+            label = f"{label}, cut at {cut[0]} of {cut[1]} steps"
         if label in results:
             raise ValueError(f"two runs compare as {label}: give their directories different names")
         results[label] = result
