@@ -42,16 +42,30 @@ def test_model_follows_the_entry(normaliser):
         assert normaliser.alpha(1.7) == (1.7 if normaliser.takes_config_alpha else normaliser.fixed_alpha)
 
 
-@pytest.mark.parametrize("parameter,values", [("alpha", (1.5, 1.8)), ("topk_k", (2, 5))])
+# two values of each parameter, and settings under which they differ in effect (the ASEntmax projections
+# drawn at random: at their zero init gamma is 0 and gamma_range changes nothing)
+PARAMETER_VALUES = [("alpha", (1.5, 1.8), {}), ("topk_k", (2, 5), {}), ("theta_delta", (1.0, 0.5), {}),
+                    ("gamma_range", (1.0, 2.0), {"asentmax_init": "normal"}),
+                    ("ssmax_form", ("delta", "plain"), {}),
+                    ("ssmax_s_init", (0.5, 1.0), {})]
+
+
+def test_every_parameter_is_tested():
+    assert sorted(p for p, _, _ in PARAMETER_VALUES) == sorted(PARAMETERS)
+    with pytest.raises(ValueError, match="not one of"):
+        NORMALISERS[0].reads("d_model")
+
+
+@pytest.mark.parametrize("parameter,values,settings", PARAMETER_VALUES,
+                         ids=[p for p, _, _ in PARAMETER_VALUES])
 @pytest.mark.parametrize("normaliser", NORMALISERS, ids=lambda n: n.name)
-def test_reads_says_whether_the_parameter_changes_the_model(normaliser, parameter, values):
-    assert parameter in PARAMETERS
+def test_reads_says_whether_the_parameter_changes_the_model(normaliser, parameter, values, settings):
     tokens = torch.randint(0, 11, (2, 9), generator=torch.Generator().manual_seed(0))
     outputs = []
     for value in values:
         torch.manual_seed(0)
         cfg = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, d_ff=16,
-                          attention=normaliser.name, **{parameter: value})
+                          attention=normaliser.name, **{**settings, parameter: value})
         with torch.no_grad():
             outputs.append(Transformer(cfg)(tokens))
     assert normaliser.reads(parameter) == (not torch.equal(*outputs))

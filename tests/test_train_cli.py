@@ -155,6 +155,23 @@ def test_topk_k_for_a_normaliser_without_one_is_refused(tmp_path, capsys, monkey
     assert load_checkpoint(run / "checkpoint.pt")["model_config"]["topk_k"] == 4
 
 
+@pytest.mark.parametrize("attention, flag, value",
+                         [("entmax", "--theta-delta", "0.5"), ("softmax", "--gamma-range", "1"),
+                          ("asentmax", "--ssmax-form", "plain"), ("entmax", "--ssmax-s-init", "1")])
+def test_temperature_flags_for_a_normaliser_without_that_temperature_are_refused(tmp_path, capsys, attention,
+                                                                                  flag, value):
+    run = tmp_path / "new"
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", attention, flag, value]) == 2
+    assert f"{flag} has no effect with --attention {attention}" in _one_line_error(capsys)
+    assert not run.exists()
+
+
+def test_the_paper_code_block_flags_stay_open_to_every_method(tmp_path):
+    run = tmp_path / "softmax"
+    assert main(["train", "--run-dir", str(run), *TINY, "--attention", "softmax", "--asentmax-init", "normal",
+                 "--steps", "1"]) == 0
+
+
 def test_topk_k_is_taken_by_topk(tmp_path):
     run = tmp_path / "topk"
     assert main(["train", "--run-dir", str(run), *TINY, "--attention", "topk", "--topk-k", "3",

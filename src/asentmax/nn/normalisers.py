@@ -15,8 +15,10 @@ Fields:
   fixed_alpha  entmax family: None = ModelConfig.alpha, else this alpha;
   label        the method's name in the paper's tables;
 and the ModelConfig fields that set some normalisers' weights only (PARAMETERS, `Normaliser.reads`): alpha
-(the entmax family without a fixed alpha) and topk_k (the top-k family); `asentmax train` refuses a flag for
-one that the chosen normaliser does not read.
+(the entmax family without a fixed alpha), topk_k (the top-k family), the temperature's theta_delta (SSMax and
+ASEntmax), gamma_range (ASEntmax), ssmax_form and ssmax_s_init (SSMax); `asentmax train` refuses a flag for
+one that the chosen normaliser does not read. asentmax_init is not among them: it belongs to the paper code's
+block options (presets.PAPER_CODE_BLOCKS), which its commands give to every method alike.
 
 SSMax runs through the fused kernel's softmax mode (sdpa False), not SDPA: with SDPA, torch.compile + Inductor
 gave the gradient of its s wrong on the H200 (torch 2.11) in a compiled model for each of three forms
@@ -36,7 +38,8 @@ import torch
 from asentmax.ops.entmax import entmax
 
 FAMILIES = ("softmax", "entmax", "topk")
-PARAMETERS = ("alpha", "topk_k")  # ModelConfig fields that only some normalisers read (Normaliser.reads)
+# ModelConfig fields that only some normalisers read (Normaliser.reads)
+PARAMETERS = ("alpha", "topk_k", "theta_delta", "gamma_range", "ssmax_form", "ssmax_s_init")
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,19 @@ class Normaliser:
 
     def reads(self, parameter: str) -> bool:
         """Whether ModelConfig field `parameter` (one of PARAMETERS) changes its weights: alpha when it takes
-        the config's alpha, topk_k for the top-k family."""
-        return {"alpha": self.takes_config_alpha, "topk_k": self.family == "topk"}[parameter]
+        the config's alpha, topk_k for the top-k family, theta_delta with a temperature, the others with
+        their own temperature (the prefix of their name)."""
+        if parameter == "alpha":
+            return self.takes_config_alpha
+        if parameter == "topk_k":
+            return self.family == "topk"
+        if parameter == "theta_delta":
+            return self.temperature is not None
+        if parameter == "gamma_range":
+            return self.temperature == "asentmax"
+        if parameter in ("ssmax_form", "ssmax_s_init"):
+            return self.temperature == "ssmax"
+        raise ValueError(f"{parameter!r} is not one of {PARAMETERS}")
 
     def probabilities(self, z: torch.Tensor, alpha: float, topk_k: int,
                       backend: str = "auto") -> torch.Tensor:
