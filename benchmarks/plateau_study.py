@@ -156,7 +156,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
     runs = {k: v for k, v in STUDIES[args.study].items() if not args.only or k in args.only}
-    extra = STUDY_FLAGS.get(args.study, []) + args.train_flags.split()
+    extra = STUDY_FLAGS.get(args.study, []) + shlex.split(args.train_flags)
     if not args.no_run:
         run_in_groups({name: train_command(name, flags, args.work, args.steps, args.smoke, extra)
                        for name, flags in runs.items()}, args.work, args.seconds, args.parallel)

@@ -107,7 +107,7 @@ def main() -> int:
     if refusal is not None:
         parser.error(refusal)
     try:
-        check_train_flags(args.train_flags.split(), args.methods)
+        check_train_flags(shlex.split(args.train_flags), args.methods)
     except UsageError as error:
         parser.error(f"--train-flags: {error}")
     work = args.work / args.task
@@ -126,7 +126,7 @@ def main() -> int:
         before = {m: progress(d)[0] for m, d in runs.items()}
     else:
         train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
-                     "--no-progress", *args.train_flags.split()] for m, d in runs.items()}
+                     "--no-progress", *shlex.split(args.train_flags)] for m, d in runs.items()}
         before = dict.fromkeys(runs, 0)
     deadline = None if args.train_seconds is None else time.time() + args.train_seconds
     train_s = run_together(train, work, "train", deadline)
@@ -143,7 +143,7 @@ def main() -> int:
                    else [f"{m:g}" for m in eval_multipliers(args.task)])
     evals = {m: ["eval", str(d), "--no-progress", "--multipliers", *multipliers, "--samples",
                  str(args.samples), "--checkpoint", args.checkpoint, "--tables", args.tables,
-                 *args.eval_flags.split()]
+                 *shlex.split(args.eval_flags)]
              for m, d in runs.items()}
     eval_s = run_together(evals, work, "eval", None)
     result_name = evaluation_name(args.checkpoint, args.tables) + ".json"
