@@ -49,7 +49,7 @@ def table(summaries: list[dict], multipliers: list[int], escape_loss: float, com
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: list[dict], multipliers: list[int], path: Path) -> None:
+def plot(summaries: list[dict], multipliers: list[int], escape_loss: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,7 +64,7 @@ def plot(summaries: list[dict], multipliers: list[int], path: Path) -> None:
         if s["escape_step"] is not None and s["exact"][multipliers[-1]] is not None:
             ax.annotate(s["name"], (s["escape_step"], s["exact"][multipliers[-1]]), fontsize=7,
                         xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel("step at which the training loss first fell below the plateau")
+    ax.set_xlabel(f"step at which the training loss first fell below {escape_loss:g} (off the plateau)")
     ax.set_ylabel("exact match % (greedy decoding)")
     ax.set_title("leaving the loss plateau later, generalising less far")
     ax.set_ylim(-3, 103)
@@ -90,7 +90,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=src python benchmarks/escape_vs_length.py " + shlex.join(sys.argv[1:])
     (args.out / "escape.md").write_text(table(summaries, args.lengths, args.escape_loss, command))
-    plot(summaries, args.lengths, args.out / "escape.png")
+    plot(summaries, args.lengths, args.escape_loss, args.out / "escape.png")
     print((args.out / "escape.md").read_text(), end="")
     return 0
 
