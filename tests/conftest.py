@@ -1,7 +1,6 @@
 """Shared pytest fixtures and helpers, and (under TRITON_INTERPRET=1) a faster Triton interpreter launch."""
 
 import importlib.util
-import inspect
 import os
 import time
 from pathlib import Path
@@ -11,13 +10,14 @@ import torch
 
 
 def _patch_the_language_once_per_launch():
-    """Under TRITON_INTERPRET=1, the interpreter (triton 3.x, runtime/interpreter.py) patches triton.language
-    at each kernel launch (restored when the launch ends) and again, identically, at every call of a
-    @triton.jit helper inside it: _patch_builtin walks the modules with inspect.getmembers, a third of the
-    interpreter's time in the fused attention kernels. The second patch is a no-op (the builtins are already
-    replaced, and the other attributes are set again to equivalent functions; the helper's patch is never
-    restored), so it is skipped when the helper sees no language module the launch has not patched: the
-    kernels run exactly as before."""
+    """Under TRITON_INTERPRET=1, the interpreter (triton 3.x, runtime/interpreter.py) patches the
+    triton.language modules a kernel sees at each launch (restored when the launch ends) and again at every
+    call of a @triton.jit helper inside it (tl.sum, the kernels' own helpers): each time _patch_builtin walks
+    the modules with inspect.getmembers, most of the interpreter's time in the fused attention kernels. A
+    helper's patch is never restored, so once a module is patched in a launch, patching it again there is a
+    no-op (its builtins are already replaced; the other attributes are set again to equivalent functions).
+    Here a helper call skips it when every language module it sees was patched earlier in the same launch:
+    the kernels run exactly as before."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
@@ -28,22 +28,22 @@ def _patch_the_language_once_per_launch():
     if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_LangPatchScope", "GridExecutor")):
         return
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
-    launches = []  # [set of the ids of the language modules the running launch patched, or None]
+    launches = []  # per running launch: the ids of the language modules patched in it so far
 
-    def languages(fn):
-        return {id(value) for value in fn.__globals__.values()
-                if inspect.ismodule(value) and value in (tl, tl.core)}
+    def languages(fn):  # the modules interpreter._patch_lang patches for fn
+        return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
 
     def patch_lang_once(fn):
-        if launches and launches[-1] is not None and languages(fn) and languages(fn) <= launches[-1]:
+        seen = languages(fn)
+        if launches and seen and seen <= launches[-1]:
             return interpreter._LangPatchScope()
         scope = patch_lang(fn)
-        if launches and launches[-1] is None:  # the launch's own patch
-            launches[-1] = languages(fn)
+        if launches:
+            launches[-1] |= seen
         return scope
 
     def launch_once(self, *args, **kwargs):
-        launches.append(None)
+        launches.append(set())
         try:
             return launch(self, *args, **kwargs)
         finally:
