@@ -93,8 +93,9 @@ def launch_decode_chunks(alpha, dim, batch=8, heads=16):
     the split path (packs of 4 heads, chunks of 1024 keys, 4 or 16 rows), and a multi-head one of 4K keys,
     solving the thresholds in the output kernel or not."""
     for n_q, kv_heads, cache in ((1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096)):
-        q = torch.randn(batch, heads, n_q, dim, dtype=torch.bfloat16)
-        k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
+        # zeros: the launches are recorded, not run, and bf16 randn of these sizes takes seconds on a CPU
+        q = torch.zeros(batch, heads, n_q, dim, dtype=torch.bfloat16)
+        k_cache, v_cache = (torch.zeros(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
         entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5,
                                 causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40)
 

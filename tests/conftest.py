@@ -1,11 +1,59 @@
-"""Shared pytest fixtures and helpers."""
+"""Shared pytest fixtures and helpers, and (under TRITON_INTERPRET=1) a faster Triton interpreter launch."""
 
 import importlib.util
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def _patch_the_language_once_per_launch():
+    """Under TRITON_INTERPRET=1, the interpreter (triton 3.x, runtime/interpreter.py) patches the
+    triton.language modules a kernel sees at each launch (restored when the launch ends) and again at every
+    call of a @triton.jit helper inside it (tl.sum, the kernels' own helpers): each time _patch_builtin walks
+    the modules with inspect.getmembers, most of the interpreter's time in the fused attention kernels. A
+    helper's patch is never restored, so once a module is patched in a launch, patching it again there is a
+    no-op (its builtins are already replaced; the other attributes are set again to equivalent functions).
+    Here a helper call skips it when every language module it sees was patched earlier in the same launch:
+    the kernels run exactly as before."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        from triton import language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_LangPatchScope", "GridExecutor")):
+        return
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    launches = []  # per running launch: the ids of the language modules patched in it so far
+
+    def languages(fn):  # the modules interpreter._patch_lang patches for fn
+        return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+
+    def patch_lang_once(fn):
+        seen = languages(fn)
+        if launches and seen and seen <= launches[-1]:
+            return interpreter._LangPatchScope()
+        scope = patch_lang(fn)
+        if launches:
+            launches[-1] |= seen
+        return scope
+
+    def launch_once(self, *args, **kwargs):
+        launches.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    interpreter._patch_lang = patch_lang_once
+    interpreter.GridExecutor.__call__ = launch_once
+
+
+_patch_the_language_once_per_launch()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_pipeline_writes_table_plots_and_summary_and_publishes(tmp_path, monkeypatch):
     monkeypatch.setitem(demo.DEMO_EVAL, "multipliers", ("1", "1.5"))
     monkeypatch.setitem(demo.DEMO_EVAL, "samples", 4)
+    monkeypatch.setattr(demo, "POLL_S", 0.2)  # the children take seconds here, not minutes
     checkout = tmp_path / "checkout"
     (checkout / demo.PUBLISHED_DIR).mkdir(parents=True)
     (checkout / demo.PUBLISHED_DIR / "README.md").write_text("kept")

@@ -52,13 +52,13 @@ def test_runs_train_then_evaluate_and_a_failing_run_stops_only_itself(tmp_path):
 
 def test_a_closing_window_checkpoints_and_the_next_call_resumes(tmp_path):
     plan = {"long": {"train": TINY + " --steps 1000000", "evals": ["--multipliers 1 --samples 2"]}}
-    first = call(tmp_path, plan, "--seconds", "14", "--margin", "2")
+    first = call(tmp_path, plan, "--seconds", "10", "--margin", "2")
     assert first.returncode == 0, first.stderr
     run = tmp_path / "work" / "long"
     step = torch.load(run / "checkpoint.pt", weights_only=False)["step"]
     status = json.loads((tmp_path / "work" / "status.json").read_text())["long"]
     assert 0 < step < 1000000 and not status["trained"] and status["steps"][0]["exit"] == 130
-    second = call(tmp_path, plan, "--seconds", "14", "--margin", "2")
+    second = call(tmp_path, plan, "--seconds", "10", "--margin", "2")
     assert second.returncode == 0, second.stderr
     assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] > step
     commands = [line for line in (tmp_path / "work" / "long.train.log").read_text().splitlines()

@@ -48,6 +48,17 @@ def decode_rows(task, batch):
     return examples
 
 
+_TABLE_WORDS = {}  # id(task) -> (task, its key words, its value words)
+
+
+def table_words(task):
+    """(set of key words, set of value words) of an MQMTAR task's tables, built once per task object."""
+    if id(task) not in _TABLE_WORDS or _TABLE_WORDS[id(task)][0] is not task:
+        _TABLE_WORDS[id(task)] = (task, set(map(tuple, task.keys.tolist())),
+                                  set(map(tuple, task.values.tolist())))
+    return _TABLE_WORDS[id(task)][1:]
+
+
 def solve(task, example):
     """The target an independent solver gives for the example's source."""
     if task.name == "copy":
@@ -59,7 +70,7 @@ def solve(task, example):
     length = len(example.source) - 3 * task.n_queries
     pairs, _, asked = parse_mqmtar(example.source, length, task.n_queries)
     assert len(pairs) == pairs_for_length(length, task.table_size)
-    keys, values = set(map(tuple, task.keys.tolist())), set(map(tuple, task.values.tolist()))
+    keys, values = table_words(task)
     assert set(pairs) <= keys and set(pairs.values()) <= values and len(set(pairs.values())) == len(pairs)
     return [token for key in asked for token in (QUERY, *pairs[key])]
 

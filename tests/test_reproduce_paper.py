@@ -3,30 +3,59 @@ through benchmarks/device_plan.py's runner, which stops them at --train-seconds 
 stopped before its planned steps is not evaluated, `--resume` continues it from its checkpoint to the planned
 steps in a later call, and the table and runs.json then account for every call; wrong uses of --resume and
 --tables fresh for a task without tables, and --train-flags that a method's train command would refuse, are
-one-line errors."""
+one-line errors. The resume test runs the script in a subprocess; the others call its main() in this process
+(the training and evaluation still run in children)."""
 
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from asentmax.tasks import get_task
 from asentmax.tasks.registry import fresh_tables_refusal
+from conftest import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "reproduce_paper.py"
 TINY = ("--min-length 3 --max-length 6 --batch-size 4 --warmup-steps 2 --val-every 0 --val-samples 2 "
         "--log-every 2 --d-model 16 --n-layers 1 --n-heads 2 --d-ff 32")
 
 
+def command(tmp_path, *args):
+    return [str(SCRIPT), "--task", "copy", "--methods", "softmax", "--samples", "2", "--multipliers", "1 2",
+            "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), *args]
+
+
 def reproduce(tmp_path, *args):
+    """The script in a subprocess, as it is run (the resume test; the others call main in process)."""
     env = {**os.environ, "PYTHONPATH": str(SCRIPT.parents[1] / "src")}
-    return subprocess.run([sys.executable, str(SCRIPT), "--task", "copy", "--methods", "softmax", "--samples",
-                           "2", "--multipliers", "1 2", "--work", str(tmp_path / "work"), "--out",
-                           str(tmp_path / "out"), *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, *command(tmp_path, *args)], capture_output=True, text=True,
+                          env=env)
+
+
+@pytest.fixture
+def reproduce_here(monkeypatch, capsys):
+    """reproduce, by reproduce_paper.main() in this process (its train and eval children are subprocesses
+    all the same): returncode (main's return value or the SystemExit code), stdout, stderr."""
+    monkeypatch.setenv("PYTHONPATH", str(SCRIPT.parents[1] / "src"))
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its `from device_plan import ...`
+    script = load_benchmark("reproduce_paper")
+
+    def run(tmp_path, *args):
+        monkeypatch.setattr(sys, "argv", command(tmp_path, *args))
+        capsys.readouterr()
+        try:
+            code = script.main()
+        except SystemExit as stop:
+            code = stop.code
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+
+    return run
 
 
 def test_a_stopped_run_is_resumed_then_evaluated(tmp_path):
@@ -50,16 +79,17 @@ def test_a_stopped_run_is_resumed_then_evaluated(tmp_path):
     assert f"| softmax | {seed} | 12 (12) | 48 |" in (tmp_path / "out" / "copy.md").read_text()
 
 
-def test_eval_unfinished_evaluates_a_stopped_run(tmp_path):
-    done = reproduce(tmp_path, "--train-flags", f"{TINY} --steps 12 --stop-at-step 4", "--eval-unfinished")
+def test_eval_unfinished_evaluates_a_stopped_run(tmp_path, reproduce_here):
+    done = reproduce_here(tmp_path, "--train-flags", f"{TINY} --steps 12 --stop-at-step 4",
+                          "--eval-unfinished")
     assert done.returncode == 0, done.stderr
     result = json.loads((tmp_path / "work" / "copy" / "softmax" / "eval.json").read_text())
     assert result["train_step"] == 4
     assert json.loads((tmp_path / "out" / "copy" / "runs.json").read_text())["softmax"]["steps_reached"] == 4
 
 
-def test_methods_run_side_by_side_and_train_seconds_stops_each_with_a_checkpoint(tmp_path):
-    done = reproduce(tmp_path, "--methods", "softmax", "asentmax", "--train-seconds", "20",
+def test_methods_run_side_by_side_and_train_seconds_stops_each_with_a_checkpoint(tmp_path, reproduce_here):
+    done = reproduce_here(tmp_path, "--methods", "softmax", "asentmax", "--train-seconds", "8",
                      "--eval-unfinished", "--train-flags", f"{TINY} --steps 1000000")
     assert done.returncode == 0, done.stderr
     work = tmp_path / "work" / "copy"
@@ -70,17 +100,17 @@ def test_methods_run_side_by_side_and_train_seconds_stops_each_with_a_checkpoint
         assert 0 < step < 1000000 and provenance[method]["steps_reached"] == step
         assert json.loads((work / method / "eval.json").read_text())["train_step"] == step
         [call] = provenance[method]["train_calls"]
-        assert 19 < call["train_s"] < 50 and (call["from_step"], call["to_step"]) == (0, step)
+        assert 7 < call["train_s"] < 38 and (call["from_step"], call["to_step"]) == (0, step)
         for stage in ("train", "eval"):  # device_plan.run_step's log: the command line, then the output
             assert (work / f"{method}.{stage}.log").read_text().startswith(f"$ asentmax {stage} ")
     assert "| softmax |" in (tmp_path / "out" / "copy.md").read_text()
 
 
 @pytest.mark.parametrize("case", ["no-checkpoint", "with-flags", "fresh-tables-mqmtar"])
-def test_misuse_is_one_line(tmp_path, case):
+def test_misuse_is_one_line(tmp_path, case, reproduce_here):
     extra = {"no-checkpoint": ["--resume"], "with-flags": ["--resume", "--train-flags", TINY],
              "fresh-tables-mqmtar": ["--task", "mqmtar", "--tables", "fresh", "--resume"]}[case]
-    result = reproduce(tmp_path, *extra)
+    result = reproduce_here(tmp_path, *extra)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     expected = {"no-checkpoint": "no checkpoint", "with-flags": "drop --train-flags",
                 "fresh-tables-mqmtar": "no checkpoint"}[case]  # mqmtar has tables: on to the next check
@@ -122,9 +152,9 @@ def refused_in_process(tmp_path, monkeypatch, capsys, *args) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_checkpoint_best_tests_each_runs_best_pt(tmp_path):
+def test_checkpoint_best_tests_each_runs_best_pt(tmp_path, reproduce_here):
     flags = f"{TINY} --steps 8 --val-every 2 --keep-best-at 1".replace("--val-every 0 ", "")
-    done = reproduce(tmp_path, "--train-flags", flags, "--checkpoint", "best")
+    done = reproduce_here(tmp_path, "--train-flags", flags, "--checkpoint", "best")
     assert done.returncode == 0, done.stderr
     run = tmp_path / "work" / "copy" / "softmax"
     best = torch.load(run / "best.pt", weights_only=False)

@@ -32,6 +32,7 @@ DEMO_MODEL = {"d-model": 64, "n-layers": 2, "n-heads": 4, "d-ff": 256, "position
 DEMO_METHODS = ("softmax", "asentmax")
 DEMO_EVAL = {"multipliers": ("1", "1.25", "1.5", "1.75", "2", "4", "8", "16"), "samples": 200}
 DEFAULT_OUTPUT = "runs/demo"
+POLL_S = 5.0  # seconds between checks on the train and eval children
 PUBLISHED_DIR = "results/demo"  # the committed evidence, relative to the repository root
 README_BEGIN = "<!-- demo table: written by `make demo-results`; tests/test_demo.py checks it -->"
 README_END = "<!-- end of demo table -->"
@@ -163,7 +164,7 @@ def run_demo(output_dir: Path | str = DEFAULT_OUTPUT, steps: int | None = None,
           f"{train_options['max-length']}, {train_options['steps']} steps) in parallel, then evaluating "
           f"each at {', '.join(DEMO_EVAL['multipliers'])}x; logs in {output_dir}", flush=True)
     while any(stage != "done" for stage in stages.values()):
-        time.sleep(5)
+        time.sleep(POLL_S)
         for method, child in children.items():
             if stages[method] == "done" or child.poll() is None:
                 continue
@@ -177,7 +178,7 @@ def run_demo(output_dir: Path | str = DEFAULT_OUTPUT, steps: int | None = None,
                                           output_dir / f"{method}.eval.log")
             else:
                 stages[method] = "done"
-        if int(time.perf_counter() - start) % 30 < 5:
+        if (time.perf_counter() - start) % 30 < POLL_S:  # about every 30 s
             status = "; ".join(f"{m}: {_last_step(runs[m]) if stages[m] == 'train' else stages[m]}"
                                for m in DEMO_METHODS)
             print(f"  [{time.perf_counter() - start:5.0f}s] {status}", flush=True)
