@@ -106,8 +106,9 @@ def main() -> int:
     refusal = fresh_tables_refusal(args.task) if args.tables == "fresh" else None
     if refusal is not None:
         parser.error(refusal)
+    train_flags = shlex.split(args.train_flags)
     try:
-        check_train_flags(shlex.split(args.train_flags), args.methods)
+        check_train_flags(train_flags, args.methods)
     except UsageError as error:
         parser.error(f"--train-flags: {error}")
     work = args.work / args.task
@@ -126,7 +127,7 @@ def main() -> int:
         before = {m: progress(d)[0] for m, d in runs.items()}
     else:
         train = {m: ["train", "--preset", args.task, "--attention", m, "--run-dir", str(d), "--overwrite",
-                     "--no-progress", *shlex.split(args.train_flags)] for m, d in runs.items()}
+                     "--no-progress", *train_flags] for m, d in runs.items()}
         before = dict.fromkeys(runs, 0)
     deadline = None if args.train_seconds is None else time.time() + args.train_seconds
     train_s = run_together(train, work, "train", deadline)

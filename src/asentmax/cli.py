@@ -291,8 +291,9 @@ def _new_run(args):
 
 
 def check_normaliser_flags(attention: str, given: dict) -> None:
-    """UsageError when the user gave --alpha or --topk-k (nn/normalisers.py PARAMETERS; `given`: the parsed
-    flags) for a normaliser that does not read it; a preset's value is not the user's and passes.
+    """UsageError when the user gave a flag of nn/normalisers.py PARAMETERS (--alpha, --topk-k, the
+    temperature options; `given`: the parsed flags) for a normaliser that does not read it; a preset's value
+    is not the user's and passes.
     benchmarks/reproduce_paper.py checks its --train-flags for every method with it."""
     from asentmax.nn.normalisers import NORMALISERS, PARAMETERS, get_normaliser
 
