@@ -294,15 +294,16 @@ def main(argv=None):
     started = time.perf_counter()
     deadline = started + args.seconds
     configs = {case: case_configs(case, sweep) for case in cases}
-    tasks = [(case, knobs_of(c), device, str(dtype).removeprefix("torch."))
+    dtype_name = str(dtype).removeprefix("torch.")
+    tasks = [(case, knobs_of(c), device, dtype_name)
              for case in cases for c in configs[case] if "pruned" not in c]
     total = sum(len(c) for c in configs.values())
     print(f"{len(cases)} cases, {total} configs, {total - len(tasks)} pruned, {len(tasks)} to time",
           flush=True)
-    if args.jobs:
-        precompile(tasks, args.jobs, deadline)
+    if args.jobs:  # the configs and each case's default
+        precompile(tasks + [(case, {}, device, dtype_name) for case in cases], args.jobs, deadline)
     info = dict(command="PYTHONPATH=src python " + " ".join(sys.argv), device=device_name,
-                torch=torch.__version__, triton=triton.__version__, dtype=str(dtype).removeprefix("torch."),
+                torch=torch.__version__, triton=triton.__version__, dtype=dtype_name,
                 alpha=ALPHA, timer=timer_text, max_diff=MAX_DIFF[dtype], configs=total, timed=len(tasks),
                 jobs=args.jobs, seconds=0.0)
     report = dict(info=info, rows=[])
