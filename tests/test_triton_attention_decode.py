@@ -202,6 +202,86 @@ def test_decode_launcher_options(path, option):
     assert torch.allclose(default[1], optioned[1], atol=1e-5)
 
 
+# the one-launch kernel's tuning knobs (benchmarks/tune_decode_gpu.py): tiles smaller and larger than the
+# default's, on caches that are not a whole number of tiles (77 keys: less than one), grouped, with every
+# extra; packed: the programs of heads_per_program (packs of 2 heads here)
+GROUPED_600 = (1.5, True, 2, 4, 2, 1, 600, 32, torch.float32, ALL)
+PAIR_77 = (2.0, False, 2, 2, 1, 3, 77, 64, torch.float32, ALL)
+KNOB_CASES = [  # (case, knobs, packed)
+    (GROUPED_600, dict(block_n=32, num_warps=8, num_stages=1), False),
+    (GROUPED_600, dict(block_n=256, num_warps=8, num_stages=2), True),
+    (GROUPED_600, dict(block_n=512, num_warps=8, num_stages=1), False),
+    (PAIR_77, dict(block_n=32, num_warps=8, num_stages=2), True),
+    (PAIR_77, dict(block_n=256, num_warps=8, num_stages=1), False),
+    (PAIR_77, dict(block_n=512, num_warps=8, num_stages=2), False),
+]
+
+@interpreter
+@pytest.mark.parametrize("case, knobs, packed", KNOB_CASES,
+                         ids=[f"{case_id(c)}-{k['block_n']}/{k['num_warps']}/{k['num_stages']}"
+                              + ("-packed" if p else "") for c, k, p in KNOB_CASES])
+def test_decode_short_tuning_knobs(monkeypatch, case, knobs, packed):
+    """The one-launch kernel (forced) with block_n, num_warps and num_stages set matches the reference."""
+    from asentmax.ops.triton import attention_decode
+    from asentmax.ops.triton.attention_common import heads_per_program
+
+    short = attention_decode.entmax_attention_decode_short
+
+    def tuned(q, k, v, **options):
+        pack = heads_per_program(q.shape[1] // k.shape[1], q.shape[2]) if packed else 1
+        return short(q, k, v, pack=pack, **knobs, **options)
+
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: True)
+    monkeypatch.setattr(attention_decode, "entmax_attention_decode_short", tuned)
+    check_decode(case)
+
+
+@pytest.mark.parametrize("knobs, launch", [
+    (dict(), dict(BLOCK_N=64, num_warps=4, s_stride=640)),  # D 128: tiles of 64 keys, threshold_tile's warps
+    (dict(block_n=512), dict(BLOCK_N=512, num_warps=4, s_stride=1024)),
+    (dict(block_n=256, num_warps=8, num_stages=1),
+     dict(BLOCK_N=256, num_warps=8, num_stages=1, s_stride=768)),
+    (dict(block_n=16, num_stages=3), dict(BLOCK_N=16, num_warps=4, num_stages=3, s_stride=608)),
+])
+def test_decode_short_knobs_reach_the_kernel(monkeypatch, knobs, launch):
+    """The knobs become the kernel's BLOCK_N and launch options (num_stages only where set), and the score
+    rows hold whole tiles: s_stride = Nk (600) rounded up to a multiple of BLOCK_N."""
+    import inspect
+
+    from asentmax.ops.triton import attention_decode_short as short
+
+    signature = inspect.signature(short._decode_short.fn)
+    seen = {}
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch_kernel(*args, num_warps, **kwargs):
+                stages = {"num_stages": kwargs.pop("num_stages")} if "num_stages" in kwargs else {}
+                bound = signature.bind(*args, **kwargs).arguments
+                seen.update(BLOCK_N=bound["BLOCK_N"], num_warps=num_warps, s_stride=bound["s_stride"],
+                            **stages)
+            return launch_kernel
+
+    monkeypatch.setattr(short, "_decode_short", Recorder())
+    q, k = torch.zeros(1, 2, 1, 128), torch.zeros(1, 2, 600, 128)
+    short.entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
+                                        q_scale=None, kpm=None, tol=1e-3, max_iter=40, **knobs)
+    assert seen == launch
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(block_n=8), "block_n must be a power of two >= 16"), (dict(block_n=96), "block_n"),
+    (dict(num_warps=3), "num_warps must be a power of two"), (dict(num_warps=64), "num_warps"),
+    (dict(num_stages=0), "num_stages must be >= 1")])
+def test_decode_short_refuses_bad_knobs(knobs, message):
+    from asentmax.ops.triton.attention_decode_short import entmax_attention_decode_short
+
+    q, k = torch.empty(1, 2, 1, 64, device="meta"), torch.empty(1, 2, 100, 64, device="meta")
+    with pytest.raises(ValueError, match=message):
+        entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
+                                      q_scale=None, kpm=None, tol=1e-3, max_iter=40, **knobs)
+
+
 @pytest.mark.parametrize("group, n_q, pack", [(1, 1, 1), (1, 16, 1), (2, 1, 2), (4, 4, 4), (8, 1, 8),
                                                (8, 4, 4), (3, 5, 3), (6, 3, 3), (16, 1, 16), (16, 2, 8),
                                                (4, 16, 1)])

@@ -21,6 +21,10 @@ behind a barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, th
 next power of two of pack * Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode
 picks this path for caches of at most SHORT_CACHE keys, multi-head or grouped (attention_decode.
 takes_short_path); longer ones take the split path, whose programs read a KV head once per pack.
+
+The launcher's block_n, num_warps and num_stages are tuning knobs (the K and V tile, the warps, the software
+pipelining of the key loops), left at their defaults by attention_decode and swept by
+benchmarks/tune_decode_gpu.py.
 """
 
 import torch
@@ -105,19 +109,32 @@ def _decode_short(
 
 
 def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=1):
+                                  max_iter, pack=1, block_n=None, num_warps=None, num_stages=None):
     """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
     and result as attention_decode.entmax_attention_decode; `pack` (query heads a program handles, a divisor
     of the group with pack * Nq <= MAX_QUERIES, e.g. heads_per_program's) defaults to 1, a program per head
-    (see the module docstring)."""
+    (see the module docstring). Tuning knobs (None: the defaults): `block_n` keys a K and V tile (a power
+    of two >= 16; default 128 keys at head dims <= 64, else 64), `num_warps` (a power of two, 1-32; default
+    threshold_tile's) and `num_stages` (>= 1, the software pipelining of the two key loops; default
+    Triton's, 3)."""
+    if block_n is not None and (block_n < 16 or block_n & (block_n - 1)):
+        raise ValueError(f"block_n must be a power of two >= 16, not {block_n}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, not {num_warps}")
+    if num_stages is not None and num_stages < 1:
+        raise ValueError(f"num_stages must be >= 1, not {num_stages}")
     batch, heads, n_q, dim = q.shape
     _, kv_heads, n_k, _ = k.shape
     group = heads // kv_heads
     block_d = max(16, next_power_of_2(dim))
-    block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
-    s_stride = cdiv(n_k, block_n) * block_n
+    if block_n is None:
+        block_n = 128 if block_d <= 64 else 64  # K and V tiles of 16 KB in bf16
+    s_stride = cdiv(n_k, block_n) * block_n  # the score rows hold whole tiles
     rows = next_power_of_2(pack * n_q)
     tile, warps = threshold_tile(rows * s_stride)  # the rows x keys threshold tile, at most 3 variants per Nq
+    launch = dict(num_warps=warps if num_warps is None else num_warps)
+    if num_stages is not None:
+        launch["num_stages"] = num_stages
     solve_block = tile // rows
     n_rows = batch * heads * n_q
     row_region = aligned(n_rows)
@@ -132,5 +149,5 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
         RESIDENT=s_stride <= solve_block, CAUSAL=causal, HAS_ALIBI=slopes is not None,
         HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, MODE=mode,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return out, tau, support

@@ -1,0 +1,58 @@
+"""benchmarks/tune_decode_gpu.py: its configs (pruning, packs) and its dry run end to end under the Triton
+interpreter (compile worker, a failing config, the time budget, the report files)."""
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="runs the kernels: TRITON_INTERPRET=1")
+
+
+@pytest.fixture
+def tune(monkeypatch):
+    """The benchmark imported by name (it imports bench_decode_gpu, and its compile workers import it)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module("tune_decode_gpu")
+
+
+def test_configs_prune_large_tiles_and_pack_grouped_heads(tune):
+    """24 configs a pack; D = 128 drops block_n 512 at 2-3 stages (> 227 KB of tiles); the grouped cases
+    sweep pack 1 and heads_per_program's (4 for groups of 4, 8 for groups of 8), multi-head cases pack 1."""
+    configs = {case: tune.case_configs(case, tune.SWEEP) for case in tune.CASES}
+    assert len(configs) == 16 and sum(map(len, configs.values())) == 600
+    for (_, h, hkv, _, dim, _), case_configs in configs.items():
+        pruned = {(c["block_n"], c["num_stages"]) for c in case_configs if "pruned" in c}
+        assert pruned == ({(512, 2), (512, 3)} if dim == 128 else set())
+        assert {c["pack"] for c in case_configs} == ({1, h // hkv} if h > hkv else {1})
+    assert sum("pruned" in c for cs in configs.values() for c in cs) == 60
+
+
+@interpreter
+def test_dry_run_end_to_end(tune, monkeypatch, tmp_path):
+    """A grouped case with block_n 8 (refused by the launcher: failed, the sweep goes on) and 32, pack 1
+    and 2, one compile worker: the valid configs agree with the default, the best is one of them, and both
+    report files are written; with no time budget every config is skipped."""
+    monkeypatch.setattr(tune, "DRY_CASES", [(1, 4, 2, 1, 32, 100)])
+    monkeypatch.setattr(tune, "DRY_SWEEP", dict(block_n=(8, 32), num_warps=(4,), num_stages=(1,)))
+    tune.main(["--dry-run", "--jobs", "1", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "tune_decode.json").read_text())["rows"]
+    assert [(c["block_n"], c["pack"]) for c in row["configs"]] == [(8, 1), (32, 1), (8, 2), (32, 2)]
+    for config in row["configs"]:
+        if config["block_n"] == 8:
+            assert config["failed"] == "ValueError: block_n must be a power of two >= 16, not 8"
+        else:
+            assert config["agrees"] and config["support_equal"] and config["max_abs_diff"] < 1e-5
+    assert row["best"]["block_n"] == 32 and row["default_ms"] > 0 and row["sdpa_ms"] > 0
+    markdown = (tmp_path / "tune_decode.md").read_text()
+    assert "| 1/4/2/1/32/100 | 8 | 4 | 1 | 2 | - | - | - | - | failed: ValueError: block_n" in markdown
+    assert "| 2 / 0 / 2 / 0 / 0 |" in markdown  # ok / differ / failed / pruned / skipped
+
+    tune.main(["--dry-run", "--jobs", "0", "--seconds", "0", "--out", str(tmp_path)])
+    (row,) = json.loads((tmp_path / "tune_decode.json").read_text())["rows"]
+    assert "default_ms" not in row and all(c["skipped"] == "time budget" for c in row["configs"])
+    assert "| 0 / 0 / 0 / 0 / 4 |" in (tmp_path / "tune_decode.md").read_text()
