@@ -50,7 +50,7 @@ CASES = ([(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (1024, 204
          + [(1, 32, 8, 1, 128, 1024), (1, 32, 8, 1, 128, 4096), (8, 32, 4, 1, 128, 4096)]
          + [(8, 16, 16, 1, dim, cache) for dim in (64, 128) for cache in (1024, 2048, 4096)]
          + [(8, 16, 16, 4, 64, 2048)])
-SWEEP = dict(block_n=(64, 128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3))
+SWEEP = dict(block_n=(128, 256, 512), num_warps=(4, 8), num_stages=(1, 2, 3))
 DRY_CASES = [(1, 4, 2, 1, 32, 100), (1, 2, 2, 3, 16, 70)]  # grouped, Nq 1; multi-head, Nq 3
 DRY_SWEEP = dict(block_n=(8, 32, 64), num_warps=(4,), num_stages=(1, 2))  # 8: refused by the launcher
 ALPHA = 1.5
