@@ -21,6 +21,7 @@ def tune(monkeypatch):
 
 
 def test_configs_prune_large_tiles_and_pack_grouped_heads(tune):
+    """18 configs a pack (block_n 128, 256, 512 x 2 warps x 3 stages); D = 128 drops block_n 512 at 2-3
     stages (> 227 KB of tiles); the grouped cases sweep pack 1 and heads_per_program's (4 for groups of 4,
     8 for groups of 8), multi-head cases pack 1."""
     configs = {case: tune.case_configs(case, tune.SWEEP) for case in tune.CASES}
