@@ -13,10 +13,11 @@ attention_common.heads_per_program (the query heads of a KV head in one program)
   decoding tests' slack, max(1, 2% of the largest support)).
 Configs whose K or V tile buffers (num_stages of BLOCK_N x BLOCK_D bf16) exceed SHARED_BYTES are pruned; a
 config that fails to compile or launch is recorded with its one-line reason. Worker processes (--jobs) first
-compile every config in parallel into Triton's cache, then the timing runs alone on the GPU. 16 cases, 600
-configs: 60 pruned (D = 128 with block_n 512 at 2-3 stages), 540 timed, 196 kernel variants to compile;
-about 2 minutes on an H200 with 16 CPUs (estimated: not yet run); --seconds (default 180) stops the sweep,
-later configs recorded as skipped.
+compile every config in parallel into Triton's cache, then the timing runs alone on the GPU. 16 cases, 450
+configs: 60 pruned (D = 128 with block_n 512 at 2-3 stages), 390 timed; 75 s on an H200 with 16 CPUs
+(fifteenth session, results/tune_decode.md); --seconds (default 180) stops the sweep, later configs recorded
+as skipped. "default" is the launcher without knobs: since that run, tuned_launch of attention_decode_short.py
+(the run's fastest configs) for caches of >= 1024 keys, so a re-run compares the configs against those.
 
     PYTHONPATH=src python benchmarks/tune_decode_gpu.py --out results
 

@@ -236,16 +236,25 @@ def test_decode_short_tuning_knobs(monkeypatch, case, knobs, packed):
     check_decode(case)
 
 
-@pytest.mark.parametrize("knobs, launch", [
-    (dict(), dict(BLOCK_N=64, num_warps=4, s_stride=640)),  # D 128: tiles of 64 keys, threshold_tile's warps
-    (dict(block_n=512), dict(BLOCK_N=512, num_warps=4, s_stride=1024)),
-    (dict(block_n=256, num_warps=8, num_stages=1),
+@pytest.mark.parametrize("kv_heads, n_k, dim, knobs, launch", [
+    # 600 keys, fewer than TUNED_CACHE: the untuned defaults, D 128: tiles of 64 keys, threshold_tile's warps
+    (2, 600, 128, dict(), dict(BLOCK_N=64, num_warps=4, s_stride=640)),
+    (2, 600, 128, dict(block_n=512), dict(BLOCK_N=512, num_warps=4, s_stride=1024)),
+    (2, 600, 128, dict(block_n=256, num_warps=8, num_stages=1),
      dict(BLOCK_N=256, num_warps=8, num_stages=1, s_stride=768)),
-    (dict(block_n=16, num_stages=3), dict(BLOCK_N=16, num_warps=4, num_stages=3, s_stride=608)),
+    (2, 600, 128, dict(block_n=16, num_stages=3), dict(BLOCK_N=16, num_warps=4, num_stages=3, s_stride=608)),
+    # TUNED_CACHE keys and more: tuned_launch's, each knob still overriding its own part
+    (2, 1100, 128, dict(), dict(BLOCK_N=256, num_warps=4, num_stages=3, s_stride=1280)),  # multi-head
+    (1, 1100, 128, dict(), dict(BLOCK_N=256, num_warps=8, num_stages=3, s_stride=1280)),  # grouped
+    (1, 1024, 64, dict(), dict(BLOCK_N=512, num_warps=4, num_stages=3, s_stride=1024)),
+    (2, 1100, 48, dict(num_stages=1), dict(BLOCK_N=512, num_warps=4, num_stages=1, s_stride=1536)),
+    (1, 1100, 100, dict(block_n=64, num_warps=2), dict(BLOCK_N=64, num_warps=2, num_stages=3, s_stride=1152)),
+    (2, 1100, 256, dict(), dict(BLOCK_N=64, num_warps=8, s_stride=1152)),  # D > 128: untuned (tile of 1152)
 ])
-def test_decode_short_knobs_reach_the_kernel(monkeypatch, knobs, launch):
-    """The knobs become the kernel's BLOCK_N and launch options (num_stages only where set), and the score
-    rows hold whole tiles: s_stride = Nk (600) rounded up to a multiple of BLOCK_N."""
+def test_decode_short_knobs_reach_the_kernel(monkeypatch, kv_heads, n_k, dim, knobs, launch):
+    """The knobs, else tuned_launch's defaults (caches of >= TUNED_CACHE keys, head dims <= 128), else the
+    untuned ones become the kernel's BLOCK_N and launch options (num_stages only where set), and the score
+    rows hold whole tiles: s_stride = Nk rounded up to a multiple of BLOCK_N."""
     import inspect
 
     from asentmax.ops.triton import attention_decode_short as short
@@ -263,7 +272,7 @@ def test_decode_short_knobs_reach_the_kernel(monkeypatch, knobs, launch):
             return launch_kernel
 
     monkeypatch.setattr(short, "_decode_short", Recorder())
-    q, k = torch.zeros(1, 2, 1, 128), torch.zeros(1, 2, 600, 128)
+    q, k = torch.zeros(1, 2, 1, dim), torch.zeros(1, kv_heads, n_k, dim)
     short.entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
                                         q_scale=None, kpm=None, tol=1e-3, max_iter=40, **knobs)
     assert seen == launch
