@@ -1,10 +1,13 @@
-"""When a run leaves the MQMTAR loss plateau against how far it generalises: a table and a scatter plot.
+"""When a run leaves the MQMTAR loss plateau and where it settles, against how far it generalises.
 
 For each run directory: the first logged step whose training loss is below --escape-loss (plateau_study's
-steps_to_escape over log.csv; the plateau sits near 0.6 nats per target token), the step of the last log
-line, and the exact match of its eval.json at the --lengths multipliers of the training length
-(arXiv:2506.16640, section 3: ID = 64 tokens). A run without eval.json (cut, or still on the plateau) gets
-a row without accuracies. Writes escape.md and escape.png under --out.
+steps_to_escape over log.csv; the plateau sits near 0.6 nats per target token), the mean training loss of the
+logged steps in [--settle-step, --settle-step + --settle-window) (where a run that escaped settles: the runs
+stuck on the second plateau at 92-98 % ID are far above the others there, results/paper/mqmtar.md), the step
+of the last log line, and the exact match of its eval.json at the --lengths multipliers of the training
+length (arXiv:2506.16640, section 3: ID = 64 tokens). A run without eval.json (cut, or still on the plateau)
+gets a row without accuracies. Writes escape.md and escape.png (escape step and settled loss against the
+exact match) under --out.
 
     PYTHONPATH=src python benchmarks/escape_vs_length.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -21,8 +24,16 @@ from plateau_study import read_curve, steps_to_escape
 from asentmax.runs import load_evaluation
 
 
-def run_summary(run_dir: Path, escape_loss: float, multipliers: list[int]) -> dict:
-    """{name, escape_step (None: never), last_step, exact: {multiplier: % or None}} of one run directory."""
+def settled_loss(curve, start: int, window: int) -> float | None:
+    """Mean training loss of the logged steps in [start, start + window) (None: the run logged none there)."""
+    losses = [loss for step, loss, _ in curve if start <= step < start + window]
+    return sum(losses) / len(losses) if losses else None
+
+
+def run_summary(run_dir: Path, escape_loss: float, multipliers: list[int], settle_step: int = 19200,
+                settle_window: int = 1600) -> dict:
+    """{name, escape_step (None: never), settled_loss (settled_loss's; None: not reached), last_step,
+    exact: {multiplier: % or None}} of one run directory."""
     curve = read_curve(run_dir)
     if not curve:
         raise SystemExit(f"{run_dir}: no log.csv with training rows")
@@ -35,41 +46,53 @@ def run_summary(run_dir: Path, escape_loss: float, multipliers: list[int]) -> di
             row = by_length.get(m * evaluation["id_length"])
             exact[m] = None if row is None else 100.0 * row["exact_match"]
     return {"name": run_dir.name, "escape_step": steps_to_escape(curve, escape_loss),
-            "last_step": curve[-1][0], "exact": exact}
+            "settled_loss": settled_loss(curve, settle_step, settle_window), "last_step": curve[-1][0],
+            "exact": exact}
 
 
-def table(summaries: list[dict], multipliers: list[int], escape_loss: float, command: str) -> str:
-    head = "| run | escape step (loss < %g) | last step | " % escape_loss + " | ".join(
+def table(summaries: list[dict], multipliers: list[int], escape_loss: float, settle: tuple[int, int],
+          command: str) -> str:
+    settle_label = f"mean loss, steps {settle[0]:,}-{settle[0] + settle[1] - 1:,}"
+    head = f"| run | escape step (loss < {escape_loss:g}) | {settle_label} | last step | " + " | ".join(
         f"{m}x" for m in multipliers) + " |"
-    lines = [f"Command: `{command}`", "", head, "|" + "---|" * (3 + len(multipliers))]
+    lines = [f"Command: `{command}`", "", head, "|" + "---|" * (4 + len(multipliers))]
     for s in summaries:
         escape = "never" if s["escape_step"] is None else f"{s['escape_step']:,}"
+        settled = "-" if s["settled_loss"] is None else f"{s['settled_loss']:.4f}"
         cells = ["-" if s["exact"][m] is None else f"{s['exact'][m]:.0f}" for m in multipliers]
-        lines.append(f"| {s['name']} | {escape} | {s['last_step']:,} | " + " | ".join(cells) + " |")
+        lines.append(f"| {s['name']} | {escape} | {settled} | {s['last_step']:,} | " + " | ".join(cells)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(summaries: list[dict], multipliers: list[int], escape_loss: float, path: Path) -> None:
+def plot(summaries: list[dict], multipliers: list[int], escape_loss: float, settle: tuple[int, int],
+         path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for m, marker in zip(multipliers, "osD^v" * len(multipliers), strict=False):
-        points = [(s["escape_step"], s["exact"][m]) for s in summaries
-                  if s["escape_step"] is not None and s["exact"][m] is not None]
-        ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{m}x", s=40)
-    for s in summaries:
-        if s["escape_step"] is not None and s["exact"][multipliers[-1]] is not None:
-            ax.annotate(s["name"], (s["escape_step"], s["exact"][multipliers[-1]]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
-    ax.set_xlabel(f"step at which the training loss first fell below {escape_loss:g} (off the plateau)")
-    ax.set_ylabel("exact match % (greedy decoding)")
-    ax.set_title("leaving the loss plateau later, generalising less far")
-    ax.set_ylim(-3, 103)
-    ax.legend(title="test length")
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+    panels = [("escape_step", f"step at which the training loss first fell below {escape_loss:g} (off the "
+               "plateau)", "leaving the loss plateau later, generalising less far"),
+              ("settled_loss", f"mean training loss over steps {settle[0]:,}-{settle[0] + settle[1] - 1:,}",
+               "settling higher (the second plateau), generalising less far")]
+    for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
+        for m, marker in zip(multipliers, "osD^v" * len(multipliers), strict=False):
+            points = [(s[key], s["exact"][m]) for s in summaries
+                      if s[key] is not None and s["exact"][m] is not None]
+            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{m}x", s=40)
+        for s in summaries:
+            if s[key] is not None and s["exact"][multipliers[-1]] is not None:
+                ax.annotate(s["name"], (s[key], s["exact"][multipliers[-1]]), fontsize=7, xytext=(4, 4),
+                            textcoords="offset points")
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].set_xscale("log")
+    axes[0].set_ylabel("exact match % (greedy decoding)")
+    axes[0].set_ylim(-3, 103)
+    axes[0].legend(title="test length")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -82,15 +105,21 @@ def main() -> int:
     parser.add_argument("--escape-loss", type=float, default=0.3, help="loss below which a run has escaped")
     parser.add_argument("--lengths", type=int, nargs="+", default=[64, 256, 1024],
                         help="test lengths as multipliers of the training length")
+    parser.add_argument("--settle-step", type=int, default=19200,
+                        help="first step of the window whose mean training loss is the settled loss")
+    parser.add_argument("--settle-window", type=int, default=1600, help="steps in that window")
     args = parser.parse_args()
     missing = [str(r) for r in args.runs if not r.is_dir()]
     if missing:
         raise SystemExit(f"not a run directory: {', '.join(missing)}")
-    summaries = [run_summary(r, args.escape_loss, args.lengths) for r in args.runs]
+    if args.settle_step < 0 or args.settle_window < 1:
+        parser.error("--settle-step must be >= 0 and --settle-window >= 1")
+    settle = (args.settle_step, args.settle_window)
+    summaries = [run_summary(r, args.escape_loss, args.lengths, *settle) for r in args.runs]
     args.out.mkdir(parents=True, exist_ok=True)
     command = "PYTHONPATH=src python benchmarks/escape_vs_length.py " + shlex.join(sys.argv[1:])
-    (args.out / "escape.md").write_text(table(summaries, args.lengths, args.escape_loss, command))
-    plot(summaries, args.lengths, args.escape_loss, args.out / "escape.png")
+    (args.out / "escape.md").write_text(table(summaries, args.lengths, args.escape_loss, settle, command))
+    plot(summaries, args.lengths, args.escape_loss, settle, args.out / "escape.png")
     print((args.out / "escape.md").read_text(), end="")
     return 0
 

@@ -1,6 +1,7 @@
 """benchmarks/escape_vs_length.py: per run, the first step below the escape loss (read back from log.csv by a
-brute-force scan), the last step, and the exact match of eval.json at each multiplier of the training length;
-a run without eval.json, or a multiplier it did not test, gets '-'; a run that never escaped says so."""
+brute-force scan), the mean loss over a window of steps, the last step, and the exact match of eval.json at
+each multiplier of the training length; a run without eval.json, or a multiplier it did not test, gets '-'; a
+run that never escaped says so, and a window the run did not reach gives no mean."""
 
 import csv
 import json
@@ -30,21 +31,26 @@ def test_table_joins_escape_steps_with_the_tested_lengths(tmp_path, capsys, monk
     rows = {r["length"]: r for r in json.loads((evaluated / "eval.json").read_text())["rows"]}
     id_length = json.loads((evaluated / "eval.json").read_text())["id_length"]
 
-    s = escape.run_summary(evaluated, threshold, [1, 2, 4])
+    s = escape.run_summary(evaluated, threshold, [1, 2, 4], 2, 3)
+    window = [loss for step, loss in losses if 2 <= step <= 4]
+    assert len(window) == 3 and abs(s["settled_loss"] - sum(window) / 3) <= 1e-12
     assert s["escape_step"] == expected_escape
     assert s["last_step"] == losses[-1][0]
     assert s["exact"] == {1: 100 * rows[id_length]["exact_match"],
                           2: 100 * rows[2 * id_length]["exact_match"], 4: None}
-    never = escape.run_summary(untested, -1.0, [1, 2, 4])
+    never = escape.run_summary(untested, -1.0, [1, 2, 4], 100, 10)
     assert never["escape_step"] is None and never["exact"] == {1: None, 2: None, 4: None}
+    assert never["settled_loss"] is None
 
-    text = escape.table([s, never], [1, 2, 4], threshold, "cmd")
-    assert f"| evaluated | {expected_escape:,} | {losses[-1][0]:,} | " in text
-    assert "| untested | never |" in text and text.rstrip().endswith("- | - | - |")
+    text = escape.table([s, never], [1, 2, 4], threshold, (2, 3), "cmd")
+    assert "| mean loss, steps 2-4 |" in text
+    assert f"| evaluated | {expected_escape:,} | {s['settled_loss']:.4f} | {losses[-1][0]:,} | " in text
+    assert "| untested | never | - |" in text and text.rstrip().endswith("- | - | - |")
 
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["escape_vs_length.py", str(evaluated), str(untested), "--out", str(out),
-                                      "--escape-loss", str(threshold), "--lengths", "1", "2"])
+                                      "--escape-loss", str(threshold), "--lengths", "1", "2",
+                                      "--settle-step", "2", "--settle-window", "3"])
     assert escape.main() == 0
     assert (out / "escape.png").stat().st_size > 0 and "| untested | " in (out / "escape.md").read_text()
     capsys.readouterr()
