@@ -42,7 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-STALLED_EXIT = 3  # `asentmax train --stall-step`: the run stopped on the loss plateau (asentmax.cli)
+from asentmax.runs import STALLED_EXIT  # `asentmax train --stall-step`: the run stopped on a loss plateau
+
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
 T = TypeVar("T")
 

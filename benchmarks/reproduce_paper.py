@@ -74,7 +74,10 @@ def recorded_calls(work: Path, method: str, seconds: float, steps: tuple[int, in
 
 def check_train_flags(train_flags: list[str], methods: list[str]) -> None:
     """UsageError unless `asentmax train` takes `train_flags` for every method: flags it parses, and none that
-    one of the methods does not read (--alpha with softmax: asentmax.cli.check_normaliser_flags)."""
+    one of the methods does not read (--alpha with softmax: asentmax.cli.check_normaliser_flags), and no
+    --help (which would print the training help and end the command with code 0, running nothing)."""
+    if any(flag in ("-h", "--help") for flag in train_flags):
+        raise UsageError("--help is not a training flag; `asentmax train --help` lists them")
     given = vars(build_parser().parse_args(["train", "--run-dir", "unused", *train_flags]))
     for method in methods:
         check_normaliser_flags(method, given)

@@ -112,6 +112,24 @@ def test_lm_bad_block_option_is_one_line(data, tmp_path, capsys, flags, message)
     assert not run.exists()
 
 
+def test_lm_train_ends_a_stalled_run_as_asentmax_train_does(data, tmp_path, capsys):
+    """A stall check that ends the run: its one line on stderr naming the lm resume command, exit code 3
+    (runs.STALLED_EXIT), the checkpoint at the stop and lm_train.json written; resumed, it runs to its end."""
+    from asentmax.runs import STALLED_EXIT
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(tiny_train(data, run) + ["--steps", "9", "--stall-step", "3", "--stall-loss", "1e-9"])
+    assert exit_info.value.code == STALLED_EXIT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("stalled: no training loss below --stall-loss 1e-09 by step 3 ")
+    assert err[-1].endswith(f"asentmax lm train --run-dir {run} --resume")
+    assert json.loads((run / "lm_train.json").read_text())["stalled"]["step"] == 3
+    assert main(["lm", "train", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
+    assert json.loads((run / "lm_train.json").read_text())["step"] == 9
+    capsys.readouterr()
+
+
 def test_a_run_cut_short_is_evaluated_with_a_warning_and_compared_as_cut(data, tmp_path, capsys):
     from asentmax.train import resume_run
 

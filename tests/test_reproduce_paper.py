@@ -124,6 +124,7 @@ def test_misuse_is_one_line(tmp_path, case, reproduce_here):
     (["entmax", "asentmax"], "--topk-k=4", "--topk-k has no effect with --attention entmax"),
     (["topk", "ssmax"], "--topk-k 4", "--topk-k has no effect with --attention ssmax"),
     (["softmax"], "--no-such-flag 1", "unrecognized arguments: --no-such-flag 1"),
+    (["softmax"], "--help", "--help is not a training flag"), (["softmax"], "--steps 3 -h", "--help is not"),
 ])
 def test_train_flags_a_method_would_refuse_are_refused_before_any_run(tmp_path, monkeypatch, capsys, methods,
                                                                      flags, expected):

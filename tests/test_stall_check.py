@@ -1,14 +1,17 @@
 """`asentmax train --stall-step S --stall-loss L`: a run with no logged training loss below L by the first log
 step from S on stops there with a checkpoint, one line and exit code 3; a run that got below L goes on; the
 step it got below L (escape_step) is the first such line of log.csv, is kept in checkpoints and survives a
-resume; a resumed stalled run continues; bad values are refused in one line."""
+resume; a resumed stalled run continues. Several checks (S1 S2 ..., L1 L2 ...) each apply at their own step
+with the lowest logged loss so far (kept in checkpoints; a checkpoint from before that resumes without a
+wrong stop); configs saved with one check as numbers load as one check; bad values are refused in one line."""
 
 import csv
 
 import pytest
 import torch
 
-from asentmax.cli import STALLED_EXIT, main
+from asentmax.cli import main
+from asentmax.runs import STALLED_EXIT
 from asentmax.train import resume_run
 from asentmax.trainer import TrainConfig
 
@@ -61,16 +64,66 @@ def test_a_run_below_the_loss_goes_on_and_its_escape_step_is_the_first_such_log_
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("flag, value",
-                         [("--stall-step", "-1"), ("--stall-loss", "0"), ("--stall-loss", "nan")])
-def test_bad_stall_values_are_refused_in_one_line(tmp_path, capsys, flag, value):
-    assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", flag, value]) == 2
+def test_the_second_check_stops_a_run_the_first_let_through_with_the_lowest_loss_so_far(tmp_path, capsys):
+    probe = tmp_path / "probe"
+    assert main(["train", "--run-dir", str(probe), *TINY, "--steps", "12"]) == 0
+    losses = logged(probe)
+    lowest_by = {s: min(loss for step, loss in losses if step <= s) for s, _ in losses}
+    first_loss = lowest_by[4] * 1.5  # passed by step 4: some logged loss is below it
+    second_loss = lowest_by[8] * (1 - 1e-5)  # not passed by step 8 (log.csv rounds to 6 decimals)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--run-dir", str(run), *TINY, "--steps", "12", "--stall-step", "4", "7",
+              "--stall-loss", repr(first_loss), repr(second_loss)])
+    assert exit_info.value.code == STALLED_EXIT
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and flag.lstrip("-") in err[0]
+    assert len(err) == 1 and "below --stall-loss" in err[0] and "by step 8 (--stall-step 7;" in err[0]
+    assert f"lowest logged loss {lowest_by[8]:.4f}" in err[0]
+    assert logged(run) == losses[:4]  # the checks change nothing in the steps they let through
+    checkpoint = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert checkpoint["step"] == 8 and checkpoint["lowest_loss"] == pytest.approx(lowest_by[8], rel=1e-5)
+
+
+def test_a_checkpoint_without_the_lowest_loss_resumes_without_a_wrong_stop(tmp_path, capsys):
+    """A run that had escaped the plateau (escape_step set) before lowest_loss was kept passes later
+    checks."""
+    run = tmp_path / "run"
+    flags = [*TINY, "--steps", "12", "--stall-loss", "1e9"]  # every log line is below: escape_step = 2
+    assert main(["train", "--run-dir", str(run), *flags, "--stop-at-step", "4"]) == 0
+    path = run / "checkpoint.pt"
+    checkpoint = torch.load(path, weights_only=False)
+    assert checkpoint["escape_step"] == 2
+    del checkpoint["lowest_loss"]
+    checkpoint["train_config"].update(stall_step=[6], stall_loss=[1e-9])  # a check no run could pass
+    torch.save(checkpoint, path)
+    summary = resume_run(run, progress=False)
+    assert summary["stalled"] is None and summary["step"] == 12
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--stall-step", "-1"], "stall-step"), (["--stall-step", "0"], "stall-step"),
+    (["--stall-step", "9", "5"], "increasing"), (["--stall-step", "5", "5"], "increasing"),
+    (["--stall-loss", "0"], "stall-loss"), (["--stall-loss", "nan"], "stall-loss"),
+    (["--stall-step", "2", "4", "--stall-loss", "0.3", "0.1", "0.01"], "one per --stall-step (2)")])
+def test_bad_stall_values_are_refused_in_one_line(tmp_path, capsys, flags, message):
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
     assert not (tmp_path / "run").exists()
 
 
 def test_stall_settings_default_to_off():
     config = TrainConfig()
-    assert config.stall_step == 0
+    assert config.stall_step == () and config.stall_checks() == []
     config.validate()
+
+
+@pytest.mark.parametrize("saved, checks", [
+    (dict(stall_step=0, stall_loss=0.3), []), (dict(stall_step=7000, stall_loss=0.3), [(7000, 0.3)]),
+    (dict(stall_step=[7000, 19200], stall_loss=[0.3, 0.004]), [(7000, 0.3), (19200, 0.004)]),
+    (dict(stall_step=[5, 9], stall_loss=[0.5]), [(5, 0.5), (9, 0.5)])])
+def test_saved_stall_settings_load_as_checks(saved, checks):
+    """config.json of runs from before several checks held one step (0: none) and one loss as numbers."""
+    config = TrainConfig.from_dict({**TrainConfig().__dict__, **saved})
+    assert config.stall_checks() == checks

@@ -8,8 +8,9 @@ Every problem a user can cause (a bad flag, impossible lengths, a missing, trunc
 checkpoint, an unreadable config.json or eval.json, a missing GPU, an existing run directory) is
 reported as one line on stderr with exit code 2, before anything is written. Bare `asentmax` prints the
 usage and the commands on stderr, exit 2 (no command was run); Ctrl-C ends with one line, exit 130.
-`asentmax train --stall-step S` ends a run still on the loss plateau at step S with one line, exit 3
-(STALLED_EXIT), so a shell loop over seeds can start the next one.
+`asentmax train --stall-step S` (and `asentmax lm train`) ends a run still on a loss plateau at step S with
+one line, exit 3 (runs.STALLED_EXIT), so a shell loop over seeds can start the next one; a run a signal
+ended exits 130 (runs.INTERRUPTED_EXIT).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def _describe_preset(parser, preset: str) -> None:
         base = getattr(action, "field_help", None)
         if base is not None:
             value = values.get(action.dest)
-            shown = " ".join(map(str, value)) if isinstance(value, (tuple, list)) else value
+            shown = (" ".join(map(str, value)) or "none") if isinstance(value, (tuple, list)) else value
             action.help = f"{base} (default: {shown}, from the {preset} preset)"
 
 
@@ -329,27 +330,16 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
         raise UsageError(f"cannot use run dir {run_dir}: {error.strerror or error}") from None
 
 
-STALLED_EXIT = 3  # exit code of a run the stall check ended (TrainConfig.stall_step)
-
-
 def _report_training(summary: dict, run_dir: Path) -> None:
+    from asentmax.runs import training_stop
+
+    stop = training_stop(summary, run_dir, f"asentmax train --run-dir {run_dir} --resume")
+    if stop is not None:
+        if _main_rank():
+            print(stop[1], file=sys.stderr)
+        raise SystemExit(stop[0])
     if not _main_rank():
-        if summary["interrupted"] or summary["stalled"]:
-            raise SystemExit(130 if summary["interrupted"] else STALLED_EXIT)
         return
-    if summary["stalled"]:
-        stalled = summary["stalled"]
-        print(f"stalled: no training loss below --stall-loss {stalled['stall_loss']:g} by step "
-              f"{stalled['step']} (--stall-step {stalled['stall_step']}; loss {stalled['loss']:.4f}): "
-              f"the run is on the loss plateau. {run_dir / 'checkpoint.pt'} holds step {stalled['step']}; "
-              f"start again with another --seed, or continue with: asentmax train --run-dir {run_dir} "
-              "--resume", file=sys.stderr)
-        raise SystemExit(STALLED_EXIT)
-    if summary["interrupted"]:
-        print(f"interrupted ({summary['interrupted']}) at step {summary['step']}; "
-              f"{run_dir / 'checkpoint.pt'} holds step {summary['checkpoint_step']}. Resume with: "
-              f"asentmax train --run-dir {run_dir} --resume", file=sys.stderr)
-        raise SystemExit(130)
     if summary["step"] == summary["start_step"] and summary["step"] >= summary["total_steps"]:
         print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
               f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")

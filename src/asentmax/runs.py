@@ -172,6 +172,30 @@ def training_cut(result: dict) -> tuple[int, int] | None:
     return (step, planned) if ints and step < planned else None
 
 
+STALLED_EXIT = 3  # exit code of a training that a stall check ended (TrainConfig.stall_checks)
+INTERRUPTED_EXIT = 130  # exit code of a training that SIGINT or SIGTERM ended, with a checkpoint
+
+
+def training_stop(summary: dict, run_dir: Path | str, resume_command: str) -> tuple[int, str] | None:
+    """(exit code, one line for stderr) of a training that a stall check or a signal ended, from the summary
+    of asentmax.trainer.train; None for one that ran to its planned end or its --stop-at-step. Both CLIs'
+    train commands (asentmax train, asentmax lm train) end that way, so a shell loop or a scheduler can tell
+    a finished run from a stopped one; `resume_command` continues the run."""
+    checkpoint = Path(run_dir) / CHECKPOINT_NAME
+    stalled = summary.get("stalled")
+    if stalled:
+        return STALLED_EXIT, (
+            f"stalled: no training loss below --stall-loss {stalled['stall_loss']:g} by step "
+            f"{stalled['step']} (--stall-step {stalled['stall_step']}; lowest logged loss "
+            f"{stalled['lowest_loss']:.4f}): the run is on a loss plateau. {checkpoint} holds step "
+            f"{stalled['step']}; start again with another --seed, or continue with: {resume_command}")
+    if summary.get("interrupted"):
+        return INTERRUPTED_EXIT, (
+            f"interrupted ({summary['interrupted']}) at step {summary['step']}; {checkpoint} holds step "
+            f"{summary['checkpoint_step']}. Resume with: {resume_command}")
+    return None
+
+
 def run_name(result: dict) -> str:
     """The run directory's name, with ", best.pt" for an evaluation of its best-validation weights,
     ", fresh tables" for one on new word tables (`asentmax eval --tables fresh`) and ", cut at S of N steps"

@@ -124,12 +124,15 @@ class TrainConfig:
     temperature_delay_steps: int = field(default=0, metadata={"help": (
         "the temperature parameters keep their initial values for this many steps, then follow the "
         "schedule after a warm-up of their own (0: from the start)")})
-    stall_step: int = field(default=0, metadata={"help": (
-        "stop the run (with a checkpoint, exit code 3) at the first log step from this one on if no log "
-        "line so far had a training loss below --stall-loss: it has not left the loss plateau, and a run "
-        "that leaves it late generalises less far (results/paper/mqmtar.md; 0: never check)")})
-    stall_loss: float = field(default=0.3, metadata={"help": (
-        "the training loss that counts as off the plateau for --stall-step (MQMTAR's plateau is near 0.6)")})
+    stall_step: tuple[int, ...] = field(default=(), metadata={"default_help": "none", "help": (
+        "steps of the stall checks: stop the run (with a checkpoint, exit code 3) at the first log step "
+        "from each one on if no log line so far had a training loss below its --stall-loss: it has not left "
+        "a loss plateau (MQMTAR, results/paper/mqmtar.md: the plateau near 0.6, where a run that leaves it "
+        "late generalises less far, then a second one near 0.01, where runs that stay do not generalise; "
+        "e.g. --stall-step 7000 19200 --stall-loss 0.3 0.004)")})
+    stall_loss: tuple[float, ...] = field(default=(0.3,), metadata={"default_help": "0.3", "help": (
+        "the training loss of each stall check (one value: every check's); the first is also the loss below "
+        "which a run has left the plateau (escape_step)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -141,11 +144,10 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed", "stall_step"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        if not self.stall_loss > 0:
-            raise ValueError(f"stall-loss must be > 0, got {self.stall_loss}")
+        self.stall_checks()  # raises for bad stall values
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need lr > 0 and 0 <= min-lr-ratio <= 1, got {self.lr}, {self.min_lr_ratio}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
@@ -168,6 +170,20 @@ class TrainConfig:
         if self.lr_scaling not in LR_SCALINGS:
             raise ValueError(f"lr-scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
 
+    def stall_checks(self) -> list[tuple[int, float]]:
+        """(step, loss) of each stall check (--stall-step, --stall-loss); ValueError in one line for steps
+        that are not >= 1 and increasing, losses that are not > 0, or counts that do not pair up."""
+        steps, losses = tuple(self.stall_step), tuple(self.stall_loss)
+        if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError("stall-step must be steps >= 1 in increasing order, got "
+                             + " ".join(map(str, steps)))
+        if not losses or not all(loss > 0 for loss in losses):
+            raise ValueError(f"stall-loss must be losses > 0, got {' '.join(map(str, losses)) or 'none'}")
+        if len(losses) != 1 and len(losses) != len(steps):
+            raise ValueError(f"stall-loss needs one value or one per --stall-step ({len(steps)}), "
+                             f"got {len(losses)}")
+        return list(zip(steps, losses * len(steps) if len(losses) == 1 else losses, strict=True))
+
     def peak_lr(self) -> float:
         """The peak learning rate after the large-batch rule (`lr_scaling`)."""
         if self.lr_scaling == "sqrt":
@@ -187,6 +203,13 @@ class TrainConfig:
             if isinstance(values.get(name), bool):
                 values[name] = "on" if values[name] else "off"
         values.setdefault("cuda_graphs", "off")  # runs saved before the setting trained without graphs
+        if isinstance(values.get("stall_step"), int):  # one check, saved as numbers (0: none)
+            values["stall_step"] = (values["stall_step"],) if values["stall_step"] else ()
+        if isinstance(values.get("stall_loss"), (int, float)):
+            values["stall_loss"] = (values["stall_loss"],)
+        for name in ("stall_step", "stall_loss"):  # JSON lists
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
         return cls(**values)
 
 
@@ -521,16 +544,17 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     `checkpoint` (a dict from asentmax.runs.load_checkpoint of this run) resumes from it: model,
     optimizer, schedule, RNG states and step come from it, the configs from the arguments (the caller
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
-    early after that many total steps with a checkpoint (as if killed there). `train_config.stall_step`
-    ends it the same way at the first log step from that step on when no log line had a loss below
-    `stall_loss` (summary["stalled"]).
+    early after that many total steps with a checkpoint (as if killed there). Each stall check
+    (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log step from S on
+    when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is not checked
+    again there.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
-    signal name, or None), stalled ({"step", "loss", "stall_step", "stall_loss"} when the stall check
-    ended the run, else None), escape_step (the first log step with a loss below stall_loss, None when
-    none was)."""
+    signal name, or None), stalled ({"step", "loss", "lowest_loss", "stall_step", "stall_loss"} when a
+    stall check ended the run, else None), escape_step (the first log step with a loss below the first
+    stall_loss, None when none was)."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
@@ -557,7 +581,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
     step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
-    escape_step = None  # the first log step with a training loss below stall_loss
+    escape_step = None  # the first log step with a training loss below the first stall_loss
+    lowest_loss = math.inf  # the lowest logged training loss so far
     if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
@@ -569,6 +594,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
         set_rng_state(saved_state["rng"])
         window_loss, window_targets = restored_window(rank_states, world)
         escape_step = checkpoint.get("escape_step")
+        # checkpoints from before lowest_loss was kept: below the plateau's loss if the run had escaped
+        # (then no later check can stop it), else unknown above it
+        lowest_loss = checkpoint.get("lowest_loss", -math.inf if escape_step is not None else math.inf)
     saved_step = None if checkpoint is None else step
     start_step = step
     best = None if checkpoint is None else checkpoint.get("best")  # {"score", "step"} of best.pt
@@ -658,6 +686,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 **config_record, "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "rank_states": states, "step": step, "best": best, "escape_step": escape_step,
+                "lowest_loss": lowest_loss,
                 "git_commit": commit,
                 "device": describe_device(device), "world_size": world.world_size})
         saved_step = step
@@ -671,6 +700,7 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     model.train()
     window_start = time.perf_counter()
     start_time, last_loss, val_rows, interrupted, stalled = time.perf_counter(), None, [], None, None
+    stall_checks = train_config.stall_checks()
     # DDP: a signalled rank sets its flag on the device; the ranks' sum is read at log steps only (the host
     # reads the device there anyway), so all stop after the same step without a wait at every step
     stop_flag = torch.zeros((), dtype=torch.float64, device=device) if world.active else None
@@ -716,14 +746,15 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                         writer.add_scalar("train/loss", last_loss, step)
                         writer.add_scalar("train/lr", lr, step)
                 bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
-                if escape_step is None and last_loss < train_config.stall_loss:
+                if escape_step is None and last_loss < train_config.stall_loss[0]:
                     escape_step = step
-                stall_step = train_config.stall_step
-                if (stall_step and escape_step is None and step - train_config.log_every < stall_step <= step
-                        and step < end):  # the first log step from stall_step on (a resumed run: passed)
-                    stalled = {"step": step, "loss": last_loss, "stall_step": stall_step,
-                               "stall_loss": train_config.stall_loss}
-                    end = step
+                lowest_loss = min(lowest_loss, last_loss)
+                for stall_step, stall_loss in stall_checks:  # the first log step from stall_step on
+                    if (step - train_config.log_every < stall_step <= step and step < end and stalled is None
+                            and lowest_loss >= stall_loss):
+                        stalled = {"step": step, "loss": last_loss, "lowest_loss": lowest_loss,
+                                   "stall_step": stall_step, "stall_loss": stall_loss}
+                        end = step
                 for t in (window_loss_t, window_targets_t, window_tokens_t):
                     t.zero_()
                 window_start = time.perf_counter()

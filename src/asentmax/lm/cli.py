@@ -150,6 +150,7 @@ def _prepare(args) -> None:
 
 def _train(args, train_names, lm_names, block_names) -> None:
     from asentmax.lm.workload import LMConfig, LMWorkload
+    from asentmax.runs import training_stop
     from asentmax.trainer import TrainConfig, train
 
     names = train_names + lm_names + block_names
@@ -181,6 +182,10 @@ def _train(args, train_names, lm_names, block_names) -> None:
         summary["elapsed_s"] += json.loads(report.read_text()).get("elapsed_s", 0.0)
     report.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != "val"}, default=str))
+    stop = training_stop(summary, args.run_dir, f"asentmax lm train --run-dir {args.run_dir} --resume")
+    if stop is not None:  # stalled (exit 3) or interrupted (130), as `asentmax train`
+        print(stop[1], file=sys.stderr)
+        raise SystemExit(stop[0])
 
 
 def epoch_report(workload, steps: int, batch_size: int) -> dict:
