@@ -7,7 +7,7 @@ stuck on the second plateau at 92-98 % ID are far above the others there, result
 of the last log line, and the exact match of its eval.json at the --lengths multipliers of the training
 length (arXiv:2506.16640, section 3: ID = 64 tokens). A run without eval.json (cut, or still on the plateau)
 gets a row without accuracies. Writes escape.md and escape.png (escape step and settled loss against the
-exact match) under --out.
+exact match, each run labelled with its # in escape.md) under --out.
 
     PYTHONPATH=src python benchmarks/escape_vs_length.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -53,15 +53,16 @@ def run_summary(run_dir: Path, escape_loss: float, multipliers: list[int], settl
 def table(summaries: list[dict], multipliers: list[int], escape_loss: float, settle: tuple[int, int],
           command: str) -> str:
     settle_label = f"mean loss, steps {settle[0]:,}-{settle[0] + settle[1] - 1:,}"
-    head = f"| run | escape step (loss < {escape_loss:g}) | {settle_label} | last step | " + " | ".join(
+    head = f"| # | run | escape step (loss < {escape_loss:g}) | {settle_label} | last step | " + " | ".join(
         f"{m}x" for m in multipliers) + " |"
-    lines = [f"Command: `{command}`", "", head, "|" + "---|" * (4 + len(multipliers))]
-    for s in summaries:
+    lines = [f"Command: `{command}`", "", "#: the run's label in escape.png.", "", head,
+             "|" + "---|" * (5 + len(multipliers))]
+    for number, s in enumerate(summaries, 1):
         escape = "never" if s["escape_step"] is None else f"{s['escape_step']:,}"
         settled = "-" if s["settled_loss"] is None else f"{s['settled_loss']:.4f}"
         cells = ["-" if s["exact"][m] is None else f"{s['exact'][m]:.0f}" for m in multipliers]
-        lines.append(f"| {s['name']} | {escape} | {settled} | {s['last_step']:,} | " + " | ".join(cells)
-                     + " |")
+        lines.append(f"| {number} | {s['name']} | {escape} | {settled} | {s['last_step']:,} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -82,9 +83,9 @@ def plot(summaries: list[dict], multipliers: list[int], escape_loss: float, sett
             points = [(s[key], s["exact"][m]) for s in summaries
                       if s[key] is not None and s["exact"][m] is not None]
             ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{m}x", s=40)
-        for s in summaries:
+        for number, s in enumerate(summaries, 1):  # the # of escape.md, at the last length's point
             if s[key] is not None and s["exact"][multipliers[-1]] is not None:
-                ax.annotate(s["name"], (s[key], s["exact"][multipliers[-1]]), fontsize=7, xytext=(4, 4),
+                ax.annotate(str(number), (s[key], s["exact"][multipliers[-1]]), fontsize=8, xytext=(4, 4),
                             textcoords="offset points")
         ax.set_xlabel(xlabel)
         ax.set_title(title)

@@ -44,8 +44,8 @@ def test_table_joins_escape_steps_with_the_tested_lengths(tmp_path, capsys, monk
 
     text = escape.table([s, never], [1, 2, 4], threshold, (2, 3), "cmd")
     assert "| mean loss, steps 2-4 |" in text
-    assert f"| evaluated | {expected_escape:,} | {s['settled_loss']:.4f} | {losses[-1][0]:,} | " in text
-    assert "| untested | never | - |" in text and text.rstrip().endswith("- | - | - |")
+    assert f"| 1 | evaluated | {expected_escape:,} | {s['settled_loss']:.4f} | {losses[-1][0]:,} | " in text
+    assert "| 2 | untested | never | - |" in text and text.rstrip().endswith("- | - | - |")
 
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["escape_vs_length.py", str(evaluated), str(untested), "--out", str(out),
