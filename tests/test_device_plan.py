@@ -129,7 +129,7 @@ def test_every_committed_plan_builds_valid_configs(tmp_path):
     for path in plans:
         for name, run in device_plan.read_plan(path).items():
             args = parser.parse_args(["train", "--run-dir", str(tmp_path / path.stem / name), *run["train"]])
-            workload, train_config, model_config = _new_run(args)  # the trainer's own checks
+            workload, train_config, model_config, _ = _new_run(args)  # the trainer's own checks
             assert train_config.steps >= train_config.warmup_steps, name
             for flags in run["evals"]:
                 args = parser.parse_args(["eval", str(tmp_path), *flags])

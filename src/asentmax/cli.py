@@ -162,6 +162,10 @@ def _train_parser(sub):
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --run-dir")
     p.add_argument("--stop-at-step", type=int, help="stop (with a checkpoint) after this many steps")
+    p.add_argument("--init-from", type=Path, metavar="CHECKPOINT", help=(
+        "start a new run from another run's weights (its run directory, for its checkpoint.pt, or a .pt file "
+        "such as its best.pt) with a fresh optimizer and schedule, e.g. a second, lower cosine after a "
+        "first run; the model flags must give the same architecture"))
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
                    help="synthetic task (its preset applies unless --preset is given)")
@@ -199,6 +203,8 @@ def _run_train(args) -> None:
         raise UsageError("--resume and --overwrite exclude each other")
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise UsageError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
+    if args.resume and args.init_from is not None:
+        raise UsageError("--init-from starts a new run; --resume continues one with its own weights")
     try:
         if args.resume:
             from asentmax.train import resume_run
@@ -207,9 +213,10 @@ def _run_train(args) -> None:
             summary = resume_run(args.run_dir, saved, steps=steps, stop_at_step=args.stop_at_step,
                                  progress=not args.no_progress)
         else:
-            workload, train_config, model_config = _new_run(args)
+            workload, train_config, model_config, initial_weights = _new_run(args)
             summary = train(workload, train_config, model_config, args.run_dir,
-                            stop_at_step=args.stop_at_step, progress=not args.no_progress)
+                            stop_at_step=args.stop_at_step, progress=not args.no_progress,
+                            initial_weights=initial_weights)
     except (RunError, NonFiniteLoss) as error:
         raise UsageError(str(error)) from None
     _report_training(summary, args.run_dir)
@@ -257,8 +264,36 @@ def _saved_run(args):
     return saved, steps
 
 
+def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
+    """(model state dict, {"path", "step", "git_commit"}) of the checkpoint --init-from names (a run
+    directory: its checkpoint.pt); UsageError in one line for a missing or unreadable one, or one whose
+    model differs from `model_config` (naming the fields)."""
+    from asentmax.nn import ModelConfig
+    from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint
+
+    file = path / CHECKPOINT_NAME if path.is_dir() else path
+    if not file.is_file():
+        raise UsageError(f"--init-from {path}: no checkpoint at {file}")
+    try:
+        checkpoint = load_checkpoint(file)
+        saved = dataclasses.asdict(ModelConfig.from_dict(checkpoint["model_config"]))
+    except RunError as error:
+        raise UsageError(f"--init-from: {error}") from None
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"--init-from {file}: not a checkpoint of a model this version can build") from None
+    new = dataclasses.asdict(model_config)
+    differ = [f"{name} ({saved[name]} there, {new[name]} here)" for name in new
+              if name != "attention_backend" and saved.get(name) != new[name]]
+    if differ:
+        raise UsageError(f"--init-from {file}: its model differs in {', '.join(differ)}; give the model "
+                         "flags of that run")
+    return checkpoint["model"], {"path": str(file), "step": checkpoint.get("step"),
+                                 "git_commit": checkpoint.get("git_commit")}
+
+
 def _new_run(args):
-    """(workload, TrainConfig, ModelConfig) of the flags, checked, with --run-dir ready for them."""
+    """(workload, TrainConfig, ModelConfig, initial weights or None) of the flags, checked, with --run-dir
+    ready for them."""
     from asentmax.tasks import get_task
     from asentmax.tasks.workload import TaskWorkload
     from asentmax.trainer import TrainConfig, check_attention_backend, check_cuda_graphs
@@ -282,13 +317,14 @@ def _new_run(args):
         raise UsageError(str(error)) from None
     _check_device(train_config.device)
     _check_world(train_config)
+    initial_weights = None if args.init_from is None else _initial_weights(args.init_from, model_config)
     _prepare_run_dir(run_dir, args.overwrite)
     if train_config.warmup_steps > train_config.steps and _main_rank():
         print(f"warning: --warmup-steps {train_config.warmup_steps} > --steps {train_config.steps}: the lr "
               f"rises for the whole run and peaks at "
               f"{train_config.lr * train_config.steps / train_config.warmup_steps:.3g}, not --lr "
               f"{train_config.lr:g}", file=sys.stderr)
-    return workload, train_config, model_config
+    return workload, train_config, model_config, initial_weights
 
 
 def check_normaliser_flags(attention: str, given: dict) -> None:

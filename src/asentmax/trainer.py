@@ -538,13 +538,17 @@ class StopRequest:
 # ---- the loop ----
 
 def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: Path | str, *,
-          checkpoint: dict | None = None, stop_at_step: int | None = None, progress: bool = True) -> dict:
+          checkpoint: dict | None = None, stop_at_step: int | None = None, progress: bool = True,
+          initial_weights: tuple[dict, dict] | None = None) -> dict:
     """Train `model_config` on `workload` in `run_dir`; returns a summary.
 
     `checkpoint` (a dict from asentmax.runs.load_checkpoint of this run) resumes from it: model,
     optimizer, schedule, RNG states and step come from it, the configs from the arguments (the caller
     passes the saved ones; a larger `train_config.steps` extends the run). `stop_at_step` ends the run
-    early after that many total steps with a checkpoint (as if killed there). Each stall check
+    early after that many total steps with a checkpoint (as if killed there). `initial_weights` (a new
+    run only: a model state dict of the same architecture and a record of where it comes from, which
+    config.json keeps as "init_from") starts the model from those weights instead of a fresh draw; the
+    optimizer and the schedule start afresh. Each stall check
     (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log step from S on
     when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is not checked
     again there.
@@ -572,6 +576,10 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
 
     torch.manual_seed(train_config.seed)
     model = Transformer(model_config).to(world.device)
+    if initial_weights is not None:
+        if checkpoint is not None:
+            raise ValueError("initial weights start a new run; a resumed run has its own")
+        model.load_state_dict(initial_weights[0])
     if train_config.amp == "bf16-true":  # drawn in fp32 as for the other precisions, then rounded once
         model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
@@ -618,7 +626,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
             (run_dir / CONFIG_NAME).write_text(json.dumps({
                 **config_record, "git_commit": commit, "device": describe_device(world.device),
                 "world_size": world.world_size, "torch_version": torch.__version__, "command": sys.argv,
-                "n_parameters": sum(p.numel() for p in model.parameters())}, indent=2) + "\n")
+                "n_parameters": sum(p.numel() for p in model.parameters()),
+                **({"init_from": initial_weights[1]} if initial_weights is not None else {})},
+                indent=2) + "\n")
         keep = step if checkpoint is not None else None
         log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens", "tokens_per_s", "elapsed_s"], keep)
         val_log = CsvLog(run_dir / VAL_NAME, None, keep)

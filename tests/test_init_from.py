@@ -1,0 +1,78 @@
+"""`asentmax train --init-from CHECKPOINT`: a new run starts from another run's weights (its run directory's
+checkpoint.pt, or a file such as best.pt) with a fresh optimizer and schedule, and config.json records where
+they came from; a different architecture, a missing checkpoint or --resume is refused in one line before
+anything is written."""
+
+import json
+
+import pytest
+import torch
+
+from asentmax.cli import main
+
+TINY = ["--task", "reverse", "--min-length", "3", "--max-length", "6", "--batch-size", "4", "--warmup-steps",
+        "0", "--val-every", "0", "--log-every", "1", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
+        "--d-ff", "64", "--device", "cpu", "--no-progress"]
+
+
+def weights(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+@pytest.fixture
+def first(tmp_path, capsys):
+    run = tmp_path / "first"
+    assert main(["train", "--run-dir", str(run), *TINY, "--steps", "5"]) == 0
+    capsys.readouterr()
+    return run
+
+
+@pytest.mark.parametrize("source", ["run-dir", "file"])
+def test_a_new_run_starts_from_the_weights_with_a_fresh_schedule(tmp_path, capsys, first, source):
+    path = first if source == "run-dir" else first / "checkpoint.pt"
+    # lr 1e-9: one AdamW step moves each weight by about 1e-9, so the run's weights are the source's
+    second = tmp_path / "second"
+    assert main(["train", "--run-dir", str(second), *TINY, "--steps", "1", "--lr", "1e-9",
+                 "--init-from", str(path)]) == 0
+    fresh = tmp_path / "fresh"
+    assert main(["train", "--run-dir", str(fresh), *TINY, "--steps", "1", "--lr", "1e-9", "--seed", "7"]) == 0
+    capsys.readouterr()
+    source_weights, started, drawn = weights(first), weights(second), weights(fresh)
+    gap = max((started[name].float() - w.float()).abs().max().item() for name, w in source_weights.items())
+    drawn_gap = max((drawn[name].float() - w.float()).abs().max().item()
+                    for name, w in source_weights.items())
+    assert gap < 1e-7 and drawn_gap > 1e-2
+    checkpoint = torch.load(second / "checkpoint.pt", weights_only=False)
+    assert checkpoint["step"] == 1  # its own step count, from 0
+    assert checkpoint["optimizer"]["state"][0]["step"].item() == 1  # a fresh optimizer: one step of state
+    record = json.loads((second / "config.json").read_text())["init_from"]
+    assert record["path"] == str(first / "checkpoint.pt") and record["step"] == 5
+    assert "init_from" not in json.loads((fresh / "config.json").read_text())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--d-model", "64"], "its model differs in d_model (32 there, 64 here)"),
+    (["--init-from", "MISSING"], "no checkpoint at"),
+    (["--resume"], "--init-from starts a new run"),
+])
+def test_misuse_is_one_line_and_writes_nothing(tmp_path, capsys, first, flags, message):
+    run = tmp_path / "new"
+    given = ["--init-from", str(first)] if "--init-from" not in flags else []
+    flags = [str(tmp_path / "missing") if f == "MISSING" else f for f in flags]
+    tiny = list(TINY)
+    if "--d-model" in flags:  # the new run's own --d-model replaces TINY's
+        i = tiny.index("--d-model")
+        del tiny[i:i + 2]
+    assert main(["train", "--run-dir", str(run), *tiny, "--steps", "2", *given, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not run.exists()
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, capsys):
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_text("not a checkpoint")
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, "--steps", "2", "--init-from",
+                 str(bogus)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--init-from" in err[0] and str(bogus) in err[0]
