@@ -12,13 +12,15 @@ Every run of the plan (or of --runs) starts at once, each as a chain of processe
 first time, `--resume` once <work>/<name> holds a checkpoint), then its evaluations in order. `--margin`
 seconds before the window closes, training still running gets SIGINT, on which `asentmax train` saves a
 checkpoint at the step it reached (an evaluation gets it 5 s before the end and keeps its finished lengths;
-both exit 130); the next call continues both. A training that its --stall-step stopped (exit 3) ends its
-chain as "stalled", unevaluated. A step that fails (any other exit code) stops its own chain only; its log
-says why. `--continuing` refuses (exit 2, nothing started) a call in which a run would start again from
-step 0: on a machine that lost --work between calls it saves the window. An evaluation starts only with at
-least --min-eval-seconds left. Markers in --work (<name>.trained, <name>.stalled, <name>.eval<i>.done)
-record what finished; <work>/status.json and the printed lines give
-every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
+both exit 130); the next call continues both. A training that its --stall-step stopped (exit 3) ends its chain
+as "stalled", unevaluated. A run with `"after": OTHER` starts only once OTHER has trained (its chain waits; in
+a call without OTHER, OTHER must be trained already): with `{work}` in its flags, which stands for --work, it
+can start from OTHER's weights (`--init-from {work}/OTHER`). A step that fails (any other exit code) stops its
+own chain only; its log says why. `--continuing` refuses (exit 2, nothing started) a call in which a run would
+start again from step 0: on a machine that lost --work between calls it saves the window. An evaluation starts
+only with at least --min-eval-seconds left. Markers in --work (<name>.trained, <name>.stalled,
+<name>.eval<i>.done) record what finished; <work>/status.json and the printed lines give every run's state and
+this call's seconds per step; the exit code is 0 unless a step failed.
 
 This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
 command, appended to its log, SIGINT at the deadline; its exit code and seconds), `side_by_side` (functions at
@@ -35,6 +37,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -63,10 +66,15 @@ def read_plan(path: Path) -> dict[str, dict]:
         if (not name or "/" in name or not isinstance(run, dict) or not isinstance(run.get("train"), str)
                 or not isinstance(run.get("evals", []), list)
                 or not all(isinstance(e, str) for e in run.get("evals", []))
-                or set(run) - {"train", "evals"}):
+                or not isinstance(run.get("after", ""), str)
+                or set(run) - {"train", "evals", "after"}):
             raise SystemExit(f"{path}: run {name!r} needs \"train\": a string of flags and optionally "
-                             "\"evals\": a list of strings of flags, nothing else")
-        parsed[name] = {"train": shlex.split(run["train"]),
+                             "\"evals\": a list of strings of flags and \"after\": a run's name, "
+                             "nothing else")
+        if run.get("after") is not None and run["after"] not in runs or run.get("after") == name:
+            raise SystemExit(f"{path}: run {name!r} is after {run['after']!r}, which is not another run "
+                             "of the plan")
+        parsed[name] = {"train": shlex.split(run["train"]), "after": run.get("after"),
                         "evals": [shlex.split(flags) for flags in run.get("evals", [])]}
     return parsed
 
@@ -112,15 +120,32 @@ def run_together(commands: dict[str, list[str]], work: Path, stage: str, deadlin
     return {name: seconds for name, (_, seconds) in done.items()}
 
 
-def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float) -> dict:
-    """Train (or resume) run `name`, then its evaluations not done yet, within the window ending at `end`."""
+def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float,
+              finished: dict[str, threading.Event]) -> dict:
+    """Train (or resume) run `name`, then its evaluations not done yet, within the window ending at `end`;
+    a run after another first waits for that one's chain to finish (`finished`: an event per chain)."""
+    try:
+        return _chain(name, run, work, end, margin, min_eval_s, finished)
+    finally:
+        finished[name].set()
+
+
+def _chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float,
+           finished: dict[str, threading.Event]) -> dict:
     run_dir, state = work / name, {"steps": []}
     trained, stalled = work / f"{name}.trained", work / f"{name}.stalled"
     if stalled.exists():  # stays stopped: --resume would carry it past its stall check
         return state
+    after = run["after"]
+    if after is not None:  # its training, not its evaluations: poll for the marker while its chain runs
+        while (not (work / f"{after}.trained").exists() and after in finished and not finished[after].is_set()
+               and time.time() < end - margin):
+            finished[after].wait(timeout=2.0)
+        if not (work / f"{after}.trained").exists():
+            return {**state, "waiting_for": after}
     if not trained.exists():
         resume = (run_dir / "checkpoint.pt").exists()
-        flags = ["--resume"] if resume else run["train"]
+        flags = ["--resume"] if resume else [flag.replace("{work}", str(work)) for flag in run["train"]]
         args = ["train", "--run-dir", str(run_dir), "--no-progress", *flags]
         code, seconds = run_step(args, work / f"{name}.train.log", end - margin)
         state["steps"].append({"step": "train", "resumed": resume, "exit": code, "seconds": seconds})
@@ -178,16 +203,21 @@ def main() -> int:
     if args.seconds <= args.margin:
         parser.error(f"--seconds {args.seconds:g} leaves no time before --margin {args.margin:g}")
     names = args.runs or list(plan)
-    if args.continuing:
-        fresh = [n for n in names if not (args.work / f"{n}.trained").exists()
+    waiting = [f"{n} (after {plan[n]['after']})" for n in names if plan[n]["after"] not in (None, *names)
+               and not (args.work / f"{plan[n]['after']}.trained").exists()]
+    if waiting:
+        parser.error(f"{', '.join(waiting)}: that run is neither trained under {args.work} nor in --runs")
+    if args.continuing:  # a run after another may not have started yet; its prerequisite is checked instead
+        fresh = [n for n in names if plan[n]["after"] is None and not (args.work / f"{n}.trained").exists()
                  and not (args.work / n / "checkpoint.pt").exists()]
         if fresh:
             parser.error(f"--continuing: {', '.join(fresh)} would start again from step 0 (no checkpoint or "
                          f"marker under {args.work}: a fresh machine?); nothing started")
     args.work.mkdir(parents=True, exist_ok=True)
     end = time.time() + args.seconds
+    finished = {name: threading.Event() for name in names}
     states = side_by_side({name: partial(run_chain, name, plan[name], args.work, end, args.margin,
-                                         args.min_eval_seconds) for name in names})
+                                         args.min_eval_seconds, finished) for name in names})
     status = {name: summary(name, plan[name], args.work, states[name]) for name in names}
     (args.work / "status.json").write_text(json.dumps(status, indent=2) + "\n")
     for name, s in status.items():
@@ -195,6 +225,7 @@ def main() -> int:
                           for step in s["steps"])
         failed = f"; FAILED at {s['failed']}" if "failed" in s else ""
         failed += "; stalled on the loss plateau (--stall-step), not evaluated" if s["stalled"] else ""
+        failed += f"; waiting for {s['waiting_for']} to train" if "waiting_for" in s else ""
         print(f"{name}: {'trained' if s['trained'] else 'training'}, evaluations "
               f"{s['evals_done']}/{s['evals']}{failed} ({steps or 'nothing to do'})")
     return 1 if any("failed" in s for s in status.values()) else 0

@@ -93,11 +93,42 @@ def test_continuing_refuses_to_start_a_run_from_step_0(tmp_path):
     assert result.returncode == 2 and "--continuing: b would" in result.stderr  # a is trained; b is not
 
 
+def test_a_run_after_another_starts_from_its_weights_once_it_has_trained(tmp_path):
+    plan = {"first": {"train": TINY + " --steps 30", "evals": ["--multipliers 1 --samples 2"]},
+            "second": {"after": "first", "train": TINY + " --steps 3 --init-from {work}/first",
+                       "evals": ["--multipliers 1 --samples 2"]}}
+    alone = call(tmp_path, {"second": plan["second"], "first": plan["first"]}, "--seconds", "60",
+                 "--runs", "second")
+    assert alone.returncode == 2 and "second (after first): that run is neither trained" in alone.stderr
+    result = call(tmp_path, plan, "--seconds", "240")
+    assert result.returncode == 0, result.stderr
+    work = tmp_path / "work"
+    status = json.loads((work / "status.json").read_text())
+    assert status["first"]["trained"] and status["second"]["trained"] and status["second"]["evals_done"] == 1
+    config = json.loads((work / "second" / "config.json").read_text())
+    assert config["init_from"]["path"] == str(work / "first" / "checkpoint.pt")
+    assert config["init_from"]["step"] == 30  # the first run's last step: it waited for the whole training
+    assert torch.load(work / "second" / "checkpoint.pt", weights_only=False)["step"] == 3
+
+
+def test_a_run_after_one_that_stalls_waits_and_says_so(tmp_path):
+    plan = {"stuck": {"train": TINY + " --steps 40 --stall-step 2 --stall-loss 0.0001", "evals": []},
+            "next": {"after": "stuck", "train": TINY + " --steps 3 --init-from {work}/stuck", "evals": []}}
+    result = call(tmp_path, plan, "--seconds", "120")
+    assert result.returncode == 0, result.stderr
+    status = json.loads((tmp_path / "work" / "status.json").read_text())
+    assert status["stuck"]["stalled"] and status["next"]["waiting_for"] == "stuck"
+    assert "next: training, evaluations 0/0; waiting for stuck to train" in result.stdout
+    assert not (tmp_path / "work" / "next").exists()
+
+
 def test_plan_mistakes_are_one_line(tmp_path):
     result = call(tmp_path, {"x": {"train": 3}}, "--seconds", "60")
     assert result.returncode != 0 and "needs \"train\": a string of flags" in result.stderr
     result = call(tmp_path, {"x": {"train": TINY}}, "--seconds", "60", "--runs", "y")
     assert result.returncode == 2 and "--runs y: not in" in result.stderr.splitlines()[-1]
+    result = call(tmp_path, {"x": {"train": TINY, "after": "z"}}, "--seconds", "60")
+    assert result.returncode == 1 and "run 'x' is after 'z', which is not another run" in result.stderr
 
 
 def test_run_together_logs_every_command_and_names_the_ones_that_failed(tmp_path):
@@ -127,9 +158,19 @@ def test_every_committed_plan_builds_valid_configs(tmp_path):
     assert plans
     parser = build_parser()
     for path in plans:
-        for name, run in device_plan.read_plan(path).items():
-            args = parser.parse_args(["train", "--run-dir", str(tmp_path / path.stem / name), *run["train"]])
+        plan = device_plan.read_plan(path)
+        models = {}
+        for name, run in sorted(plan.items(), key=lambda item: item[1]["after"] is not None):
+            flags = [flag.replace("{work}", str(tmp_path / path.stem)) for flag in run["train"]]
+            init_from = flags.index("--init-from") if "--init-from" in flags else None
+            if init_from is not None:  # the prerequisite's weights: its run dir, a model of the same shape
+                assert run["after"] and flags[init_from + 1] == str(tmp_path / path.stem / run["after"]), name
+                del flags[init_from:init_from + 2]
+            args = parser.parse_args(["train", "--run-dir", str(tmp_path / path.stem / name), *flags])
             workload, train_config, model_config, _ = _new_run(args)  # the trainer's own checks
+            models[name] = model_config
+            if init_from is not None:
+                assert model_config == models[run["after"]], name
             assert train_config.steps >= train_config.warmup_steps, name
             for flags in run["evals"]:
                 args = parser.parse_args(["eval", str(tmp_path), *flags])
