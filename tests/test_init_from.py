@@ -76,3 +76,81 @@ def test_a_file_that_is_not_a_checkpoint_is_one_line(tmp_path, capsys):
                  str(bogus)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--init-from" in err[0] and str(bogus) in err[0]
+
+
+def run_with(tmp_path, name, *flags):
+    run = tmp_path / name
+    assert main(["train", "--run-dir", str(run), *TINY, *flags]) == 0
+    return run
+
+
+@pytest.mark.parametrize("source, target", [
+    ("softmax", "asentmax"), ("ssmax", "softmax"), ("entmax", "ssmax")])
+def test_another_normalisers_weights_start_the_shared_parameters(tmp_path, capsys, source, target):
+    """A dense start: e.g. softmax's weights for an ASEntmax run. The parameters both models have come from
+    the source; the new normaliser's temperature parameters are those a fresh run of the same seed draws
+    (reference init: random, so an init other than the fresh one shows); the source's own temperature
+    parameters are left out."""
+    first = run_with(tmp_path, "first", "--attention", source, "--steps", "3", "--seed", "3")
+    target_flags = ["--attention", target, "--steps", "1", "--lr", "1e-9", "--seed", "7"]
+    if target == "asentmax":
+        target_flags += ["--asentmax-init", "reference"]
+    started = run_with(tmp_path, "started", *target_flags, "--init-from", str(first))
+    fresh = run_with(tmp_path, "fresh", *target_flags)
+    capsys.readouterr()
+    source_weights, started_weights, fresh_weights = weights(first), weights(started), weights(fresh)
+    temperature = [name for name in started_weights if ".attn.temperature." in name]
+    assert (target == "softmax") == (not temperature)
+    assert set(started_weights) == set(fresh_weights)
+    def gap(a, b):
+        return (a.float() - b.float()).abs().max().item()
+
+    for name, value in started_weights.items():
+        assert gap(value, fresh_weights[name] if name in temperature else source_weights[name]) < 1e-7, name
+    # the source's weights, not a fresh draw (a fresh draw differs from them: the test can fail)
+    assert max(gap(fresh_weights[name], source_weights[name]) for name in started_weights
+               if name not in temperature) > 1e-2
+    if target == "asentmax":  # the reference init's random weights: not all zero, so not a default
+        assert any(started_weights[name].abs().max().item() > 1e-3 for name in temperature)
+    record = json.loads((started / "config.json").read_text())["init_from"]
+    assert record["attention"] == source
+    assert record.get("kept_initial", []) == temperature
+
+
+@pytest.mark.parametrize("source, flags, message", [
+    ("softmax", ["--attention", "asentmax", "--d-model", "64"],
+     "its model differs in d_model (32 there, 64 here)"),
+    ("entmax", ["--attention", "entmax", "--alpha", "1.3"],
+     "its model differs in alpha (1.5 there, 1.3 here)"),
+])
+def test_only_the_normalisers_own_fields_may_differ(tmp_path, capsys, source, flags, message):
+    first = run_with(tmp_path, "first", "--attention", source, "--steps", "2")
+    capsys.readouterr()
+    tiny = list(TINY)
+    if "--d-model" in flags:
+        i = tiny.index("--d-model")
+        del tiny[i:i + 2]
+    run = tmp_path / "new"
+    assert main(["train", "--run-dir", str(run), *tiny, "--steps", "2", *flags,
+                 "--init-from", str(first)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not run.exists()
+
+
+def test_load_initial_weights_refuses_weights_of_another_shape_of_model():
+    from asentmax.nn import ModelConfig, Transformer
+    from asentmax.trainer import load_initial_weights
+
+    def tiny(attention, n_layers=1):
+        return Transformer(ModelConfig(vocab_size=10, d_model=32, n_layers=n_layers, n_heads=2, d_ff=64,
+                                       attention=attention))
+
+    model, deeper = tiny("asentmax"), tiny("softmax", n_layers=2)
+    with pytest.raises(ValueError, match=r"initial weights do not fit the model: blocks\.1\."):
+        load_initial_weights(model, deeper.state_dict())
+    softmax = tiny("softmax")
+    kept = load_initial_weights(model, softmax.state_dict())
+    assert kept == [name for name in model.state_dict() if ".attn.temperature." in name] and kept
+    for name, value in softmax.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name

@@ -165,7 +165,9 @@ def _train_parser(sub):
     p.add_argument("--init-from", type=Path, metavar="CHECKPOINT", help=(
         "start a new run from another run's weights (its run directory, for its checkpoint.pt, or a .pt file "
         "such as its best.pt) with a fresh optimizer and schedule, e.g. a second, lower cosine after a "
-        "first run; the model flags must give the same architecture"))
+        "first run; the model flags must give the same architecture, except for the attention normaliser: "
+        "another normaliser's weights start the shared parameters, and the length-aware temperature's keep "
+        "their init (e.g. softmax's weights for an ASEntmax run)"))
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
                    help="synthetic task (its preset applies unless --preset is given)")
@@ -265,10 +267,13 @@ def _saved_run(args):
 
 
 def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
-    """(model state dict, {"path", "step", "git_commit"}) of the checkpoint --init-from names (a run
-    directory: its checkpoint.pt); UsageError in one line for a missing or unreadable one, or one whose
-    model differs from `model_config` (naming the fields)."""
+    """(model state dict, {"path", "step", "git_commit"[, "attention"]}) of the checkpoint --init-from names
+    (a run directory: its checkpoint.pt); UsageError in one line for a missing or unreadable one, or one whose
+    model differs from `model_config` (naming the fields). A checkpoint of another normaliser (e.g. softmax's
+    weights for an ASEntmax run: a dense start) may differ in the normaliser's own fields
+    (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
     from asentmax.nn import ModelConfig
+    from asentmax.nn.config import NORMALISER_FIELDS
     from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint
 
     file = path / CHECKPOINT_NAME if path.is_dir() else path
@@ -282,13 +287,15 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"--init-from {file}: not a checkpoint of a model this version can build") from None
     new = dataclasses.asdict(model_config)
+    other_normaliser = saved["attention"] != new["attention"]
+    ignored = ("attention_backend",) + (NORMALISER_FIELDS if other_normaliser else ())
     differ = [f"{name} ({saved[name]} there, {new[name]} here)" for name in new
-              if name != "attention_backend" and saved.get(name) != new[name]]
+              if name not in ignored and saved.get(name) != new[name]]
     if differ:
         raise UsageError(f"--init-from {file}: its model differs in {', '.join(differ)}; give the model "
-                         "flags of that run")
-    return checkpoint["model"], {"path": str(file), "step": checkpoint.get("step"),
-                                 "git_commit": checkpoint.get("git_commit")}
+                         "flags of that run (only the attention normaliser's own fields may differ)")
+    record = {"path": str(file), "step": checkpoint.get("step"), "git_commit": checkpoint.get("git_commit")}
+    return checkpoint["model"], {**record, **({"attention": saved["attention"]} if other_normaliser else {})}
 
 
 def _new_run(args):

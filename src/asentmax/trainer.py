@@ -537,6 +537,25 @@ class StopRequest:
 
 # ---- the loop ----
 
+def load_initial_weights(model: torch.nn.Module, weights: dict) -> list[str]:
+    """Load `weights` (a state dict) into `model`; the names of the length-aware temperature's parameters
+    that `weights` lacks (another normaliser's model) keep their init and are returned, and that normaliser's
+    own temperature parameters in `weights` (SSMax's s) are left out. ValueError for any other difference."""
+    own = model.state_dict()
+
+    def is_temperature(name: str) -> bool:  # nn/attention.py's submodule `temperature`
+        return ".attn.temperature." in name
+
+    missing = [name for name in own if name not in weights]
+    extra = [name for name in weights if name not in own]
+    wrong = [name for name in missing + extra if not is_temperature(name)]
+    if wrong:
+        raise ValueError(f"initial weights do not fit the model: {', '.join(wrong[:4])}"
+                         + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else ""))
+    model.load_state_dict({name: value for name, value in weights.items() if name in own}, strict=False)
+    return missing
+
+
 def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: Path | str, *,
           checkpoint: dict | None = None, stop_at_step: int | None = None, progress: bool = True,
           initial_weights: tuple[dict, dict] | None = None) -> dict:
@@ -548,10 +567,11 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     early after that many total steps with a checkpoint (as if killed there). `initial_weights` (a new
     run only: a model state dict of the same architecture and a record of where it comes from, which
     config.json keeps as "init_from") starts the model from those weights instead of a fresh draw; the
-    optimizer and the schedule start afresh. Each stall check
-    (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log step from S on
-    when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is not checked
-    again there.
+    optimizer and the schedule start afresh. The weights may be another normaliser's: the temperature
+    parameters they lack keep their init (load_initial_weights; "init_from" lists them as "kept_initial").
+    Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
+    step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
+    not checked again there.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
@@ -579,7 +599,9 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     if initial_weights is not None:
         if checkpoint is not None:
             raise ValueError("initial weights start a new run; a resumed run has its own")
-        model.load_state_dict(initial_weights[0])
+        kept_initial = load_initial_weights(model, initial_weights[0])
+        initial_weights = (initial_weights[0], {**initial_weights[1],
+                                                **({"kept_initial": kept_initial} if kept_initial else {})})
     if train_config.amp == "bf16-true":  # drawn in fp32 as for the other precisions, then rounded once
         model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),

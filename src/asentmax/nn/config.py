@@ -27,6 +27,10 @@ NORM_PLACEMENTS = ("pre", "sandwich")
 ALIBI_SLOPES = ("harmonic", "geometric")
 ASENTMAX_INITS = ("zero", "reference", "normal")
 SSMAX_FORMS = ("delta", "plain")
+# the fields that belong to the attention normaliser: a model of another normaliser can start from this one's
+# weights (`asentmax train --init-from`) when only these differ
+NORMALISER_FIELDS = ("attention", "alpha", "topk_k", "theta_delta", "gamma_range", "asentmax_init",
+                     "ssmax_form", "ssmax_s_init")
 # the allowed values of every field with a fixed set of them (validation below, the CLI's choices)
 CHOICES = {"attention": ATTENTIONS, "position": POSITIONS, "mlp": MLPS, "alibi_slopes": ALIBI_SLOPES,
            "asentmax_init": ASENTMAX_INITS, "ssmax_form": SSMAX_FORMS, "attention_backend": BACKENDS,
