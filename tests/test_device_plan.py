@@ -2,8 +2,8 @@
 chain; a window that closes mid-training leaves a checkpoint the next call resumes from; run_together, the
 runner reproduce_paper.py and plateau_study.py share, names the commands that failed."""
 
-import importlib.util
 import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys

@@ -71,6 +71,7 @@ from asentmax.runs import (
     LOG_NAME,
     TENSORBOARD_NAME,
     VAL_NAME,
+    RunError,
     describe_device,
     git_commit,
     rng_state,
@@ -614,6 +615,10 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     escape_step = None  # the first log step with a training loss below the first stall_loss
     lowest_loss = math.inf  # the lowest logged training loss so far
     if checkpoint is not None:
+        if "optimizer" not in checkpoint:
+            raise RunError(f"{Path(run_dir) / CHECKPOINT_NAME} has no optimizer state (a checkpoint carried "
+                           "by benchmarks/carry_checkpoint.py): it cannot resume; start a new run from it "
+                           "with --init-from")
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
