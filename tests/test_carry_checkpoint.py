@@ -10,11 +10,10 @@ import torch
 
 from asentmax.cli import main as asentmax
 from conftest import load_benchmark
+from test_init_from import TINY as TINY_MODEL
 
 carry = load_benchmark("carry_checkpoint")
-TINY = ["--task", "reverse", "--min-length", "3", "--max-length", "6", "--batch-size", "4", "--warmup-steps",
-        "0", "--val-every", "0", "--log-every", "1", "--d-model", "32", "--n-layers", "1", "--n-heads", "2",
-        "--d-ff", "64", "--device", "cpu", "--no-progress", "--attention", "asentmax"]
+TINY = [*TINY_MODEL, "--attention", "asentmax"]
 
 
 @pytest.fixture

@@ -273,7 +273,6 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     weights for an ASEntmax run: a dense start) may differ in the normaliser's own fields
     (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
     from asentmax.nn import ModelConfig
-    from asentmax.nn.config import NORMALISER_FIELDS
     from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint
 
     file = path / CHECKPOINT_NAME if path.is_dir() else path
@@ -281,21 +280,18 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
         raise UsageError(f"--init-from {path}: no checkpoint at {file}")
     try:
         checkpoint = load_checkpoint(file)
-        saved = dataclasses.asdict(ModelConfig.from_dict(checkpoint["model_config"]))
+        saved = ModelConfig.from_dict(checkpoint["model_config"])
     except RunError as error:
         raise UsageError(f"--init-from: {error}") from None
     except (KeyError, TypeError, ValueError):
         raise UsageError(f"--init-from {file}: not a checkpoint of a model this version can build") from None
-    new = dataclasses.asdict(model_config)
-    other_normaliser = saved["attention"] != new["attention"]
-    ignored = ("attention_backend",) + (NORMALISER_FIELDS if other_normaliser else ())
-    differ = [f"{name} ({saved[name]} there, {new[name]} here)" for name in new
-              if name not in ignored and saved.get(name) != new[name]]
+    differ = model_config.init_from_differences(saved)
     if differ:
         raise UsageError(f"--init-from {file}: its model differs in {', '.join(differ)}; give the model "
                          "flags of that run (only the attention normaliser's own fields may differ)")
     record = {"path": str(file), "step": checkpoint.get("step"), "git_commit": checkpoint.get("git_commit")}
-    return checkpoint["model"], {**record, **({"attention": saved["attention"]} if other_normaliser else {})}
+    other_normaliser = saved.attention != model_config.attention
+    return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {})}
 
 
 def _new_run(args):

@@ -168,6 +168,15 @@ class ModelConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def init_from_differences(self, source: ModelConfig) -> list[str]:
+        """The fields, as "name (source's there, this one's here)", in which a model of this config cannot
+        start from `source`'s weights (`asentmax train --init-from`): every field but attention_backend,
+        and when the normalisers differ, every field but NORMALISER_FIELDS too."""
+        mine, theirs = asdict(self), asdict(source)
+        ignored = ("attention_backend",) + (NORMALISER_FIELDS if self.attention != source.attention else ())
+        return [f"{name} ({theirs[name]} there, {mine[name]} here)" for name in mine
+                if name not in ignored and theirs[name] != mine[name]]
+
     @classmethod
     def from_dict(cls, values: dict) -> ModelConfig:
         known = {f.name for f in fields(cls)}
