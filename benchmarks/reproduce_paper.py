@@ -47,7 +47,7 @@ from device_plan import run_together
 
 from asentmax.cli import UsageError, build_parser, check_normaliser_flags
 from asentmax.nn.normalisers import NAMES
-from asentmax.report import PAPER_RESULTS
+from asentmax.report import PAPER_RESULTS, samples_seen
 from asentmax.runs import evaluation_name
 from asentmax.tasks.registry import eval_multipliers, fresh_tables_refusal
 
@@ -164,7 +164,7 @@ def main() -> int:
             "train_command": "asentmax " + " ".join(train[method]), "eval_command": "asentmax " +
             " ".join(evals[method]), "seed": train_config.get("seed"), "steps_reached": step,
             "steps_planned": train_config.get("steps"), "batch_size": train_config.get("batch_size"),
-            "samples_seen": None if step is None else step * train_config.get("batch_size", 0),
+            "samples_seen": samples_seen(result),
             "train_wall_s": round(sum(c["train_s"] for c in calls[method]), 1), "train_calls": calls[method],
             "eval_wall_s": eval_s[method],
             "device": config.get("device"), "git_commit": config.get("git_commit")}

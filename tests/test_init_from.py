@@ -154,3 +154,21 @@ def test_load_initial_weights_refuses_weights_of_another_shape_of_model():
     assert kept == [name for name in model.state_dict() if ".attn.temperature." in name] and kept
     for name, value in softmax.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
+
+
+def test_samples_count_the_whole_init_from_chain(tmp_path, capsys, first):
+    """first (5 steps) -> second (3 steps) -> third (2 steps), batch 4: compare's samples for third are
+    (5 + 3 + 2) x 4, not its own 2 x 4; a run trained from scratch has no prior samples."""
+    second, third = tmp_path / "second", tmp_path / "third"
+    assert main(["train", "--run-dir", str(second), *TINY, "--steps", "3", "--init-from", str(first)]) == 0
+    assert main(["train", "--run-dir", str(third), *TINY, "--steps", "2", "--init-from", str(second)]) == 0
+    assert json.loads((third / "config.json").read_text())["init_from"]["samples"] == 8 * 4
+    for run in (first, third):
+        assert main(["eval", str(run), "--multipliers", "1", "--samples", "4", "--device",
+                     "cpu", "--no-progress"]) == 0
+    assert main(["compare", str(first / "eval.json"), str(third / "eval.json"), "--output-dir",
+                 str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    table = (tmp_path / "out" / "compare.md").read_text()
+    counts = [line.split(" | ")[3] for line in table.splitlines() if "| ours (" in line]
+    assert counts == ["20", "40"]

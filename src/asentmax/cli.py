@@ -267,11 +267,12 @@ def _saved_run(args):
 
 
 def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
-    """(model state dict, {"path", "step", "git_commit"[, "attention"]}) of the checkpoint --init-from names
-    (a run directory: its checkpoint.pt); UsageError in one line for a missing or unreadable one, or one whose
-    model differs from `model_config` (naming the fields). A checkpoint of another normaliser (e.g. softmax's
-    weights for an ASEntmax run: a dense start) may differ in the normaliser's own fields
-    (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
+    """(model state dict, {"path", "step", "samples", "git_commit"[, "attention"]}) of the checkpoint
+    --init-from names (a run directory: its checkpoint.pt; samples: those its weights were trained on, its
+    own step x batch size plus its prior_samples, None if unknown); UsageError in one line for a missing or
+    unreadable one, or one whose model differs from `model_config` (naming the fields). A checkpoint of
+    another normaliser (e.g. softmax's weights for an ASEntmax run: a dense start) may differ in the
+    normaliser's own fields (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
     from asentmax.nn import ModelConfig
     from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint
 
@@ -289,7 +290,10 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     if differ:
         raise UsageError(f"--init-from {file}: its model differs in {', '.join(differ)}; give the model "
                          "flags of that run (only the attention normaliser's own fields may differ)")
-    record = {"path": str(file), "step": checkpoint.get("step"), "git_commit": checkpoint.get("git_commit")}
+    step, batch = checkpoint.get("step"), (checkpoint.get("train_config") or {}).get("batch_size")
+    samples = (step * batch + checkpoint.get("prior_samples", 0)
+               if isinstance(step, int) and isinstance(batch, int) else None)
+    record = {"path": str(file), "step": step, "samples": samples, "git_commit": checkpoint.get("git_commit")}
     other_normaliser = saved.attention != model_config.attention
     return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {})}
 

@@ -534,7 +534,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     header = {"run_dir": str(run_dir), "task": task.name, "id_length": id_length,
               "eval_config": {**asdict(config), "multipliers": list(multipliers)}, "protocol": protocol,
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
-              "workload": saved_workload, "train_step": checkpoint["step"], "git_commit": git_commit(),
+              "workload": saved_workload, "train_step": checkpoint["step"],
+              "prior_samples": checkpoint.get("prior_samples", 0), "git_commit": git_commit(),
               "device": describe_device(device)}
     if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
         try:

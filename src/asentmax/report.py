@@ -106,10 +106,13 @@ def _column_name(m: float) -> str:
 
 
 def samples_seen(result: dict) -> int | None:
-    """Training samples behind an evaluated checkpoint: its step x the run's batch size (None if unknown)."""
+    """Training samples behind an evaluated checkpoint: its step x the run's batch size, plus the samples its
+    --init-from weights had been trained on (prior_samples; None if unknown)."""
     batch = (result.get("train_config") or {}).get("batch_size")
     step = result.get("train_step")
-    return step * batch if isinstance(step, int) and isinstance(batch, int) else None
+    if not (isinstance(step, int) and isinstance(batch, int)):
+        return None
+    return step * batch + result.get("prior_samples", 0)
 
 
 def _samples(n: int | None) -> str:
@@ -149,7 +152,8 @@ def comparison_table(results: list[dict]) -> str:
     ids = sorted({r["id_length"] for r in results})
     note = (f"\nExact match % of greedy decoding; ID = length {', '.join(map(str, ids))} for our runs, "
             "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured); samples: training samples seen "
-            "(step x batch size of the tested checkpoint); test n: test samples per length.\n")
+            "(step x batch size of the tested checkpoint, plus those of its --init-from weights); test n: "
+            "test samples per length.\n")
     for result in results:
         if result.get("pending_lengths"):
             note += (f"{run_name(result)}: evaluation unfinished, lengths "
@@ -255,20 +259,20 @@ def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict] | None:
 
 def training_curves(result: dict) -> dict | None:
     """{"samples", "loss"} of the run's training log and {"validation": {length: (samples, exact match)}} of
-    its validation log (samples = step x the run's batch size), or None when its directory holds no usable
-    training log."""
+    its validation log (samples = step x the run's batch size + prior_samples, as in samples_seen), or None
+    when its directory holds no usable training log."""
     run_dir = Path(result["run_dir"])
-    batch_size = result["train_config"]["batch_size"]
+    batch_size, prior = result["train_config"]["batch_size"], result.get("prior_samples", 0)
     log = _csv_rows(run_dir / LOG_NAME, ("step", "loss"))
     if not log:
         return None
     validation = {}
     for row in _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []:
         samples, matches = validation.setdefault(int(row["length"]), ([], []))
-        samples.append(row["step"] * batch_size)
+        samples.append(row["step"] * batch_size + prior)
         matches.append(row["exact_match"])
-    return {"samples": [row["step"] * batch_size for row in log], "loss": [row["loss"] for row in log],
-            "validation": validation}
+    return {"samples": [row["step"] * batch_size + prior for row in log],
+            "loss": [row["loss"] for row in log], "validation": validation}
 
 
 def _plot_training(results: list[dict], path: Path) -> bool:

@@ -647,8 +647,11 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     commit = git_commit()
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        # samples the weights were trained on before this run's step 0 (the --init-from chain's)
+        prior_samples = (checkpoint.get("prior_samples", 0) if checkpoint is not None
+                         else initial_weights[1].get("samples") or 0 if initial_weights is not None else 0)
         config_record = {"train_config": asdict(train_config), "workload": workload.to_dict(),
-                         "model_config": asdict(model_config)}
+                         "model_config": asdict(model_config), "prior_samples": prior_samples}
         if checkpoint is None:
             (run_dir / CONFIG_NAME).write_text(json.dumps({
                 **config_record, "git_commit": commit, "device": describe_device(world.device),
