@@ -274,7 +274,7 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     another normaliser (e.g. softmax's weights for an ASEntmax run: a dense start) may differ in the
     normaliser's own fields (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
     from asentmax.nn import ModelConfig
-    from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint
+    from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint, samples_trained
 
     file = path / CHECKPOINT_NAME if path.is_dir() else path
     if not file.is_file():
@@ -290,10 +290,10 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     if differ:
         raise UsageError(f"--init-from {file}: its model differs in {', '.join(differ)}; give the model "
                          "flags of that run (only the attention normaliser's own fields may differ)")
-    step, batch = checkpoint.get("step"), (checkpoint.get("train_config") or {}).get("batch_size")
-    samples = (step * batch + checkpoint.get("prior_samples", 0)
-               if isinstance(step, int) and isinstance(batch, int) else None)
-    record = {"path": str(file), "step": step, "samples": samples, "git_commit": checkpoint.get("git_commit")}
+    samples = samples_trained(checkpoint.get("step"), checkpoint.get("train_config"),
+                              checkpoint.get("prior_samples", 0))
+    record = {"path": str(file), "step": checkpoint.get("step"), "samples": samples,
+              "git_commit": checkpoint.get("git_commit")}
     other_normaliser = saved.attention != model_config.attention
     return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {})}
 

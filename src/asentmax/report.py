@@ -28,6 +28,7 @@ from asentmax.runs import (
     format_multiplier,
     load_evaluation,
     run_name,
+    samples_trained,
     saved_layout,
     write_json,
 )
@@ -106,13 +107,9 @@ def _column_name(m: float) -> str:
 
 
 def samples_seen(result: dict) -> int | None:
-    """Training samples behind an evaluated checkpoint: its step x the run's batch size, plus the samples its
-    --init-from weights had been trained on (prior_samples; None if unknown)."""
-    batch = (result.get("train_config") or {}).get("batch_size")
-    step = result.get("train_step")
-    if not (isinstance(step, int) and isinstance(batch, int)):
-        return None
-    return step * batch + result.get("prior_samples", 0)
+    """Training samples behind an evaluated checkpoint (runs.samples_trained of its eval.json)."""
+    return samples_trained(result.get("train_step"), result.get("train_config"),
+                           result.get("prior_samples", 0))
 
 
 def _samples(n: int | None) -> str:

@@ -172,6 +172,15 @@ def training_cut(result: dict) -> tuple[int, int] | None:
     return (step, planned) if ints and step < planned else None
 
 
+def samples_trained(step, train_config: dict | None, prior_samples: int = 0) -> int | None:
+    """Training samples behind weights at `step` of a run: step x its batch size, plus prior_samples (those
+    its --init-from weights had been trained on); None when the step or the batch size is unknown."""
+    batch = (train_config or {}).get("batch_size")
+    if not (isinstance(step, int) and isinstance(batch, int)):
+        return None
+    return step * batch + prior_samples
+
+
 STALLED_EXIT = 3  # exit code of a training that a stall check ended (TrainConfig.stall_checks)
 INTERRUPTED_EXIT = 130  # exit code of a training that SIGINT or SIGTERM ended, with a checkpoint
 
