@@ -75,12 +75,45 @@ def test_best_survives_resume(tmp_path, stop):
     assert all(torch.equal(cut["model"][k], v) for k, v in full["model"].items())
 
 
-def test_task_selection_score_is_the_exact_match_at_keep_best_at():
+def test_task_selection_score_is_the_exact_match_then_token_accuracy_at_keep_best_at():
     rows = [{"length": 6, "exact_match": 0.5, "token_accuracy": 0.9},
             {"length": 12, "exact_match": 0.25, "token_accuracy": 0.7}]
-    assert workload(keep_best_at=2).selection_score(rows) == 0.25
-    assert workload(keep_best_at=1).selection_score(rows) == 0.5
+    assert workload(keep_best_at=2).selection_score(rows) == (0.25, 0.7)
+    assert workload(keep_best_at=1).selection_score(rows) == (0.5, 0.9)
     assert workload().selection_score(rows) is None
+
+
+TIED = {2: (0.0, 0.50), 4: (0.0, 0.625), 6: (0.0, 0.75), 8: (0.0, 0.5), 10: (0.0, 0.75), 12: (0.0, 0.25)}
+
+
+class TiedExactMatch(ScriptedScore):
+    """Exact match 0 at every validation (a run that never gets a long sample right), token accuracy
+    TIED[step]: best.pt must be the first of the highest token accuracy, not the first validation."""
+
+    def selection_score(self, rows):
+        return TIED[rows[0]["step_seen"]]
+
+
+def test_token_accuracy_breaks_ties_of_exact_match(tmp_path):
+    train_config, model = configs()
+    train(workload(TiedExactMatch), train_config, model, tmp_path / "run", progress=False)
+    best = load_checkpoint(tmp_path / "run" / BEST_NAME)
+    assert (best["step"], best["score"]) == (6, (0.0, 0.75))
+
+
+@pytest.mark.parametrize("stop", [3, 7])
+def test_a_checkpoint_with_a_number_for_its_best_resumes_with_tuples(tmp_path, stop):
+    """A checkpoint saved when scores were numbers (best {"score": 0.0}) resumes under tuple scores: a later
+    validation with exact match 0 and any token accuracy ranks above it, a lower exact match never."""
+    train_config, model = configs(checkpoint_every=1)
+    train(workload(TiedExactMatch), train_config, model, tmp_path / "cut", stop_at_step=stop, progress=False)
+    saved = load_checkpoint(tmp_path / "cut" / CHECKPOINT_NAME)
+    saved["best"] = {"score": 0.0, "step": 2}
+    train(workload(TiedExactMatch), train_config, model, tmp_path / "cut", checkpoint=saved, progress=False)
+    best = load_checkpoint(tmp_path / "cut" / BEST_NAME)
+    later = {s: v for s, v in TIED.items() if s > stop}
+    top = max(later.values())
+    assert (best["step"], best["score"]) == (min(s for s, v in later.items() if v == top), top)
 
 
 def test_no_best_pt_without_keep_best_at(tmp_path):
@@ -100,8 +133,8 @@ def test_cli_keeps_and_evaluates_the_best_checkpoint(tmp_path, capsys):
     assert main(["train", "--run-dir", str(run), *TINY, "--keep-best-at", "2"]) == 0
     best = load_checkpoint(run / BEST_NAME)
     with open(run / "val.csv") as handle:
-        at_12 = [(int(r["step"]), float(r["exact_match"])) for r in csv.DictReader(handle)
-                 if r["length"] == "12"]
+        at_12 = [(int(r["step"]), (float(r["exact_match"]), float(r["token_accuracy"])))
+                 for r in csv.DictReader(handle) if r["length"] == "12"]
     top = max(score for _, score in at_12)
     assert (best["step"], best["score"]) == next((s, score) for s, score in at_12 if score == top)
     assert main(["eval", str(run), "--checkpoint", "best", "--multipliers", "1", "--samples", "2"]) == 0

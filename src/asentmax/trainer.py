@@ -255,13 +255,19 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
     return forward
 
 
+def _ranked(score) -> tuple:
+    """A selection score as a tuple, so that a number (a checkpoint saved before scores were tuples, or a
+    workload's own) and a tuple compare in order: (0.5,) < (0.5, 0.9) < (0.75,)."""
+    return tuple(score) if isinstance(score, (tuple, list)) else (score,)
+
+
 class Workload(Protocol):
     """What the trainer runs: one object per run (asentmax.tasks.workload.TaskWorkload is one).
 
     Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
     only and returns rows (dicts of numbers) that go to val.csv, one line each. selection_score(rows) is
-    the number (higher is better) by which the weights of the best validation so far are kept in best.pt,
-    or None for none."""
+    the number, or tuple of numbers compared in order (higher is better), by which the weights of the best
+    validation so far are kept in best.pt, or None for none."""
 
     name: str
 
@@ -274,7 +280,7 @@ class Workload(Protocol):
 
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]: ...
 
-    def selection_score(self, rows: list[dict]) -> float | None: ...
+    def selection_score(self, rows: list[dict]) -> float | tuple[float, ...] | None: ...
 
     def to_dict(self) -> dict: ...
 
@@ -701,7 +707,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                         if isinstance(value, float):
                             writer.add_scalar(f"val/{key}{label}", value, step)
             score = workload.selection_score(rows)
-            if score is not None and (best is None or score > best["score"]):  # ties keep the earlier
+            # ties keep the earlier
+            if score is not None and (best is None or _ranked(score) > _ranked(best["score"])):
                 best = {"score": score, "step": step}
                 save_checkpoint(run_dir / BEST_NAME, {**config_record, "model": model.state_dict(),
                                                       "step": step, "score": score, "git_commit": commit})

@@ -57,8 +57,8 @@ class TaskWorkload:
     val_samples: int = field(default=64, metadata={"help": "validation samples per length"})
     keep_best_at: int = field(default=0, metadata={"help": (
         "one of val-multipliers: keep the weights of the validation with the highest exact match at that "
-        "length in best.pt (`asentmax eval --checkpoint best`), as the paper's code picks the checkpoint it "
-        "tests (results/paper/README.md); 0: off")})
+        "length (ties: the higher token accuracy) in best.pt (`asentmax eval --checkpoint best`), as the "
+        "paper's code picks the checkpoint it tests (results/paper/README.md); 0: off")})
     sampling: str = field(default="auto", metadata={"help": (
         "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
         "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
@@ -133,12 +133,15 @@ class TaskWorkload:
                 for length, examples in self._val_sets.items()]
 
     def selection_score(self, rows: list[dict]) -> float | None:
-        """The number best.pt is kept by (higher is better): the exact match of `rows` (validate's) at
-        keep-best-at x max-length, or None when keep-best-at is off."""
+        """What best.pt is kept by (higher is better): (exact match, token accuracy) of `rows` (validate's)
+        at keep-best-at x max-length, or None when keep-best-at is off. Token accuracy breaks ties of exact
+        match, such as a run whose exact match there is 0 at every validation (best.pt would otherwise be
+        the first validation's weights)."""
         if not self.keep_best_at:
             return None
         length = self.max_length * self.keep_best_at
-        return next(row["exact_match"] for row in rows if row["length"] == length)
+        row = next(row for row in rows if row["length"] == length)
+        return row["exact_match"], row["token_accuracy"]
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
