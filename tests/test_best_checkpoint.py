@@ -83,20 +83,22 @@ def test_task_selection_score_is_the_exact_match_then_token_accuracy_at_keep_bes
     assert workload().selection_score(rows) is None
 
 
-TIED = {2: (0.0, 0.50), 4: (0.0, 0.625), 6: (0.0, 0.75), 8: (0.0, 0.5), 10: (0.0, 0.75), 12: (0.0, 0.25)}
+TIED = {2: 0.5, 4: 0.625, 6: 0.75, 8: 0.5, 10: 0.75, 12: 0.25}  # validation step -> token accuracy
 
 
-class TiedExactMatch(ScriptedScore):
-    """Exact match 0 at every validation (a run that never gets a long sample right), token accuracy
-    TIED[step]: best.pt must be the first of the highest token accuracy, not the first validation."""
+class TiedExactMatch(TaskWorkload):
+    """The copy workload whose validation rows say exact match 0 at every length (a run that never gets a
+    long sample right) and token accuracy TIED[step]; its selection score is TaskWorkload's own."""
 
-    def selection_score(self, rows):
-        return TIED[rows[0]["step_seen"]]
+    def validate(self, model, *, step, **kwargs):
+        return [{**row, "exact_match": 0.0, "token_accuracy": TIED[step]}
+                for row in super().validate(model, step=step, **kwargs)]
 
 
 def test_token_accuracy_breaks_ties_of_exact_match(tmp_path):
+    """best.pt is the first validation of the highest token accuracy (step 6), not the first validation."""
     train_config, model = configs()
-    train(workload(TiedExactMatch), train_config, model, tmp_path / "run", progress=False)
+    train(workload(TiedExactMatch, keep_best_at=2), train_config, model, tmp_path / "run", progress=False)
     best = load_checkpoint(tmp_path / "run" / BEST_NAME)
     assert (best["step"], best["score"]) == (6, (0.0, 0.75))
 
@@ -106,14 +108,15 @@ def test_a_checkpoint_with_a_number_for_its_best_resumes_with_tuples(tmp_path, s
     """A checkpoint saved when scores were numbers (best {"score": 0.0}) resumes under tuple scores: a later
     validation with exact match 0 and any token accuracy ranks above it, a lower exact match never."""
     train_config, model = configs(checkpoint_every=1)
-    train(workload(TiedExactMatch), train_config, model, tmp_path / "cut", stop_at_step=stop, progress=False)
+    tied = workload(TiedExactMatch, keep_best_at=2)
+    train(tied, train_config, model, tmp_path / "cut", stop_at_step=stop, progress=False)
     saved = load_checkpoint(tmp_path / "cut" / CHECKPOINT_NAME)
     saved["best"] = {"score": 0.0, "step": 2}
-    train(workload(TiedExactMatch), train_config, model, tmp_path / "cut", checkpoint=saved, progress=False)
+    train(tied, train_config, model, tmp_path / "cut", checkpoint=saved, progress=False)
     best = load_checkpoint(tmp_path / "cut" / BEST_NAME)
     later = {s: v for s, v in TIED.items() if s > stop}
     top = max(later.values())
-    assert (best["step"], best["score"]) == (min(s for s, v in later.items() if v == top), top)
+    assert (best["step"], best["score"]) == (min(s for s, v in later.items() if v == top), (0.0, top))
 
 
 def test_no_best_pt_without_keep_best_at(tmp_path):
