@@ -12,15 +12,15 @@ Every run of the plan (or of --runs) starts at once, each as a chain of processe
 first time, `--resume` once <work>/<name> holds a checkpoint), then its evaluations in order. `--margin`
 seconds before the window closes, training still running gets SIGINT, on which `asentmax train` saves a
 checkpoint at the step it reached (an evaluation gets it 5 s before the end and keeps its finished lengths;
-both exit 130); the next call continues both. A training that its --stall-step stopped (exit 3) ends its chain
-as "stalled", unevaluated. A run with `"after": OTHER` starts only once OTHER has trained (its chain waits; in
-a call without OTHER, OTHER must be trained already): with `{work}` in its flags, which stands for --work, it
-can start from OTHER's weights (`--init-from {work}/OTHER`). A step that fails (any other exit code) stops its
-own chain only; its log says why. `--continuing` refuses (exit 2, nothing started) a call in which a run would
-start again from step 0: on a machine that lost --work between calls it saves the window. An evaluation starts
-only with at least --min-eval-seconds left. Markers in --work (<name>.trained, <name>.stalled,
-<name>.eval<i>.done) record what finished; <work>/status.json and the printed lines give every run's state and
-this call's seconds per step; the exit code is 0 unless a step failed.
+both exit 130); the next call continues both. A training that a stall check (--stall-step, --stall-val-step)
+stopped (exit 3) ends its chain as "stalled", unevaluated. A run with `"after": OTHER` starts only once OTHER
+has trained (its chain waits; in a call without OTHER, OTHER must be trained already): with `{work}` in its
+flags, which stands for --work, it can start from OTHER's weights (`--init-from {work}/OTHER`). A step that
+fails (any other exit code) stops its own chain only; its log says why. `--continuing` refuses (exit 2,
+nothing started) a call in which a run would start again from step 0: on a machine that lost --work between
+calls it saves the window. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
+(<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; <work>/status.json and the printed
+lines give every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
 
 This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
 command, appended to its log, SIGINT at the deadline; its exit code and seconds), `side_by_side` (functions at
@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from asentmax.runs import STALLED_EXIT  # `asentmax train --stall-step`: the run stopped on a loss plateau
+from asentmax.runs import STALLED_EXIT  # `asentmax train --stall-step` or `--stall-val-step` stopped the run
 
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
 T = TypeVar("T")
@@ -224,7 +224,8 @@ def main() -> int:
         steps = ", ".join(f"{step['step']} exit {step['exit']} in {step['seconds']:g} s"
                           for step in s["steps"])
         failed = f"; FAILED at {s['failed']}" if "failed" in s else ""
-        failed += "; stalled on the loss plateau (--stall-step), not evaluated" if s["stalled"] else ""
+        if s["stalled"]:
+            failed += "; stopped by a stall check (--stall-step, --stall-val-step), not evaluated"
         failed += f"; waiting for {s['waiting_for']} to train" if "waiting_for" in s else ""
         print(f"{name}: {'trained' if s['trained'] else 'training'}, evaluations "
               f"{s['evals_done']}/{s['evals']}{failed} ({steps or 'nothing to do'})")

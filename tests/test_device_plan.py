@@ -76,7 +76,7 @@ def test_a_stalled_run_ends_its_chain_unevaluated_and_stays_stopped(tmp_path):
     status = json.loads((work / "status.json").read_text())["stuck"]
     assert status["stalled"] and not status["trained"] and status["steps"][0]["exit"] == 3
     assert torch.load(work / "stuck" / "checkpoint.pt", weights_only=False)["step"] == 2
-    assert "stalled on the loss plateau" in first.stdout and not (work / "stuck" / "eval.json").exists()
+    assert "stopped by a stall check" in first.stdout and not (work / "stuck" / "eval.json").exists()
     again = call(tmp_path, plan, "--seconds", "240", "--continuing")  # not resumed past its stall check
     assert again.returncode == 0 and "(nothing to do)" in again.stdout
     assert torch.load(work / "stuck" / "checkpoint.pt", weights_only=False)["step"] == 2

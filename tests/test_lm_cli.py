@@ -103,6 +103,7 @@ def test_lm_block_options(data, tmp_path, capsys):
     (["--mlp", "relu"], "argument --mlp: invalid choice: 'relu'"),
     (["--norm-eps", "0"], "norm_eps must be > 0"),
     (["--scale-embeddings", "maybe"], "expected true or false"),
+    (["--val-every", "1", "--stall-val-step", "1", "--stall-val-score", "0.5"], "keeps none"),  # no score
 ])
 def test_lm_bad_block_option_is_one_line(data, tmp_path, capsys, flags, message):
     run = tmp_path / "run"

@@ -303,7 +303,7 @@ def _new_run(args):
     ready for them."""
     from asentmax.tasks import get_task
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import TrainConfig, check_attention_backend, check_cuda_graphs
+    from asentmax.trainer import TrainConfig, check_attention_backend, check_cuda_graphs, check_stall_val
 
     run_dir: Path = args.run_dir
     if run_dir.exists() and not run_dir.is_dir():
@@ -318,6 +318,7 @@ def _new_run(args):
         model_config = workload.model_config(model_overrides)
         check_normaliser_flags(model_config.attention, model_overrides)
         workload.check_model(model_config)
+        check_stall_val(train_config, workload)
         check_attention_backend(train_config, model_config)
         check_cuda_graphs(train_config, model_config, _world_size())
     except (ValueError, TypeError) as error:

@@ -192,6 +192,13 @@ def training_stop(summary: dict, run_dir: Path | str, resume_command: str) -> tu
     a finished run from a stopped one; `resume_command` continues the run."""
     checkpoint = Path(run_dir) / CHECKPOINT_NAME
     stalled = summary.get("stalled")
+    if stalled and "stall_val_step" in stalled:
+        check = (f"--stall-val-step {stalled['stall_val_step']} "
+                 f"--stall-val-score {stalled['stall_val_score']:g}")
+        return STALLED_EXIT, (
+            f"stalled: validation score {stalled['score']:.4g} at step {stalled['step']}, below {check}. "
+            f"{checkpoint} holds step {stalled['step']}; start again with another --seed, or continue with: "
+            f"{resume_command}")
     if stalled:
         return STALLED_EXIT, (
             f"stalled: no training loss below --stall-loss {stalled['stall_loss']:g} by step "

@@ -134,6 +134,14 @@ class TrainConfig:
     stall_loss: tuple[float, ...] = field(default=(0.3,), metadata={"default_help": "0.3", "help": (
         "the training loss of each stall check (one value: every check's); the first is also the loss below "
         "which a run has left the plateau (escape_step)")})
+    stall_val_step: int = field(default=0, metadata={"default_help": "none", "help": (
+        "the validation stall check: stop the run (with a checkpoint, exit code 3) at the first validation "
+        "from this step on whose selection score is below --stall-val-score (TaskWorkload: the exact match "
+        "at --keep-best-at, which it needs). MQMTAR: runs on the second plateau score 0.08-0.31 at 16x on "
+        "validation at step 25,600, runs that generalise 0.50-0.93 (results/paper/mqmtar.md), e.g. "
+        "--keep-best-at 16 --stall-val-step 25600 --stall-val-score 0.4; 0: none")})
+    stall_val_score: float = field(default=0.0, metadata={"help": (
+        "the selection score below which --stall-val-step stops the run (> 0; exact match from 0 to 1)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -145,10 +153,17 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
-                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed"):
+                     "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed",
+                     "stall_val_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         self.stall_checks()  # raises for bad stall values
+        if self.stall_val_step and not self.stall_val_score > 0:
+            raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
+                             f"{self.stall_val_score:g}")
+        if self.stall_val_step and not self.val_every:
+            raise ValueError("--stall-val-step checks a validation, and --val-every 0 runs none before the "
+                             "last step; give --val-every")
         if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"need lr > 0 and 0 <= min-lr-ratio <= 1, got {self.lr}, {self.min_lr_ratio}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
@@ -255,10 +270,29 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
     return forward
 
 
+def below_stall_score(workload, rows: list[dict], stall_score: float, world, device) -> float | None:
+    """The leading number of the selection score of validation `rows` (rank 0's) where it is below
+    `stall_score`, else None; every rank gets rank 0's answer (one broadcast under DDP)."""
+    score = _ranked(workload.selection_score(rows))[0] if world.is_main else math.nan
+    shared = torch.tensor(score, dtype=torch.float64, device=device)
+    if world.active:
+        dist.broadcast(shared, 0)
+    score = float(shared)
+    return score if score < stall_score else None
+
+
 def _ranked(score) -> tuple:
     """A selection score as a tuple, so that a number (a checkpoint saved before scores were tuples, or a
     workload's own) and a tuple compare in order: (0.5,) < (0.5, 0.9) < (0.75,)."""
     return tuple(score) if isinstance(score, (tuple, list)) else (score,)
+
+
+def check_stall_val(train_config: TrainConfig, workload) -> None:
+    """ValueError in one line where --stall-val-step is given and the workload keeps no selection score
+    (TaskWorkload without --keep-best-at, language modelling)."""
+    if train_config.stall_val_step and not workload.has_selection_score():
+        raise ValueError("--stall-val-step stops a run by the validation's selection score, and this run "
+                         "keeps none: give --keep-best-at M (the exact match at M x the training length)")
 
 
 class Workload(Protocol):
@@ -267,7 +301,8 @@ class Workload(Protocol):
     Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
     only and returns rows (dicts of numbers) that go to val.csv, one line each. selection_score(rows) is
     the number, or tuple of numbers compared in order (higher is better), by which the weights of the best
-    validation so far are kept in best.pt, or None for none."""
+    validation so far are kept in best.pt, or None for none (then has_selection_score() is False, and
+    --stall-val-step, which stops a run by it, is refused)."""
 
     name: str
 
@@ -281,6 +316,8 @@ class Workload(Protocol):
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]: ...
 
     def selection_score(self, rows: list[dict]) -> float | tuple[float, ...] | None: ...
+
+    def has_selection_score(self) -> bool: ...
 
     def to_dict(self) -> dict: ...
 
@@ -578,19 +615,22 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     parameters they lack keep their init (load_initial_weights; "init_from" lists them as "kept_initial").
     Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
-    not checked again there.
+    not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
+    the first validation from S on whose selection score is below X.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
     signal name, or None), stalled ({"step", "loss", "lowest_loss", "stall_step", "stall_loss"} when a
-    stall check ended the run, else None), escape_step (the first log step with a loss below the first
+    stall check ended the run, {"step", "score", "stall_val_step", "stall_val_score"} when the validation
+    stall check did, else None), escape_step (the first log step with a loss below the first
     stall_loss, None when none was)."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
     train_config.validate()
     workload.check_model(model_config)
+    check_stall_val(train_config, workload)
 
     check_attention_backend(train_config, model_config)
     world = setup_distributed(train_config.device)
@@ -810,6 +850,14 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
+                stall_val_step = train_config.stall_val_step  # the first validation from it on
+                if (stall_val_step and step - train_config.val_every < stall_val_step <= step and step < end
+                        and stalled is None):
+                    score = below_stall_score(workload, val_rows, train_config.stall_val_score, world, device)
+                    if score is not None:
+                        stalled = {"step": step, "score": score, "stall_val_step": stall_val_step,
+                                   "stall_val_score": train_config.stall_val_score}
+                        end = step
             if agreed_stop is None:
                 stop = stop_request.signal_name is not None
             else:

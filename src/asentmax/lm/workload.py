@@ -180,6 +180,10 @@ class LMWorkload:
         """No best.pt for language modelling (the Workload protocol of asentmax.trainer)."""
         return None
 
+    def has_selection_score(self) -> bool:
+        """False: no best.pt and no validation stall check for language modelling."""
+        return False
+
     @torch.no_grad()
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:
         """One row: mean next-token loss (and its perplexity) over the first val_windows windows of the

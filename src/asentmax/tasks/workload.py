@@ -132,7 +132,11 @@ class TaskWorkload:
                                                              autocast_dtype=autocast_dtype)}
                 for length, examples in self._val_sets.items()]
 
-    def selection_score(self, rows: list[dict]) -> float | None:
+    def has_selection_score(self) -> bool:
+        """Whether selection_score gives numbers: with keep-best-at only."""
+        return bool(self.keep_best_at)
+
+    def selection_score(self, rows: list[dict]) -> tuple[float, float] | None:
         """What best.pt is kept by (higher is better): (exact match, token accuracy) of `rows` (validate's)
         at keep-best-at x max-length, or None when keep-best-at is off. Token accuracy breaks ties of exact
         match, such as a run whose exact match there is 0 at every validation (best.pt would otherwise be

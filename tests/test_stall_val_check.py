@@ -1,0 +1,119 @@
+"""`asentmax train --stall-val-step S --stall-val-score X`: a run whose selection score (TaskWorkload: the
+exact match at --keep-best-at) at its first validation from step S on is below X stops there with a
+checkpoint, one line and exit code 3; a run at or above X goes on, and later validations are not checked; a
+resumed stopped run continues. A run without a selection score (no --keep-best-at, language modelling),
+without validations, or with a score of 0 or less is refused in one line before it starts."""
+
+import csv
+
+import pytest
+import torch
+
+from asentmax.cli import main
+from asentmax.nn import ModelConfig
+from asentmax.runs import STALLED_EXIT
+from asentmax.tasks import get_task
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.train import resume_run
+from asentmax.trainer import TrainConfig, train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--task", "reverse", "--min-length", "3", "--max-length", "6", "--batch-size", "4", "--warmup-steps",
+        "1", "--val-every", "2", "--val-samples", "4", "--val-multipliers", "1", "2", "--log-every", "2",
+        "--checkpoint-every", "0", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64",
+        "--device", "cpu", "--no-progress"]
+
+EXACT = {2: 0.25, 4: 0.625, 6: 0.125, 8: 0.75, 10: 0.5, 12: 0.0}  # validation step -> scripted exact match
+
+
+class ScriptedExactMatch(TaskWorkload):
+    """The copy workload whose validation rows say exact match EXACT[step] at every length; its selection
+    score is TaskWorkload's own."""
+
+    def validate(self, model, *, step, **kwargs):
+        return [{**row, "exact_match": EXACT[step]} for row in super().validate(model, step=step, **kwargs)]
+
+
+def configs(**overrides):
+    """12 steps of a tiny copy model, validated every 2."""
+    model = ModelConfig(vocab_size=get_task("copy").vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                        attention="asentmax", position="nape")
+    fields = dict(steps=12, batch_size=8, lr=3e-3, warmup_steps=3, val_every=2, log_every=2,
+                  checkpoint_every=4, seed=5)
+    return TrainConfig(**{**fields, **overrides}), model
+
+
+def scripted(**overrides):
+    values = dict(task="copy", min_length=3, max_length=6, val_multipliers=(1, 2), val_samples=4,
+                  keep_best_at=2)
+    return ScriptedExactMatch(**{**values, **overrides})
+
+
+def val_steps(run_dir):
+    with open(run_dir / "val.csv", newline="") as f:
+        return sorted({int(r["step"]) for r in csv.DictReader(f)})
+
+
+@pytest.mark.parametrize("stall_val_step, stop_step", [(3, 4), (5, 6), (6, 6), (11, 12)])
+def test_a_score_below_stops_the_run_at_the_first_validation_from_the_step(tmp_path, stall_val_step,
+                                                                            stop_step):
+    """Threshold 0.6: the first validation from S on is at stop_step; it stops the run there where EXACT is
+    below 0.6, else the run goes to step 12 (the last step's validation stops nothing)."""
+    train_config, model = configs(stall_val_step=stall_val_step, stall_val_score=0.6)
+    summary = train(scripted(), train_config, model, tmp_path / "run", progress=False)
+    stops = EXACT[stop_step] < 0.6 and stop_step < 12
+    assert summary["step"] == (stop_step if stops else 12)
+    if stops:
+        assert summary["stalled"] == {"step": stop_step, "score": EXACT[stop_step],
+                                      "stall_val_step": stall_val_step, "stall_val_score": 0.6}
+        assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["step"] == stop_step
+        assert val_steps(tmp_path / "run")[-1] == stop_step
+    else:
+        assert summary["stalled"] is None  # step 6's and 12's scores are below 0.6, and were not checked
+
+
+def test_the_cli_stops_with_one_line_and_exit_3_and_resume_continues(tmp_path, capsys):
+    """No exact match reaches 1.5: the validation at step 4 (the first from step 3) stops the run."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--run-dir", str(run), *TINY, "--steps", "8", "--keep-best-at", "2",
+              "--stall-val-step", "3", "--stall-val-score", "1.5"])
+    assert exit_info.value.code == STALLED_EXIT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("stalled: validation score ")
+    assert "at step 4, below --stall-val-step 3 --stall-val-score 1.5" in err[0] and "--resume" in err[0]
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 4
+    summary = resume_run(run, progress=False)  # the check is behind it
+    assert summary["step"] == 8 and summary["stalled"] is None
+    assert val_steps(run) == [2, 4, 6, 8]
+
+
+KEEP = ["--keep-best-at", "2"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--stall-val-step", "4", "--stall-val-score", "0.5"], "--keep-best-at"),
+    ([*KEEP, "--stall-val-step", "4"], "stall-val-score must be > 0"),
+    ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "-1"], "stall-val-score must be > 0"),
+    ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be >= 0"),
+    ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every")])
+def test_bad_validation_stall_settings_are_refused_in_one_line(tmp_path, capsys, flags, message):
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_trainer_refuses_a_workload_without_a_selection_score_before_it_starts(tmp_path):
+    train_config, model = configs(stall_val_step=4, stall_val_score=0.5)
+    with pytest.raises(ValueError, match="keep-best-at"):
+        train(scripted(keep_best_at=0), train_config, model, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_validation_stall_check_defaults_to_off_and_old_configs_load():
+    config = TrainConfig.from_dict({key: value for key, value in TrainConfig().__dict__.items()
+                                    if not key.startswith("stall_val")})
+    assert (config.stall_val_step, config.stall_val_score) == (0, 0.0)
+    config.validate()
