@@ -329,6 +329,37 @@ def test_a_signal_to_one_ddp_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert int(_read_csv(log)[-1]["step"]) == step
 
 
+def _stall_val_ddp_worker(rank, init_file, out_dir):
+    import json
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    # no exact match reaches 1.5: the first validation from step 3 (step 4) stops the run, by rank 0's score
+    summary = train(tiny_workload(keep_best_at=2),
+                    tiny_train(val_every=2, stall_val_step=3, stall_val_score=1.5, checkpoint_every=0),
+                    tiny_model(get_task("copy")), f"{out_dir}/run", progress=False)
+    with open(f"{out_dir}/summary{rank}.json", "w") as f:
+        json.dump({key: summary[key] for key in ("step", "stalled", "checkpoint_step")}, f)
+    dist.destroy_process_group()
+
+
+def test_the_validation_stall_check_stops_every_ddp_rank_at_the_same_step(tmp_path):
+    """Only rank 0 validates; the other rank stops at the same step by its broadcast answer (a rank that
+    went on would hang the next collective, and join_workers would time out)."""
+    import json
+
+    workers = mp.start_processes(_stall_val_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)),
+                                 nprocs=2, join=False, start_method="spawn")
+    join_workers(workers)
+    summaries = [json.loads((tmp_path / f"summary{rank}.json").read_text()) for rank in (0, 1)]
+    assert [s["step"] for s in summaries] == [4, 4] and summaries[0]["checkpoint_step"] == 4
+    assert summaries[0]["stalled"] == summaries[1]["stalled"]
+    assert summaries[0]["stalled"]["stall_val_step"] == 3 and summaries[0]["stalled"]["score"] < 1.5
+    assert load_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)["step"] == 4
+
+
 def test_non_finite_loss_stops_training(tmp_path):
     task = get_task("copy")
     # a learning rate of 1e30 turns the weights into inf/NaN within a few updates, before any checkpoint
