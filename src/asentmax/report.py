@@ -256,20 +256,24 @@ def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict] | None:
 
 def training_curves(result: dict) -> dict | None:
     """{"samples", "loss"} of the run's training log and {"validation": {length: (samples, exact match)}} of
-    its validation log (samples = step x the run's batch size + prior_samples, as in samples_seen), or None
-    when its directory holds no usable training log."""
+    its validation log (samples at a logged step: runs.samples_trained, as in samples_seen), or None when its
+    directory holds no usable training log."""
     run_dir = Path(result["run_dir"])
-    batch_size, prior = result["train_config"]["batch_size"], result.get("prior_samples", 0)
+    train_config, prior = result["train_config"], result.get("prior_samples", 0)
+
+    def samples(row):
+        return samples_trained(int(row["step"]), train_config, prior)
+
     log = _csv_rows(run_dir / LOG_NAME, ("step", "loss"))
     if not log:
         return None
     validation = {}
     for row in _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []:
-        samples, matches = validation.setdefault(int(row["length"]), ([], []))
-        samples.append(row["step"] * batch_size + prior)
+        at_length, matches = validation.setdefault(int(row["length"]), ([], []))
+        at_length.append(samples(row))
         matches.append(row["exact_match"])
-    return {"samples": [row["step"] * batch_size + prior for row in log],
-            "loss": [row["loss"] for row in log], "validation": validation}
+    return {"samples": [samples(row) for row in log], "loss": [row["loss"] for row in log],
+            "validation": validation}
 
 
 def _plot_training(results: list[dict], path: Path) -> bool:
