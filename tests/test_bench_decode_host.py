@@ -1,7 +1,7 @@
 """benchmarks/bench_decode_host.py on the CPU: the launches it intercepts are the ones each decoding path
 makes (recorded without a GPU: nothing is launched), their arguments map to the kernels' parameters in
-signature order, the real kernels are put back afterwards, and without CUDA the script refuses in one
-line."""
+signature order, the real kernels are put back afterwards, each reported cell is its fastest pass, and
+without CUDA the script refuses in one line."""
 
 import subprocess
 import sys
@@ -65,3 +65,16 @@ def test_without_cuda_the_script_refuses_in_one_line():
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "bench_decode_host.py needs a CUDA device (none found); nothing was measured"]
+
+
+def test_each_cell_is_its_fastest_pass_and_the_ratio_follows():
+    def row(cache, sdpa, launcher, public):
+        return dict(B=1, cache=cache, path="short", launches=1, sdpa_us=sdpa, launcher_us=launcher,
+                    public_us=public, launcher_vs_sdpa=launcher / sdpa)
+    first = [row(1024, 40.0, 90.0, 30.0), row(4096, 20.0, 70.0, 80.0)]
+    second = [row(1024, 20.0, 50.0, 60.0), row(4096, 25.0, 60.0, 85.0)]
+    rows = bench.fastest_over_passes([first, second])
+    assert [(r["cache"], r["sdpa_us"], r["launcher_us"], r["public_us"]) for r in rows] == [
+        (1024, 20.0, 50.0, 30.0), (4096, 20.0, 60.0, 80.0)]
+    assert [r["launcher_vs_sdpa"] for r in rows] == [2.5, 3.0]
+    assert first[0]["sdpa_us"] == 40.0  # the passes are left as measured
