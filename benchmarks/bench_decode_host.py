@@ -10,11 +10,16 @@ microseconds of one call (bench_decode_gpu.host_us: a loop of calls timed before
 - launcher, no launch: the same call with each Triton launch replaced by a no-op: the launcher's Python
   (argument arithmetic and the result buffers of decode_buffers);
 - buffers: `decode_buffers` alone (the workspace and the three results: four torch.empty);
-- jit launches: the path's Triton launches alone, each `kernel[grid](*args, **kwargs)` with the arguments
-  the launcher passed (Triton's argument binding and specialisation, its cache lookup and the launch);
+- jit launches: the path's Triton launches alone, each through Triton's own launch path (`kernel[grid](*args,
+  **kwargs)` on the triton.jit function, with the arguments the launcher passed: argument binding and
+  specialisation, Triton's cache lookup and the launch);
+- cached launches: the same through the launcher's kernels (ops/triton/launch.py's CachedKernel: our key, its
+  lookup and the kept compiled kernel's launch), as the launcher makes them since the twenty-first session;
 - compiled launches: the same kernels launched through the compiled kernels that those calls returned
-  (`compiled[grid](*args)`, every argument in signature order), without the binding: what a launcher that
-  kept its compiled kernels would pay. The script checks that these launches write the launcher's result.
+  (`compiled[grid](*args)`, every argument in signature order), without any binding or key: the floor of a
+  launcher that keeps its compiled kernels. The script checks that these launches write the launcher's result;
+- public and launcher, Triton's launches: the public call and the launcher with the kernels put back to
+  Triton's launch path (the launcher of the twentieth session), side by side with the two above.
 The parts do not add up exactly (each is timed alone), but they say which one to cut.
 
     PYTHONPATH=src python benchmarks/bench_decode_host.py --out results
@@ -68,19 +73,38 @@ class _Launch:
 
 
 @contextmanager
-def intercepted(forward):
-    """Every decoding kernel of KERNELS replaced by a _Launch while inside; yields the list of launches."""
-    launches, saved = [], []
+def kernels_replaced(stand_in):
+    """Inside, every decoding kernel of KERNELS is stand_in(name, kernel) in its module; put back after."""
+    saved = []
     for module_name, names in KERNELS.items():
         module = sys.modules[module_name]
         for name in names:
             saved.append((module, name, getattr(module, name)))
-            setattr(module, name, _Launch(name, getattr(module, name), launches, forward))
+            setattr(module, name, stand_in(name, getattr(module, name)))
     try:
-        yield launches
+        yield
     finally:
         for module, name, kernel in saved:
             setattr(module, name, kernel)
+
+
+@contextmanager
+def intercepted(forward):
+    """Every decoding kernel of KERNELS replaced by a _Launch while inside; yields the list of launches."""
+    launches = []
+    with kernels_replaced(lambda name, kernel: _Launch(name, kernel, launches, forward)):
+        yield launches
+
+
+def jit_kernel(kernel):
+    """The triton.jit function behind a launcher's kernel (a launch.CachedKernel, or the function itself)."""
+    return getattr(kernel, "kernel", kernel)
+
+
+def tritons_launches():
+    """Inside, the decoding launchers launch through Triton's own launch path (each kernel of KERNELS its
+    triton.jit function), as before launch.py."""
+    return kernels_replaced(lambda name, kernel: jit_kernel(kernel))
 
 
 def recorded_launches(call, forward=True):
@@ -130,10 +154,14 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha, host_us):
         expected = launcher()[0].clone()
         launches = recorded_launches(launcher)
         out, workspace = argument(launches, "Out"), argument(launches, "Work")
-        compiled = [(kernel[grid](*args, **kwargs), grid, ordered_arguments(kernel, args, kwargs))
+        compiled = [(jit_kernel(kernel)[grid](*args, **kwargs), grid, ordered_arguments(kernel, args, kwargs))
                     for _, kernel, grid, args, kwargs in launches]
 
         def jit_launches():
+            for _, kernel, grid, args, kwargs in launches:
+                jit_kernel(kernel)[grid](*args, **kwargs)
+
+        def cached_launches():
             for _, kernel, grid, args, kwargs in launches:
                 kernel[grid](*args, **kwargs)
 
@@ -152,38 +180,57 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha, host_us):
 
         with intercepted(forward=False):
             no_launch_us = host_us(launcher)
+
+        def public():
+            return entmax_attention(q, k, v, alpha=alpha, causal=False, backend="triton")
+
+        with tritons_launches():
+            public_triton_us, launcher_triton_us = host_us(public), host_us(launcher)
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
                    path="short" if takes_short_path(cache) else "split", launches=len(launches),
                    sdpa_us=host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != h)),
-                   public_us=host_us(lambda: entmax_attention(q, k, v, alpha=alpha, causal=False,
-                                                              backend="triton")),
-                   launcher_us=host_us(launcher), launcher_no_launch_us=no_launch_us,
+                   public_us=host_us(public), public_triton_us=public_triton_us,
+                   launcher_us=host_us(launcher), launcher_triton_us=launcher_triton_us,
+                   launcher_no_launch_us=no_launch_us,
                    buffers_us=host_us(lambda: decode_buffers(q, workspace.numel())),
-                   jit_launches_us=host_us(jit_launches), compiled_launches_us=host_us(compiled_launches))
-    row["launcher_vs_sdpa"] = row["launcher_us"] / row["sdpa_us"]
+                   jit_launches_us=host_us(jit_launches), cached_launches_us=host_us(cached_launches),
+                   compiled_launches_us=host_us(compiled_launches))
+    add_ratios(row)
     print({key: round(val, 2) if isinstance(val, float) else val for key, val in row.items()}, flush=True)
     return row
 
 
+def add_ratios(row):
+    """The public call's and the launcher's host time over SDPA's, now and with Triton's launches."""
+    for name in ("public", "launcher"):
+        row[f"{name}_vs_sdpa"] = row[f"{name}_us"] / row["sdpa_us"]
+        if f"{name}_triton_us" in row:
+            row[f"{name}_triton_vs_sdpa"] = row[f"{name}_triton_us"] / row["sdpa_us"]
+
+
 def fastest_over_passes(passes):
     """One row a case: each host-microseconds column the fastest of the passes (rows in the same case order
-    in every pass), launcher / SDPA from those."""
+    in every pass), the ratios to SDPA from those."""
     rows = []
     for measured in zip(*passes, strict=True):
         row = dict(measured[0])
         for key in row:
             if key.endswith("_us"):
                 row[key] = min(pass_row[key] for pass_row in measured)
-        row["launcher_vs_sdpa"] = row["launcher_us"] / row["sdpa_us"]
+        add_ratios(row)
         rows.append(row)
     return rows
 
 
 COLUMNS = [("B", "B"), ("H", "H"), ("Hkv", "Hkv"), ("q_len", "q_len"), ("D", "D"), ("cache", "cache"),
            ("path", "path"), ("launches", "launches"), ("sdpa_us", "SDPA us"), ("public_us", "public us"),
-           ("launcher_us", "launcher us"), ("launcher_no_launch_us", "launcher, no launch us"),
-           ("buffers_us", "buffers us"), ("jit_launches_us", "jit launches us"),
-           ("compiled_launches_us", "compiled launches us"), ("launcher_vs_sdpa", "launcher / SDPA")]
+           ("public_triton_us", "public, Triton's launches us"), ("launcher_us", "launcher us"),
+           ("launcher_triton_us", "launcher, Triton's launches us"),
+           ("launcher_no_launch_us", "launcher, no launch us"), ("buffers_us", "buffers us"),
+           ("jit_launches_us", "jit launches us"), ("cached_launches_us", "cached launches us"),
+           ("compiled_launches_us", "compiled launches us"), ("public_vs_sdpa", "public / SDPA"),
+           ("public_triton_vs_sdpa", "public, Triton's / SDPA"), ("launcher_vs_sdpa", "launcher / SDPA"),
+           ("launcher_triton_vs_sdpa", "launcher, Triton's / SDPA")]
 
 
 def markdown(report):

@@ -78,3 +78,14 @@ def test_each_cell_is_its_fastest_pass_and_the_ratio_follows():
         (1024, 20.0, 50.0, 30.0), (4096, 20.0, 60.0, 80.0)]
     assert [r["launcher_vs_sdpa"] for r in rows] == [2.5, 3.0]
     assert first[0]["sdpa_us"] == 40.0  # the passes are left as measured
+
+
+def test_tritons_launches_puts_the_jit_functions_in_and_takes_them_out():
+    names = [(attention_decode_short, "_decode_short"), (attention_decode, "_decode_scores"),
+             (attention_decode, "_decode_threshold"), (attention_decode, "_decode_output")]
+    launcher_kernels = [getattr(module, name) for module, name in names]
+    with bench.tritons_launches():
+        inside = [getattr(module, name) for module, name in names]
+    assert inside == [getattr(kernel, "kernel", kernel) for kernel in launcher_kernels]
+    assert all(not hasattr(kernel, "compiled") for kernel in inside)  # no CachedKernel among them
+    assert [getattr(module, name) for module, name in names] == launcher_kernels

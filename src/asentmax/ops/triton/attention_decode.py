@@ -46,10 +46,12 @@ from asentmax.ops.triton.attention_common import (
     weighted_values_tile,
 )
 from asentmax.ops.triton.attention_decode_short import SHORT_CACHE, entmax_attention_decode_short
+from asentmax.ops.triton.launch import cached_launch
 
 _BLOCK_M, _BLOCK_N = MAX_QUERIES, 64
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
 def _decode_scores(
     Q, K, Work, QScale, Slopes, KPM,
@@ -107,6 +109,7 @@ def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offse
     tl.store(Support + rows, count, mask=r_in)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n_chunks", "max_iter"])
 def _decode_threshold(
     Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
@@ -133,6 +136,7 @@ def chunk_sum(base, n_chunks, head_dim, d_in, BLOCK_C: tl.constexpr, BLOCK_D: tl
     return tl.sum(acc, 0)
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks", "max_iter"])
 def _decode_output(
     V, Work, Tau, Support, Out, svb, svh, svn,

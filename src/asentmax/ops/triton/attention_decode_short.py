@@ -45,6 +45,7 @@ from asentmax.ops.triton.attention_common import (
     threshold_tile,
     weighted_values_tile,
 )
+from asentmax.ops.triton.launch import cached_launch
 
 SHORT_CACHE = 2048  # most keys of a cache this path takes (attention_decode.takes_short_path)
 TUNED_CACHE = 1024  # fewest keys of a cache the tuned launch is used for (the sweep's range: 1K-4K keys)
@@ -64,6 +65,7 @@ def tuned_launch(block_d, group, n_k):
     return 256, 8 if group > 1 else 4, 3
 
 
+@cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "s_stride", "max_iter"])
 def _decode_short(
     Q, K, V, Out, Tau, Support, Work, QScale, Slopes, KPM,
