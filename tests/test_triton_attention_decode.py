@@ -8,8 +8,8 @@ keys, or streamed) or solved in the output kernel. Grouped-query attention: the 
 heads of a KV head into one program (heads_per_program); GQA_CASES check each layout on both paths, forced,
 and SPLIT_GQA_CASES the split path's defaults at groups 2, 4, 8 and MHA over caches of 1 to 4100 keys, with
 NAPE slopes (ALiBi on half the heads) and q_scale. The interpreter tests run under TRITON_INTERPRET=1 with
-every buffer the launchers allocate NaN-poisoned; the `gpu` ones repeat the check in bf16 at decoding sizes on
-a CUDA device.
+every buffer the launchers allocate NaN-poisoned; the `gpu` ones repeat the check in bf16 (and fp32) at
+decoding sizes on a CUDA device.
 """
 
 import os
@@ -250,11 +250,16 @@ def test_decode_short_tuning_knobs(monkeypatch, case, knobs, packed):
     (2, 1100, 48, dict(num_stages=1), dict(BLOCK_N=512, num_warps=4, num_stages=1, s_stride=1536)),
     (1, 1100, 100, dict(block_n=64, num_warps=2), dict(BLOCK_N=64, num_warps=2, num_stages=3, s_stride=1152)),
     (2, 1100, 256, dict(), dict(BLOCK_N=64, num_warps=8, s_stride=1152)),  # D > 128: untuned (tile of 1152)
+    # fp32: the tuned tiles hold half as many keys (the same bytes), the rest as in bf16
+    (1, 1024, 64, dict(dtype=torch.float32), dict(BLOCK_N=256, num_warps=4, num_stages=3, s_stride=1024)),
+    (1, 1100, 128, dict(dtype=torch.float32), dict(BLOCK_N=128, num_warps=8, num_stages=3, s_stride=1152)),
+    (2, 600, 64, dict(dtype=torch.float32), dict(BLOCK_N=128, num_warps=4, s_stride=640)),  # untuned
 ])
 def test_decode_short_knobs_reach_the_kernel(monkeypatch, kv_heads, n_k, dim, knobs, launch):
-    """The knobs, else tuned_launch's defaults (caches of >= TUNED_CACHE keys, head dims <= 128), else the
-    untuned ones become the kernel's BLOCK_N and launch options (num_stages only where set), and the score
-    rows hold whole tiles: s_stride = Nk rounded up to a multiple of BLOCK_N."""
+    """The knobs, else tuned_launch's defaults (caches of >= TUNED_CACHE keys, head dims <= 128; bf16 unless
+    the case says fp32), else the untuned ones become the kernel's BLOCK_N and launch options (num_stages
+    only where set), and the score rows hold whole tiles: s_stride = Nk rounded up to a multiple of
+    BLOCK_N."""
     import inspect
 
     from asentmax.ops.triton import attention_decode_short as short
@@ -272,7 +277,9 @@ def test_decode_short_knobs_reach_the_kernel(monkeypatch, kv_heads, n_k, dim, kn
             return launch_kernel
 
     monkeypatch.setattr(short, "_decode_short", Recorder())
-    q, k = torch.zeros(1, 2, 1, dim), torch.zeros(1, kv_heads, n_k, dim)
+    knobs = dict(knobs)
+    dtype = knobs.pop("dtype", torch.bfloat16)
+    q, k = torch.zeros(1, 2, 1, dim, dtype=dtype), torch.zeros(1, kv_heads, n_k, dim, dtype=dtype)
     short.entmax_attention_decode_short(q, k, k, mode=1, alpha=1.5, scale=0.125, causal=True, slopes=None,
                                         q_scale=None, kpm=None, tol=1e-3, max_iter=40, **knobs)
     assert seen == launch
@@ -449,7 +456,9 @@ GPU_CASES = [(alpha, True, 2, 4, 2, nq, nk, dim, torch.bfloat16, ("key_padding_m
              for alpha in (1.0, 1.5, 1.25) for nq in (1, 4)
              for nk, dim in ((17, 64), (1000, 64), (3000, 128), (4096, 64), (20000, 64))] + [
     (alpha, True, 2, 16, 2, nq, nk, 128, torch.bfloat16, ALL)  # groups of 8: packs of 8 (Nq 1) and 4 (Nq 4)
-    for alpha in (1.0, 1.5) for nq in (1, 4) for nk in (1000, 3000)]
+    for alpha in (1.0, 1.5) for nq in (1, 4) for nk in (1000, 3000)] + [
+    (1.5, True, 2, 4, 2, nq, nk, dim, torch.float32, ALL)  # fp32 on the tuned tiles (>= 1,024 keys) and split
+    for nq in (1, 4) for nk, dim in ((1024, 64), (2048, 128), (3000, 64))]
 
 
 @pytest.mark.gpu

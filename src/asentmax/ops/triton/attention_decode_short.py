@@ -51,18 +51,21 @@ SHORT_CACHE = 2048  # most keys of a cache this path takes (attention_decode.tak
 TUNED_CACHE = 1024  # fewest keys of a cache the tuned launch is used for (the sweep's range: 1K-4K keys)
 
 
-def tuned_launch(block_d, group, n_k):
+def tuned_launch(block_d, group, n_k, item_size):
     """(block_n, num_warps, num_stages) by default, or None (the untuned defaults) for caches shorter than
     TUNED_CACHE or head dims above 128. From the sweep of results/tune_decode.md (bf16, H200, 16 cases of
     1K-4K keys, Nq 1 and 4, grouped and not): head dims <= 64: tiles of 512 keys, 4 warps, 3 stages; head
     dim 128: tiles of 256 keys, 3 stages, 8 warps where query heads share a KV head, else 4. These are
     within 3 % of the sweep's fastest agreeing config in 15 of the 16 cases (groups of 8: 1.18x) and
-    1.05-1.43x faster than the untuned default in all 16."""
+    1.05-1.43x faster than the untuned default in all 16. Inputs of item_size 4 bytes (fp32) get tiles of
+    half as many keys, the sweep's bytes a tile: with the bf16 tiles their 3 stages need 352 KB of shared
+    memory at head dim 64, over the H200's 227 KB (OutOfResources at 1,024 keys, twenty-first session)."""
     if n_k < TUNED_CACHE or block_d > 128:
         return None
-    if block_d <= 64:
-        return 512, 4, 3
-    return 256, 8 if group > 1 else 4, 3
+    keys = 512 if block_d <= 64 else 256
+    if item_size > 2:
+        keys //= 2
+    return keys, 4 if block_d <= 64 or group == 1 else 8, 3
 
 
 @cached_launch
@@ -145,7 +148,7 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     _, kv_heads, n_k, _ = k.shape
     group = heads // kv_heads
     block_d = max(16, next_power_of_2(dim))
-    tuned = tuned_launch(block_d, group, n_k)
+    tuned = tuned_launch(block_d, group, n_k, q.element_size())
     if tuned is not None:
         block_n = tuned[0] if block_n is None else block_n
         num_warps = tuned[1] if num_warps is None else num_warps
