@@ -78,6 +78,18 @@ def test_each_specialised_change_compiles_again(variant):
     assert [entry[0] for entry in launched(variant)] == ["jit", "jit"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the key without a CUDA device")
+def test_without_cuda_the_launch_goes_through_tritons_path():
+    """No CUDA device (the CPU machines that compile the kernels with a recorder in place of Triton's
+    launch): the device part of the key is None, not an error, and every launch reaches the kernel."""
+    kernel = FakeJIT()
+    cached = CachedKernel(kernel)
+    cached[(1,)](torch.zeros(4), 5, 0.5, B=16)
+    cached[(1,)](torch.zeros(4), 5, 0.5, B=16)
+    assert [entry[0] for entry in kernel.log] == ["jit", "compiled"]
+    assert [key[0] for key in cached.compiled] == [None]
+
+
 def test_interpreted_kernels_are_left_alone():
     kernel = FakeJIT()
     assert cached_launch(kernel) is kernel

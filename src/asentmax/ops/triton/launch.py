@@ -52,17 +52,27 @@ def _specialisation(arg):
     return kind, arg  # anything else (a numpy scalar, say) by its value: finer than Triton, never coarser
 
 
+def _no_device():
+    return None
+
+
 class CachedKernel:
     """A triton.jit kernel launched as `cached[grid](*runtime_args, **constexprs_and_options)`, through the
     compiled kernel of the first launch with the same key. `current_device` returns the device index for
-    the key (torch.cuda.current_device, Triton's own choice; tests on the CPU pass another)."""
+    the key; by default torch.cuda.current_device (Triton's own choice), or None where torch has no CUDA
+    device (decided at the first launch: then only a stand-in for Triton's launch, such as
+    benchmarks/compile_kernels_sm90.py's recorder, can run, and it returns no compiled kernel)."""
 
-    def __init__(self, kernel, current_device=torch.cuda.current_device):
+    def __init__(self, kernel, current_device=None):
         self.kernel = kernel
         self.fn = kernel.fn
         self.arg_names = kernel.arg_names
-        self.current_device = current_device
+        self.current_device = current_device or self._first_device
         self.compiled = {}  # key -> (compiled kernel, the keyword arguments in signature order)
+
+    def _first_device(self):
+        self.current_device = torch.cuda.current_device if torch.cuda.is_available() else _no_device
+        return self.current_device()
 
     def __getitem__(self, grid):
         return functools.partial(self._launch, grid)
