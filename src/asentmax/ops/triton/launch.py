@@ -1,11 +1,11 @@
 """Triton launches that reuse the compiled kernel of an earlier launch with the same specialisation.
 
 `kernel[grid](*args, **kwargs)` on a `triton.jit` function binds the arguments, builds Triton's
-specialisation key, looks the compiled kernel up and launches it. On the H200 that took 20-34 us of host
-time a launch, against 9-13 us for launching the compiled kernel the first call returned
-(results/decode_host.md, twentieth session). A decoding step is one to three launches of a few tens of
-microseconds of GPU time, so the decoding launchers (attention_decode.py, attention_decode_short.py) launch
-through `cached_launch(kernel)`.
+specialisation key, looks the compiled kernel up and launches it. On the H200 that took 19-26 us of host
+time a launch, against 9-10 us for launching the compiled kernel the first call returned, and 15-19 us
+through this module (results/decode_host.md, twenty-first session: the three side by side). A decoding step
+is one to three launches of a few tens of microseconds of GPU time, so the decoding launchers
+(attention_decode.py, attention_decode_short.py) launch through `cached_launch(kernel)`.
 
 It keys the compiled kernels by a key at least as fine as Triton's, so that a launch never reuses a kernel
 compiled for other arguments (one compiled kernel may sit under several of our keys, never the reverse):
