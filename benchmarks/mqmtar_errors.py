@@ -14,7 +14,9 @@ query's answer is put in one class:
 
 Each answer also records its query index (0-3), the tenth of the context its key sits in, whether its key is
 queried more than once in the sample, whether another key of the context shares a token with it (same
-position), and whether an earlier answer of the sample was wrong (greedy errors compounding). Writes
+position), whether its key's word is also another pair's value (MQMTARTask.query_collisions: the collision
+that benchmarks/mqmtar_collisions.py finds behind the best runs' 1,024x cells), and whether an earlier answer
+of the sample was wrong (greedy errors compounding). Writes
 mqmtar_errors.json (every count, per length) and mqmtar_errors.md (class counts and error rates by each of
 those) under --out.
 
@@ -48,6 +50,8 @@ GROUPINGS = {  # per-answer field -> (the markdown's heading, how it names the f
                      lambda value: "more than once" if value else "once"),
     "key_has_lookalike": ("another key of the context sharing a token with the queried key (same place)",
                           lambda value: "shares a token" if value else "none does"),
+    "key_is_a_value": ("the queried key's word also written as another pair's value",
+                       lambda value: "also a value" if value else "a key only"),
     "earlier_wrong": ("an earlier answer of the sample wrong",
                       lambda value: "an earlier one wrong" if value else "none earlier wrong"),
 }
@@ -63,14 +67,16 @@ def context_pairs(task, example) -> list[tuple[int, tuple[int, int], tuple[int, 
 def classify_answers(task, example, predicted_tokens) -> list[dict]:
     """One record per query of `example` for the decoded answer `predicted_tokens` (at least the target's
     tokens; what follows them, EOS, is ignored): its class (CLASSES), query_index, key_tenth,
-    repeated_key, key_has_lookalike, earlier_wrong, marker_right, and for other_value the retrieved key's
-    shares_first/shares_second flags, distance (tokens) and pair_offset (pairs) from the right pair."""
+    repeated_key, key_has_lookalike, key_is_a_value, earlier_wrong, marker_right, and for other_value the
+    retrieved key's shares_first/shares_second flags, distance (tokens) and pair_offset (pairs) from the right
+    pair."""
     pairs = context_pairs(task, example)
     order = {key: (i, start, value) for i, (start, key, value) in enumerate(pairs)}
     by_value = {value: (i, start, key) for i, (start, key, value) in enumerate(pairs)}
     context_length = len(example.source) - 3 * task.n_queries
     queried = [tuple(example.source[context_length + 3 * j + 1:context_length + 3 * j + 3])
                for j in range(task.n_queries)]
+    as_value = [count for _, _, count in task.query_collisions(example)]
     records, wrong_so_far = [], False
     for j, key in enumerate(queried):
         index, start, value = order[key]
@@ -80,6 +86,7 @@ def classify_answers(task, example, predicted_tokens) -> list[dict]:
                   "repeated_key": queried.count(key) > 1,
                   "key_has_lookalike": any(other != key and (other[0] == key[0] or other[1] == key[1])
                                            for other in order),
+                  "key_is_a_value": as_value[j] > 0,
                   "earlier_wrong": wrong_so_far, "marker_right": marker == example.target[3 * j]}
         if answer == value and record["marker_right"]:
             record["class"] = "correct"

@@ -274,6 +274,17 @@ def _duration(seconds: float) -> str:
                                                       else f"{seconds / 3600:.1f} h")
 
 
+def examples_for_length(task, length: int, samples: int, seed: int, tables: str = "train"):
+    """(the task the set was drawn from, its examples): `asentmax eval`'s test set of one length,
+    make_eval_set of `task` or, with tables="fresh", of a copy with new word tables (Task.with_fresh_tables,
+    from numpy's default_rng([seed, length, TABLES_STREAM])), as the paper's code draws every test set."""
+    from asentmax.tasks import make_eval_set
+
+    length_task = (task.with_fresh_tables(np.random.default_rng([seed, length, TABLES_STREAM]))
+                   if tables == "fresh" else task)
+    return length_task, make_eval_set(length_task, length, samples, seed)
+
+
 def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_dtype=None,
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
              dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
@@ -284,11 +295,8 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
     dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
     `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples;
     `log` gets each length's result line, `note` the estimate announced before a long length.
-    `tables="fresh"`: each length's set is drawn with new word tables (Task.with_fresh_tables, from
-    numpy's default_rng([seed, length, TABLES_STREAM])), as the paper's code draws every test set."""
+    `tables="fresh"`: each length's set is drawn with new word tables (examples_for_length)."""
     from tqdm.auto import tqdm
-
-    from asentmax.tasks import make_eval_set
 
     rows = {row["length"]: row for row in done}
     model.eval()
@@ -299,9 +307,7 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
                 "(extrapolated from the shorter lengths); finished lengths are saved, so Ctrl-C and the "
                 "same command later continue from there")
         start = time.perf_counter()
-        length_task = (task.with_fresh_tables(np.random.default_rng([seed, length, TABLES_STREAM]))
-                       if tables == "fresh" else task)
-        examples = make_eval_set(length_task, length, samples, seed)
+        length_task, examples = examples_for_length(task, length, samples, seed, tables)
         with tqdm(total=samples, desc=f"length {length}", unit="sample", disable=not progress,
                   leave=False) as bar:
             scores = greedy_accuracy(model, length_task, examples, device=device,

@@ -86,15 +86,19 @@ def block_notes(model_config: dict) -> list[str]:
 
 def method_label(result: dict) -> str:
     """Paper name of the attention, with the position scheme when it is not the paper's NAPE, the block
-    options when they are not the defaults (block_notes) and the sample layout when it is not the default
-    (MQMTAR's "stretches": results/paper/README.md)."""
+    options when they are not the defaults (block_notes), the sample layout when it is not the default
+    (MQMTAR's "stretches": results/paper/README.md) and the share of training samples with a planted
+    look-alike when there is one (MQMTAR's `lookalikes`: its training data is not the paper's)."""
     config = result["model_config"]
     name = METHOD_NAMES.get(config["attention"], config["attention"])
     notes = [config["position"]] if config.get("position", "nape") != "nape" else []
     notes += block_notes(config)
-    layout = saved_layout(result.get("workload") or {})
+    workload = result.get("workload") or {}
+    layout = saved_layout(workload)
     if layout != "random":
         notes.append(f"{layout} layout")
+    if workload.get("lookalikes"):
+        notes.append(f"look-alikes {workload['lookalikes']:g}")
     return f"{name} ({', '.join(notes)})" if notes else name
 
 

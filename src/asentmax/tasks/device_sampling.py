@@ -9,12 +9,13 @@ Same distribution, different stream. Every example has exactly the distribution 
 numpy sampler (`Task.sample`): the same length law (a bucket picked with probability proportional to
 its size, lengths uniform inside it, asentmax.data.sample_lengths), uniform i.i.d. symbols for
 Copy/Reverse/Sort, and for MQMTAR keys and values as uniformly random ordered draws without
-replacement from the tables, block positions as a uniformly random subset of the items (layout "random")
-or each block's offset in its stretch as how many of the S - 6 smallest of 2 S - 4 i.i.d. uniform keys
-fall among the first S - 1 (layout "stretches", the paper's code's hypergeometric offsets), queries
-uniform with replacement. An ordered draw of k of n entries without replacement is the first k
-distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws that
-hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
+replacement from the tables (then, with MQMTARTask's `lookalikes`, one planted look-alike of a queried key
+in that share of the rows, by the same uniform choices), block positions as a uniformly random subset of the
+items (layout "random") or each block's offset in its stretch as how many of the S - 6 smallest of 2 S - 4
+i.i.d. uniform keys fall among the first S - 1 (layout "stretches", the paper's code's hypergeometric
+offsets), queries uniform with replacement. An ordered draw of k of n entries without replacement is the
+first k distinct values of c i.i.d. uniform draws, in the order they first appear, with c the fewest draws
+that hold k distinct values except with probability < 2**-64 (16 for the preset's 8 of the 10,000 MQMTAR
 words), or, where c would exceed sqrt(n) (block places, small tables), the entries with the k smallest
 of n i.i.d. uniform float64 keys, smallest first; both are exactly uniformly random ordered k-subsets
 (by symmetry), but for those 2**-64 failures and for key ties (probability about k * n / 2**53 per
@@ -61,6 +62,8 @@ import torch
 from asentmax.data import IGNORE_INDEX, PAD_ID, Batch, collate, pick_bucket, step_generator, training_batch
 from asentmax.tasks.base import BOS, EOS, FIRST_SYMBOL, SEP, Example, Task
 from asentmax.tasks.mqmtar import (
+    ALPHABET_SIZE,
+    ALPHABET_START,
     BLANK,
     BLOCK_TOKENS,
     COLON,
@@ -307,6 +310,33 @@ class _MQMTARSampler:
         before = ((order < bucket.places_before[row]) & bucket.kept[row]).sum(dim=-1)
         return torch.where(bucket.unused[row], bucket.unused_starts, bucket.stretch_items[row] + before)
 
+    def _plant_lookalikes(self, bucket: _MQMTARBucket, row: torch.Tensor, words: torch.Tensor,
+                          asked: torch.Tensor, generator) -> None:
+        """MQMTARTask._plant_lookalike in every row with probability task.lookalikes (rows of one pair
+        excepted), in place on words (B, 2, K, 3) before the queries are read from it: each row makes every
+        draw (the query, the other pair, the kind, the redrawn symbol) and the planting is masked."""
+        batch_size, device = words.shape[0], self.device
+        rows = torch.arange(batch_size, device=device)
+        n_pairs = bucket.pairs[row]
+        plant = (torch.rand(batch_size, generator=generator, device=device, dtype=torch.float64)
+                 < self.task.lookalikes) & (n_pairs > 1)
+        query = torch.randint(0, self.task.n_queries, (batch_size, 1), generator=generator, device=device)
+        i = asked.gather(1, query).squeeze(1)
+        j = _uniform_below((n_pairs - 1).clamp(min=1), (batch_size,), generator)
+        j = j + (j >= i)
+        kind = torch.randint(0, 3, (batch_size,), generator=generator, device=device)
+        symbol = torch.randint(0, ALPHABET_SIZE - 1, (batch_size,), generator=generator, device=device)
+        key = words[rows, 0, i, :2]  # (B, 2) token ids of the queried key
+        other = (1 - kind).clamp(min=0)[:, None]  # the redrawn token (kinds 0 and 1)
+        redrawn = key.gather(1, other).squeeze(1) - ALPHABET_START
+        word = key.scatter(1, other, (ALPHABET_START + symbol + (symbol >= redrawn))[:, None])
+        pair = torch.arange(bucket.n_pairs, device=device)
+        clash = ((words[:, 0, :, :2] == word[:, None, :]).all(-1) & (pair != j[:, None])
+                 & (pair < n_pairs[:, None])).any(1)
+        new_key, new_value = plant & (kind < 2) & ~clash, plant & (kind == 2)
+        words[rows, 0, j, :2] = torch.where(new_key[:, None], word, words[rows, 0, j, :2])
+        words[rows, 1, j, :2] = torch.where(new_value[:, None], key, words[rows, 1, j, :2])
+
     def batch(self, index: int, batch_size: int, generator) -> Batch:
         bucket, device = self.buckets[index], self.device
         n_pairs = bucket.n_pairs
@@ -316,6 +346,8 @@ class _MQMTARSampler:
         words = self.words[self.table, drawn]  # (B, 2, K, 3); a row uses its first P pairs
         starts = self.block_items(bucket, row, generator).view(batch_size, 1, n_pairs, 1)
         asked = _uniform_below(bucket.pairs[row], (batch_size, 1, self.task.n_queries), generator)
+        if self.task.lookalikes:
+            self._plant_lookalikes(bucket, row, words, asked.view(batch_size, -1), generator)
         batch_rows = torch.arange(batch_size, device=device).view(-1, 1, 1)
         asked_words = words[batch_rows, self.query_tables, asked]  # (B, 3, Q, 3)
         shift = bucket.shift[row]

@@ -32,6 +32,16 @@ with replacement from the sample's pairs:
 
 Thus ID = 64 gives P = 8 pairs and 1024x a 65,536-token context (random) or 61,166 (stretches).
 The minimum length is 6 (one block).
+
+Look-alikes (`lookalikes`, a training-data option; 0, the paper's samples, by default). Long contexts hold,
+by chance, keys that share one token with a queried key (about P / 256 for each token) and, in 4 of 10
+samples at 1024x, the queried word as another pair's value; the training lengths almost never do (a value
+look-alike in about 1 of 2,000 samples). With `lookalikes` r, each sample is given, with probability r, one
+planted look-alike of one of its queried keys (the query, the other pair and the kind each uniform): that
+pair's key replaced by a word sharing the queried key's first token, or its second token (the other token
+uniform over the 255 other symbols; not planted if the word is another key of the sample), or that pair's
+value replaced by the queried key's word. What the models that fail at long lengths confuse is exactly these
+(results/paper/mqmtar/collisions.md); the tests (`asentmax eval`, validation) always draw the paper's samples.
 """
 
 from __future__ import annotations
@@ -75,7 +85,7 @@ class MQMTARTask(Task):
     model_preset = staticmethod(mqmtar_model)
 
     def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0,
-                 layout: str = "random"):
+                 layout: str = "random", lookalikes: float = 0.0):
         if not isinstance(n_queries, int) or n_queries < 1:
             raise ValueError(f"task 'mqmtar': n_queries must be an int >= 1, got {n_queries!r}")
         if not isinstance(table_size, int) or not 1 <= table_size <= ALPHABET_SIZE**2:
@@ -84,9 +94,13 @@ class MQMTARTask(Task):
             raise ValueError(f"task 'mqmtar': table_seed must be a non-negative int, got {table_seed!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"task 'mqmtar': layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if (isinstance(lookalikes, bool) or not isinstance(lookalikes, (int, float))
+                or not 0 <= lookalikes <= 1):
+            raise ValueError(f"task 'mqmtar': lookalikes must be a share in [0, 1], got {lookalikes!r}")
         super().__init__(["_", ":", "?"] + [f"x{i}" for i in range(ALPHABET_SIZE)])
         self.n_queries, self.table_size, self.table_seed = n_queries, table_size, table_seed
         self.layout = layout
+        self.lookalikes = float(lookalikes)
         self._draw_tables(np.random.default_rng(table_seed))
 
     def _draw_tables(self, rng: np.random.Generator) -> None:
@@ -133,6 +147,24 @@ class MQMTARTask(Task):
             sources += [None, int(start[0]) + 3, int(start[0]) + 4]
         return sources
 
+    def query_collisions(self, example) -> list[tuple[int, int, int]]:
+        """What in `example`'s context looks like each query's key, per query: (the other keys sharing its
+        first token, the other keys sharing its second token, the values equal to its word). Keys are
+        distinct within a sample, but a key's word can be another pair's value (the two tables are drawn
+        independently from the 65,536 words): a model that matches the key by one token, or matches its
+        word wherever it occurs, cannot tell the right pair from these
+        (results/paper/mqmtar/collisions.md)."""
+        source = np.asarray(example.source)
+        context = source[:len(source) - 3 * self.n_queries]
+        colons = np.flatnonzero(context == COLON)  # one per block: k1 k2 : v1 v2
+        first, second = context[colons - 2], context[colons - 1]
+        value_first, value_second = context[colons + 1], context[colons + 2]
+        counts = []
+        for _, key_first, key_second in source[len(context):].reshape(self.n_queries, 3):
+            counts.append((int((first == key_first).sum()) - 1, int((second == key_second).sum()) - 1,
+                           int(((value_first == key_first) & (value_second == key_second)).sum())))
+        return counts
+
     def _generate(self, length, rng):
         n_pairs = pairs_for_length(length, self.table_size)
         keys = self.keys[rng.choice(self.table_size, n_pairs, replace=False)]
@@ -148,13 +180,33 @@ class MQMTARTask(Task):
             n_free = length - BLOCK_TOKENS * n_pairs
             items = np.sort(rng.choice(n_free + n_pairs, n_pairs, replace=False))
             starts = items + (BLOCK_TOKENS - 1) * np.arange(n_pairs)
+        asked = rng.integers(n_pairs, size=self.n_queries)
+        if self.lookalikes and n_pairs > 1 and rng.random() < self.lookalikes:
+            self._plant_lookalike(keys, values, asked, rng)
         context = np.full(self.context_length(length), BLANK, dtype=np.int64)
         context[starts], context[starts + 1] = keys[:, 0], keys[:, 1]
         context[starts + 2] = COLON
         context[starts + 3], context[starts + 4] = values[:, 0], values[:, 1]
 
-        asked = rng.integers(n_pairs, size=self.n_queries)
         marker = np.full((self.n_queries, 1), QUERY)
         queries = np.concatenate([marker, keys[asked]], axis=1).reshape(-1)
         target = np.concatenate([marker, values[asked]], axis=1).reshape(-1)
         return np.concatenate([context, queries]), target
+
+    def _plant_lookalike(self, keys, values, asked, rng) -> None:
+        """Plant one look-alike of a queried key (the module docstring) into the sample's keys and values
+        (P, 2) token ids, in place: pair j != i of a uniform query's pair i gets, by a uniform kind, a key
+        sharing key i's first (kind 0) or second (kind 1) token, or key i's word as its value (kind 2)."""
+        i = asked[rng.integers(self.n_queries)]
+        j = rng.integers(len(keys) - 1)
+        j += j >= i
+        kind = rng.integers(3)
+        if kind == 2:
+            values[j] = keys[i]
+            return
+        word = keys[i].copy()
+        other = 1 - kind  # the token that is redrawn, uniform over the other 255 symbols
+        symbol = rng.integers(ALPHABET_SIZE - 1)
+        word[other] = ALPHABET_START + symbol + (symbol >= word[other] - ALPHABET_START)
+        if not (np.delete(keys, j, axis=0) == word).all(1).any():  # keys stay distinct
+            keys[j] = word

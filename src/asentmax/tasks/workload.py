@@ -68,10 +68,21 @@ class TaskWorkload:
         "uniformly random places in the blanks) | stretches (pair j alone in the j-th of P stretches of "
         "L // P tokens, as the paper's code lays out its samples: results/paper/README.md); other tasks: "
         "random")})
+    lookalikes: float = field(default=0.0, metadata={"help": (
+        "mqmtar, training batches only: the share of samples given one planted look-alike of a queried key "
+        "(a key sharing one of its tokens, or its word as another pair's value: what long test contexts "
+        "hold by chance and the failing models confuse, results/paper/mqmtar/collisions.md); validation "
+        "and `asentmax eval` draw the paper's samples; 0: the paper's training samples")})
 
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
         self.task_object = build_task(self.task, self.layout)  # ValueError for an unknown task or layout
+        self.training_task = self.task_object
+        if self.lookalikes:
+            if "lookalikes" not in task_options(self.task):
+                raise ValueError(f"--lookalikes: task {self.task!r} has no keys to plant look-alikes of "
+                                 "(mqmtar has)")
+            self.training_task = get_task(self.task, layout=self.layout, lookalikes=self.lookalikes)
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
         for name in ("length_buckets", "val_samples"):
@@ -119,7 +130,7 @@ class TaskWorkload:
                 device: torch.device) -> Iterator[Batch]:
         """The training batches of steps start_step, start_step + 1, ... on `rank` (its shard)."""
         buckets = length_buckets(self.min_length, self.max_length, self.length_buckets)
-        return training_batches(self.task_object, buckets, seed=seed, start_step=start_step, rank=rank,
+        return training_batches(self.training_task, buckets, seed=seed, start_step=start_step, rank=rank,
                                 local_batch_size=local_batch_size, device=device, sampling=self.sampling)
 
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:

@@ -233,7 +233,7 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
 
 
 def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None, chunk=None, solve=None):
+                                  max_iter, pack=None, chunk=None, solve=None, block_n=None, num_warps=None):
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
     program (a multiple of 64, default SPLIT_CHUNK = 1024: a grid of (cdiv(Nk, chunk), B * H / pack)).
@@ -246,9 +246,16 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     pack's next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped
     caches of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
     H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head caches of 8K keys and more, keep
-    the threshold launch. num_warps 4 in the K- and V-reading kernels (a 16 x 64 score tile),
-    threshold_tile's in the threshold kernel and in a solving output kernel.
+    the threshold launch. Tuning knobs: `block_n` keys a K or V tile in the scores and output kernels (a power
+    of two >= 16 dividing the chunk; default 64) and `num_warps` of those two kernels (default 4; a solving
+    output kernel takes threshold_tile's); the threshold kernel always takes threshold_tile's.
     """
+    if block_n is None:
+        block_n = _BLOCK_N
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"block_n must be a power of two >= 16, not {block_n}")
+    if num_warps is not None and num_warps not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"num_warps must be a power of two from 1 to 32, not {num_warps}")
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
     if pack is None:
@@ -257,6 +264,8 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     n_packs = batch * heads // pack
     if chunk is None:
         chunk = SPLIT_CHUNK
+    if chunk % block_n:
+        raise ValueError(f"chunk ({chunk}) must be a multiple of block_n ({block_n})")
     n_chunks = cdiv(n_k, chunk)
     s_stride = n_chunks * chunk  # score rows padded to whole chunks
     n_rows = batch * heads * n_q
@@ -276,9 +285,9 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         kpm if kpm is not None else support,
         *q.stride()[:3], *k.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, dim, scale, c,
-        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, CAUSAL=causal,
+        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
-        DOT_PRECISION=precision, num_warps=4)
+        DOT_PRECISION=precision, num_warps=num_warps or 4)
     rows = next_power_of_2(pack * n_q)
     solve_tile, solve_warps = threshold_tile(rows * s_stride)
     if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
@@ -293,8 +302,8 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         v, work, tau, support, out, *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
         count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
-        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
+        CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
         SINGLE_CHUNK=n_chunks == 1, SOLVE=solve, ROWS=rows if solve else 1,
         SOLVE_BLOCK=solve_tile // rows if solve else 1, RESIDENT=solve and s_stride <= solve_tile // rows,
-        DOT_PRECISION=precision, num_warps=solve_warps if solve else 4)
+        DOT_PRECISION=precision, num_warps=solve_warps if solve else num_warps or 4)
     return out, tau, support

@@ -1,0 +1,224 @@
+"""Which MQMTAR retrieval rule an evaluated run behaves like: its exact match per length beside what three
+imperfect rules would score on the same test samples.
+
+MQMTAR (arXiv:2506.16640, section 3; asentmax.tasks.mqmtar) asks 4 queries `? k1 k2` about P pairs
+`k1 k2 : v1 v2`. The key and value tables are drawn independently from the 65,536 two-token words, so in a
+long context many keys share one token with the queried key (about P / 256 for each token) and the queried
+word can also be some pair's value (15 % of key words are in the value table). A model that matches keys
+only by one of their tokens, or matches the word wherever it occurs, takes a wrong pair for the right one
+with a chance that only the sample decides. For each test sample of `asentmax eval` (regenerated exactly:
+the run's task and layout, the evaluation's seed, sample count and tables; asentmax.eval.examples_for_length)
+and each distinct queried key (greedy decoding answers a repeated key the same way), MQMTARTask.
+query_collisions counts what looks like it, and each rule is right with chance 1 / (1 + that count):
+
+- first token:  keys matched by their first token alone (the other keys sharing it);
+- second token: keys matched by their second token alone;
+- word:         the two-token word matched wherever it occurs, as a key or as a value (the values equal
+                to it).
+
+A sample is exact when all its queries are, so each rule predicts the mean over samples of the product over
+its distinct keys. Everything else is assumed right: a rule's prediction is an upper bound of a model that
+follows it. Writes collisions.md (per evaluation: by how much each rule misses the observed intervals and
+which rules it behaves like; per length: the observed exact match with its interval, the three predictions,
+the samples with a key-as-value collision and the rules whose prediction lies in the interval),
+collisions.json and collisions.png (the first --panels evaluations, in the order given) under --out.
+
+    PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import shlex
+import sys
+from pathlib import Path
+
+from asentmax.eval import examples_for_length
+from asentmax.runs import RunError, load_evaluation, write_json, write_text
+from asentmax.tasks.workload import build_task
+
+RULES = ("first token", "second token", "word")
+EVAL_FILES = ("eval.json", "eval_fresh.json")
+
+
+def sample_chances(task, example) -> dict[str, float]:
+    """{rule: the chance that a model following it answers every query of `example` right} (module docstring),
+    and "value_collision": whether a queried word is also some pair's value."""
+    source = example.source
+    context_length = len(source) - 3 * task.n_queries
+    by_key = {}
+    for (first, second, as_value), j in zip(task.query_collisions(example), range(task.n_queries),
+                                            strict=True):
+        key = tuple(source[context_length + 3 * j + 1:context_length + 3 * j + 3])
+        by_key[key] = (first, second, as_value)
+    chances = dict.fromkeys(RULES, 1.0)
+    for first, second, as_value in by_key.values():
+        chances["first token"] /= 1 + first
+        chances["second token"] /= 1 + second
+        chances["word"] /= 1 + as_value
+    chances["value_collision"] = any(as_value for _, _, as_value in by_key.values())
+    return chances
+
+
+def evaluation_rows(evaluation: dict) -> list[dict]:
+    """Per length of an MQMTAR evaluation (eval.json's dict): length, multiplier, samples, observed exact
+    match and interval (%), each rule's prediction (%) and the samples with a key-as-value collision, computed
+    on the evaluation's own test samples."""
+    workload, config = evaluation["workload"], evaluation["eval_config"]
+    if workload.get("task") != "mqmtar":
+        raise RunError(f"{evaluation['run_dir']}: a {workload.get('task')!r} evaluation, not an MQMTAR one")
+    task = build_task("mqmtar", workload.get("layout", "random"))
+    rows = []
+    for row in evaluation["rows"]:
+        _, examples = examples_for_length(task, row["length"], row["n"], config["seed"],
+                                          config.get("tables", "train"))
+        chances = [sample_chances(task, example) for example in examples]
+        rows.append({"length": row["length"], "multiplier": row["length"] / evaluation["id_length"],
+                     "n": row["n"], "observed": 100 * row["exact_match"], "ci_low": 100 * row["ci_low"],
+                     "ci_high": 100 * row["ci_high"],
+                     **{rule: 100 * sum(c[rule] for c in chances) / len(chances) for rule in RULES},
+                     "value_collisions": sum(c["value_collision"] for c in chances)})
+    return rows
+
+
+SLACK = 1.0  # points an interval is widened by: a cell of 100 samples moves in steps of 1 point
+
+
+def fitting_rules(row: dict, slack: float = SLACK) -> list[str]:
+    """The rules whose prediction lies in the row's interval (widened by `slack` points)."""
+    return [rule for rule in RULES if miss(row, rule) <= slack]
+
+
+def miss(row: dict, rule: str) -> float:
+    """How many points the rule's prediction lies outside the row's interval (0 inside)."""
+    return max(0.0, row["ci_low"] - row[rule], row[rule] - row["ci_high"])
+
+
+def verdict(rows: list[dict], slack: float = SLACK) -> str:
+    """The rules within every row's interval (each widened by `slack`) that also tell the rows apart from a
+    perfect model (predict below 99 % at some length), or "none of the three"."""
+    rules = [rule for rule in RULES if all(miss(row, rule) <= slack for row in rows)
+             and any(row[rule] < 99.0 for row in rows)]
+    return ", ".join(rules) if rules else "none of the three"
+
+
+def run_rows(run_dir: Path, files=EVAL_FILES) -> list[tuple[str, list[dict]]]:
+    """[(label, evaluation_rows)] of each of `files` the run directory holds (eval.json: the label is the
+    run's name; another file adds its stem, e.g. "run (eval_fresh)"). RunError when it holds none."""
+    found = []
+    for name in files:
+        path = run_dir / name
+        if path.is_file():
+            evaluation = load_evaluation(path)
+            evaluation["run_dir"] = str(run_dir)
+            label = run_dir.name if name == "eval.json" else f"{run_dir.name} ({path.stem})"
+            found.append((label, evaluation_rows(evaluation)))
+    if not found:
+        raise RunError(f"{run_dir}: none of {', '.join(files)}")
+    return found
+
+
+def multiplier_label(value: float) -> str:
+    return f"{value:g}x"
+
+
+def markdown(results: list[tuple[str, list[dict]]], command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             "Exact match % of each evaluation beside what three retrieval rules would score on the same "
+             "test samples (benchmarks/mqmtar_collisions.py's docstring): first / second token = keys "
+             "matched by one of their two tokens; word = the key's word matched wherever it occurs, also "
+             "as a value. A rule's prediction is what a model that follows it and errs nowhere else would "
+             "score.", "",
+             "## Summary", "",
+             "Points by which each rule's prediction misses the observed 95 % interval, the largest over the "
+             "evaluation's lengths (0: inside at every length); behaves like: the rules inside every "
+             f"interval (within {SLACK:g} point) that predict below 99 % somewhere.", "",
+             "| evaluation | first token | second token | word | behaves like |", "|---" * 5 + "|"]
+    for label, rows in results:
+        worst = {rule: max(miss(row, rule) for row in rows) for rule in RULES}
+        lines.append(f"| {label} | " + " | ".join(f"{worst[rule]:.1f}" for rule in RULES)
+                     + f" | {verdict(rows)} |")
+    lines += ["", "## Per length", "",
+              "Fits: the rules whose prediction lies in the observed interval at that length. Value "
+              "collisions: test samples in which a queried key's word is also some pair's value.", ""]
+    for label, rows in results:
+        lines += [f"### {label}", "",
+                  "| length | observed % (95 % CI) | first token % | second token % | word % "
+                  "| value collisions | fits |", "|---" * 7 + "|"]
+        for row in rows:
+            fits = ", ".join(fitting_rules(row)) or "none"
+            lines.append(f"| {row['length']} ({multiplier_label(row['multiplier'])}) | {row['observed']:.1f} "
+                         f"({row['ci_low']:.1f}-{row['ci_high']:.1f}) | {row['first token']:.1f} | "
+                         f"{row['second token']:.1f} | {row['word']:.1f} | {row['value_collisions']} of "
+                         f"{row['n']} | {fits} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(results: list[tuple[str, list[dict]]], path: Path) -> None:
+    """One panel per evaluation of `results`: observed exact match (with its interval) and the three rules'
+    predictions against the length multiplier."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(3, len(results))
+    rows_of_panels = math.ceil(len(results) / columns)
+    fig, axes = plt.subplots(rows_of_panels, columns, figsize=(4.6 * columns, 3.4 * rows_of_panels),
+                             squeeze=False, sharey=True)
+    styles = {"first token": ("tab:orange", "--"), "second token": ("tab:green", ":"),
+              "word": ("tab:red", "-.")}
+    for ax, (label, rows) in zip(axes.flat, results, strict=False):
+        x = [row["multiplier"] for row in rows]
+        observed = [row["observed"] for row in rows]
+        errors = [[max(0.0, o - row["ci_low"]) for o, row in zip(observed, rows, strict=True)],
+                  [max(0.0, row["ci_high"] - o) for o, row in zip(observed, rows, strict=True)]]
+        ax.errorbar(x, observed, yerr=errors, color="black", marker="o", capsize=3, label="observed")
+        for rule, (color, style) in styles.items():
+            ax.plot(x, [row[rule] for row in rows], color=color, linestyle=style, label=rule)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [multiplier_label(m) for m in x], fontsize=7)
+        ax.set_title(label, fontsize=8)
+        ax.set_ylim(-3, 103)
+    for ax in axes.flat[len(results):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("exact match %")
+    axes.flat[0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("MQMTAR: observed exact match vs three retrieval rules on the same test samples",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", type=Path, nargs="+", help="evaluated MQMTAR run directories")
+    parser.add_argument("--files", nargs="+", default=list(EVAL_FILES),
+                        help="the evaluation files to read in each run directory (default: eval.json and "
+                             "eval_fresh.json, where present)")
+    parser.add_argument("--panels", type=int, default=6,
+                        help="collisions.png shows the first this many evaluations (default 6)")
+    parser.add_argument("--out", type=Path, required=True, help="collisions.md, .json and .png go here")
+    args = parser.parse_args(argv)
+    command = "PYTHONPATH=src python benchmarks/mqmtar_collisions.py " + shlex.join(argv)
+    try:
+        results = [found for run_dir in args.run_dirs for found in run_rows(run_dir, args.files)]
+    except RunError as error:
+        print(f"mqmtar_collisions: error: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "collisions.json", {"command": command, "evaluations": [
+        {"label": label, "rows": rows} for label, rows in results]})
+    write_text(args.out / "collisions.md", markdown(results, command))
+    plot(results[:max(1, args.panels)], args.out / "collisions.png")
+    print(f"wrote {args.out / 'collisions.md'}, collisions.json and collisions.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""MQMTARTask.query_collisions and benchmarks/mqmtar_collisions.py: the counts of what looks like each queried
+key (keys sharing a token, values equal to its word) against a brute-force recount over the context's tokens,
+on hand-built samples with known collisions and on drawn ones; each rule's chance of a sample (a repeated key
+counted once); the predictions of an evaluation on its own regenerated test samples (train and fresh tables);
+the verdict's arithmetic; one-line refusals."""
+
+import json
+
+import numpy as np
+import pytest
+
+from asentmax.eval import examples_for_length
+from asentmax.runs import RunError
+from asentmax.tasks import get_task
+from asentmax.tasks.base import Example
+from asentmax.tasks.mqmtar import ALPHABET_START, BLANK, COLON, QUERY
+from conftest import load_benchmark
+
+collisions = load_benchmark("mqmtar_collisions")
+
+
+def word(a, b):
+    return [ALPHABET_START + a, ALPHABET_START + b]
+
+
+def handmade(task):
+    """Pairs (1,2):(9,9), (1,3):(8,8), (4,2):(1,2), (5,6):(7,7) and queries (1,2), (5,6), (1,2), (4,2): key
+    (1,2) shares its first token with (1,3), its second with (4,2), and is the value of (4,2)."""
+    pairs = [((1, 2), (9, 9)), ((1, 3), (8, 8)), ((4, 2), (1, 2)), ((5, 6), (7, 7))]
+    context = [BLANK]
+    for key, value in pairs:
+        context += [*word(*key), COLON, *word(*value), BLANK]
+    queries = [(1, 2), (5, 6), (1, 2), (4, 2)]
+    source = context + [t for key in queries for t in [QUERY, *word(*key)]]
+    target = [t for key in queries for t in [QUERY, *word(*dict(pairs)[key])]]
+    assert len(queries) == task.n_queries
+    return Example(source, target)
+
+
+def brute_force(task, example):
+    """(shares first, shares second, word as value) per query, by scanning every context position."""
+    source = list(example.source)
+    context = source[:len(source) - 3 * task.n_queries]
+    keys = [tuple(context[i - 2:i]) for i, t in enumerate(context) if t == COLON]
+    values = [tuple(context[i + 1:i + 3]) for i, t in enumerate(context) if t == COLON]
+    out = []
+    for j in range(task.n_queries):
+        key = tuple(source[len(context) + 3 * j + 1:len(context) + 3 * j + 3])
+        out.append((sum(k != key and k[0] == key[0] for k in keys),
+                    sum(k != key and k[1] == key[1] for k in keys), sum(v == key for v in values)))
+    return out
+
+
+def test_query_collisions_of_a_handmade_sample():
+    task = get_task("mqmtar")
+    example = handmade(task)
+    assert task.query_collisions(example) == [(1, 1, 1), (0, 0, 0), (1, 1, 1), (0, 1, 0)]
+    assert task.query_collisions(example) == brute_force(task, example)
+    chances = collisions.sample_chances(task, example)  # keys (1,2), (5,6), (4,2): (1,2) once
+    assert chances["first token"] == pytest.approx(1 / 2)
+    assert chances["second token"] == pytest.approx(1 / 2 * 1 / 2)
+    assert chances["word"] == pytest.approx(1 / 2)
+    assert chances["value_collision"] is True
+
+
+@pytest.mark.parametrize("layout", ["random", "stretches"])
+def test_query_collisions_of_drawn_samples(layout):
+    """Long samples (546 and 8,738 pairs) have collisions of every kind; the counts equal the brute force."""
+    task = get_task("mqmtar", layout=layout)
+    rng = np.random.default_rng(3)
+    seen = np.zeros(3, dtype=int)
+    for length in (64, 4096, 65536):
+        for _ in range(4):
+            example = task.sample(length, rng)
+            counts = task.query_collisions(example)
+            assert counts == brute_force(task, example)
+            seen += np.array(counts).sum(0)
+    assert (seen > 0).all()
+
+
+@pytest.mark.parametrize("tables", ["train", "fresh"])
+def test_evaluation_rows_predict_on_the_evaluations_own_samples(tables):
+    """Each rule's prediction is the mean over the regenerated samples of the product over distinct keys of
+    1 / (1 + collisions), recounted by brute force; the observed cells are eval.json's."""
+    task = get_task("mqmtar")
+    evaluation = {"run_dir": "r", "workload": {"task": "mqmtar", "layout": "random"}, "id_length": 64,
+                  "eval_config": {"seed": 11, "tables": tables},
+                  "rows": [{"length": length, "n": 6, "exact_match": 0.5, "ci_low": 0.2, "ci_high": 0.8}
+                           for length in (64, 2048)]}
+    rows = collisions.evaluation_rows(evaluation)
+    for row in rows:
+        _, examples = examples_for_length(task, row["length"], 6, 11, tables)
+        expected = {rule: 0.0 for rule in collisions.RULES}
+        for example in examples:
+            counts = dict(zip(map(tuple, np.asarray(example.source[-12:]).reshape(4, 3)[:, 1:].tolist()),
+                              brute_force(task, example), strict=False))
+            expected["first token"] += np.prod([1 / (1 + c[0]) for c in counts.values()]) / 6
+            expected["second token"] += np.prod([1 / (1 + c[1]) for c in counts.values()]) / 6
+            expected["word"] += np.prod([1 / (1 + c[2]) for c in counts.values()]) / 6
+        for rule in collisions.RULES:
+            assert row[rule] == pytest.approx(100 * expected[rule])
+        assert (row["observed"], row["ci_low"], row["ci_high"]) == (50.0, 20.0, 80.0)
+        assert row["multiplier"] == row["length"] / 64
+    assert rows[1]["first token"] < 100  # 273 pairs: some key shares a token
+
+
+def test_verdict_needs_every_length_and_a_telling_prediction():
+    rows = [{"ci_low": 90.0, "ci_high": 100.0, "first token": 95.0, "second token": 80.0, "word": 100.0},
+            {"ci_low": 30.0, "ci_high": 50.0, "first token": 40.0, "second token": 50.5, "word": 100.0}]
+    assert collisions.miss(rows[1], "word") == 50.0 and collisions.miss(rows[0], "second token") == 10.0
+    assert collisions.fitting_rules(rows[1]) == ["first token", "second token"]  # 50.5: within 1 point
+    assert collisions.verdict(rows) == "first token"
+    perfect = [{"ci_low": 96.3, "ci_high": 100.0, "first token": 50.0, "second token": 50.0, "word": 100.0}]
+    assert collisions.verdict(perfect) == "none of the three"  # word fits, but so would a perfect model
+
+
+def test_refusals(tmp_path, capsys):
+    evaluation = {"run_dir": "r", "workload": {"task": "copy"}, "eval_config": {"seed": 1}, "id_length": 64,
+                  "rows": []}
+    with pytest.raises(RunError, match="a 'copy' evaluation, not an MQMTAR one"):
+        collisions.evaluation_rows(evaluation)
+    assert collisions.main([str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (f"mqmtar_collisions: error: {tmp_path}: none of eval.json, "
+                                               "eval_fresh.json")
+
+
+def test_end_to_end_on_a_tiny_run(tmp_path):
+    """A tiny CPU MQMTAR run evaluated by `asentmax eval`: the files are written, the summary names it, and
+    the observed cells are its eval.json's."""
+    from asentmax.cli import main as asentmax
+
+    run = tmp_path / "tiny"
+    train = ["train", "--run-dir", str(run), "--task", "mqmtar", "--preset", "mqmtar", "--attention",
+             "asentmax", "--device", "cpu", "--steps", "2", "--batch-size", "2", "--warmup-steps", "1",
+             "--val-every", "0", "--d-model", "32", "--n-layers", "1", "--n-heads", "2", "--d-ff", "64",
+             "--no-progress"]
+    assert asentmax(train) == 0
+    assert asentmax(["eval", str(run), "--multipliers", "1", "2", "--samples", "3", "--no-progress"]) == 0
+    assert collisions.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "collisions.json").read_text())
+    (evaluation,) = result["evaluations"]
+    observed = [100 * row["exact_match"] for row in json.loads((run / "eval.json").read_text())["rows"]]
+    assert [row["observed"] for row in evaluation["rows"]] == observed
+    assert "| tiny |" in (tmp_path / "out" / "collisions.md").read_text()
+    assert (tmp_path / "out" / "collisions.png").stat().st_size > 0
