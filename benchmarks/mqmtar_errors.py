@@ -21,6 +21,12 @@ mqmtar_errors.json (every count, per length) and mqmtar_errors.md (class counts 
 those) under --out.
 
     PYTHONPATH=src python benchmarks/mqmtar_errors.py RUN_DIR --multipliers 1 4 16 --samples 200 --out DIR
+
+`--lookalikes R` draws the test sets with planted look-alikes instead (MQMTARTask's training option: in that
+share of the samples one queried key has a look-alike, a key sharing one of its tokens or its word as another
+pair's value), a probe of whether a model tells them apart at short lengths, where the paper's samples hold
+almost none (at 1,024x 4 in 10 samples ask a key whose word is also a value:
+results/paper/mqmtar/collisions.md).
 """
 
 from __future__ import annotations
@@ -192,22 +198,25 @@ def plan_analysis(run_dir: Path, config: EvalConfig, out: Path):
     return plan
 
 
-def analyse(plan, out: Path, command: str) -> dict:
-    """Classify every answer of the plan's test sets (asentmax eval's, by its seed) at each length; writes
-    mqmtar_errors.json and .md under `out` and returns the result."""
+def analyse(plan, out: Path, command: str, lookalikes: float = 0.0) -> dict:
+    """Classify every answer of the plan's test sets (asentmax eval's, by its seed; with `lookalikes` > 0
+    drawn with that share of planted look-alikes) at each length; writes mqmtar_errors.json and .md under
+    `out` and returns the result."""
     from asentmax.nn import Transformer
+    from asentmax.tasks import get_task
 
     config = plan.config
     model = Transformer(plan.model_config)
     model.load_state_dict(plan.model_state)
     model.to(plan.device).eval()
+    task = get_task("mqmtar", layout=plan.task.layout, lookalikes=lookalikes) if lookalikes else plan.task
     rows = []
     for length in plan.lengths:
-        examples = make_eval_set(plan.task, length, config.samples, config.seed)
+        examples = make_eval_set(task, length, config.samples, config.seed)
         answers = greedy_answers(model, examples, device=plan.device, autocast_dtype=plan.autocast_dtype,
                                  batch_size=config.batch_size, max_batch_tokens=config.max_batch_tokens)
         records = [record for example, answer in zip(examples, answers, strict=True)
-                   for record in classify_answers(plan.task, example, answer)]
+                   for record in classify_answers(task, example, answer)]
         eos_wrong = sum(answer[len(example.target)] != EOS
                         for example, answer in zip(examples, answers, strict=True))
         rows.append({"length": length, "samples": len(examples), "eos_wrong": eos_wrong,
@@ -217,7 +226,7 @@ def analyse(plan, out: Path, command: str) -> dict:
               + f" of {counts['n']} answers", file=sys.stderr, flush=True)
     result = {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
               "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
-              "seed": config.seed, "device": plan.header["device"], "rows": rows}
+              "seed": config.seed, "lookalikes": lookalikes, "device": plan.header["device"], "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "mqmtar_errors.json", result)
     write_text(out / "mqmtar_errors.md", markdown(result))
@@ -228,6 +237,9 @@ def markdown(result: dict) -> str:
     """mqmtar_errors.md: the command and checkpoint, then each length's tables."""
     head = [f"## MQMTAR answer errors of {result['run_dir']} ({result['checkpoint']} checkpoint, step "
             f"{result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", ""]
+    if result.get("lookalikes"):
+        head += [f"Test sets with planted look-alikes in {100 * result['lookalikes']:g} % of the samples "
+                 "(not `asentmax eval`'s).", ""]
     lengths = [length_markdown(row, result["id_length"]) for row in result["rows"]]
     return "\n".join(head) + "\n" + "\n".join(lengths)
 
@@ -243,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch-size", type=int, default=64, help="most sequences decoded at once")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the test sets (asentmax eval's)")
+    parser.add_argument("--lookalikes", type=float, default=0.0,
+                        help="share of test samples with a planted look-alike of a queried key (default 0: "
+                             "asentmax eval's test sets)")
     parser.add_argument("--out", type=Path, required=True, help="mqmtar_errors.json and .md go here")
     command = "PYTHONPATH=src python benchmarks/mqmtar_errors.py " + shlex.join(argv)
     try:
@@ -251,10 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                             checkpoint=args.checkpoint, device=args.device, batch_size=args.batch_size,
                             seed=args.seed, dispersion_samples=0)
         plan = plan_analysis(args.run_dir, config, args.out)
+        if not 0 <= args.lookalikes <= 1:
+            raise ValueError(f"--lookalikes must be a share in [0, 1], got {args.lookalikes}")
     except (UsageError, ValueError) as error:  # RunError is a ValueError
         print(f"mqmtar_errors: error: {error}", file=sys.stderr)
         return 2
-    analyse(plan, args.out, command)
+    analyse(plan, args.out, command, args.lookalikes)
     print(f"wrote {args.out / 'mqmtar_errors.json'} and {args.out / 'mqmtar_errors.md'}")
     return 0
 

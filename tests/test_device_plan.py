@@ -179,3 +179,18 @@ def test_every_committed_plan_builds_valid_configs(tmp_path):
                 config = EvalConfig(**_given(args, args.eval_names))
                 config.validate()
                 assert config.tables == "train" or has_fresh_tables(workload.task), (name, flags)
+
+
+def test_committed_plans_parse():
+    """Every run of every committed plan (benchmarks/plans/*.json) has train and eval flags that `asentmax`
+    parses: a typo costs no device time."""
+    from asentmax.cli import build_parser
+
+    parser = build_parser()
+    plans = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "plans").glob("*.json"))
+    assert plans
+    for path in plans:
+        for name, run in load_device_plan().read_plan(path).items():
+            parser.parse_args(["train", "--run-dir", name, *run["train"]])
+            for flags in run["evals"]:
+                parser.parse_args(["eval", name, *flags])

@@ -216,3 +216,24 @@ def test_a_run_that_is_not_mqmtar_or_missing_is_refused_on_one_line(tmp_path, ca
     assert len(err.strip().splitlines()) == 1 and err.startswith("mqmtar_errors: error: ")
     assert ("not an MQMTAR run" if case == "reverse run" else "does not exist") in err
     assert not (tmp_path / "out").exists()
+
+
+def test_lookalike_probe_draws_planted_test_sets(tmp_path, capsys, one_thread):
+    """--lookalikes 1: every sample of the probe holds a planted look-alike (the groupings see them), the
+    result and its markdown say so; a share outside [0, 1] is refused on one line before any decoding."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert asentmax(["train", "--run-dir", str(run), *TINY_MQMTAR]) == 0
+    assert errors.main([str(run), "--samples", "8", "--device", "cpu", "--lookalikes", "1",
+                        "--out", str(out)]) == 0
+    result = json.loads((out / "mqmtar_errors.json").read_text())
+    (row,) = result["rows"]
+    assert result["lookalikes"] == 1.0
+    flagged = {field: sum(g["n"] for g in row["by"][field] if g["value"])
+               for field in ("key_has_lookalike", "key_is_a_value")}
+    assert flagged["key_has_lookalike"] + flagged["key_is_a_value"] >= 8  # each sample's query, at least
+    assert "planted look-alikes in 100 % of the samples" in (out / "mqmtar_errors.md").read_text()
+    capsys.readouterr()
+    assert errors.main([str(run), "--samples", "2", "--device", "cpu", "--lookalikes", "2",
+                        "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "mqmtar_errors: error: --lookalikes must be a share in [0, 1], got 2.0"
