@@ -36,7 +36,7 @@ The minimum length is 6 (one block).
 Look-alikes (`lookalikes`, a training-data option; 0, the paper's samples, by default). Long contexts hold,
 by chance, keys that share one token with a queried key (about P / 256 for each token) and, in 4 of 10
 samples at 1024x, the queried word as another pair's value; the training lengths almost never do (a value
-look-alike in about 1 of 2,000 samples). With `lookalikes` r, each sample is given, with probability r, one
+look-alike in about 1 of 3,600 samples). With `lookalikes` r, each sample is given, with probability r, one
 planted look-alike of one of its queried keys (the query, the other pair and the kind each uniform): that
 pair's key replaced by a word sharing the queried key's first token, or its second token (the other token
 uniform over the 255 other symbols; not planted if the word is another key of the sample), or that pair's
