@@ -18,7 +18,11 @@ query_collisions counts what looks like it, and each rule is right with chance 1
 
 A sample is exact when all its queries are, so each rule predicts the mean over samples of the product over
 its distinct keys. Everything else is assumed right: a rule's prediction is an upper bound of a model that
-follows it. Writes collisions.md (per evaluation: by how much each rule misses the observed intervals and
+follows it. The same rules also give a training loss: on --train-samples samples of the training lengths
+(uniform in [32, 64]), the cross-entropy per scored token (the 12 target tokens and <eos>) of a model that
+follows a rule and is uniform over what it cannot tell apart, beside a fourth rule, value copy (the value of a
+uniformly random pair of the context, log P nats per query): the loss plateaus of the training logs sit at
+these levels. Writes collisions.md (per evaluation: by how much each rule misses the observed intervals and
 which rules it behaves like; per length: the observed exact match with its interval, the three predictions,
 the samples with a key-as-value collision and the rules whose prediction lies in the interval),
 collisions.json and collisions.png (the first --panels evaluations, in the order given) under --out.
@@ -36,9 +40,11 @@ from pathlib import Path
 
 from asentmax.eval import examples_for_length
 from asentmax.runs import RunError, load_evaluation, write_json, write_text
+from asentmax.tasks.mqmtar import COLON
 from asentmax.tasks.workload import build_task
 
 RULES = ("first token", "second token", "word")
+LOSS_RULES = ("value copy",) + RULES
 EVAL_FILES = ("eval.json", "eval_fresh.json")
 
 
@@ -59,6 +65,27 @@ def sample_chances(task, example) -> dict[str, float]:
         chances["word"] /= 1 + as_value
     chances["value_collision"] = any(as_value for _, _, as_value in by_key.values())
     return chances
+
+
+def rule_losses(task, samples: int, seed: int, lengths=(32, 64)) -> dict[str, float]:
+    """{rule: cross-entropy in nats per scored token} of LOSS_RULES on `samples` samples of lengths uniform in
+    `lengths` (the module docstring): per query log P for value copy, log(1 + look-alikes) for the others;
+    3 Q + 1 scored tokens a sample."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    total = dict.fromkeys(LOSS_RULES, 0.0)
+    for _ in range(samples):
+        example = task.sample(int(rng.integers(lengths[0], lengths[1] + 1)), rng)
+        collisions = task.query_collisions(example)
+        pairs = sum(1 for token in example.source if token == COLON)  # one colon a pair; none in queries
+        for first, second, as_value in collisions:
+            total["value copy"] += math.log(pairs)
+            total["first token"] += math.log1p(first)
+            total["second token"] += math.log1p(second)
+            total["word"] += math.log1p(as_value)
+    scored = samples * (3 * task.n_queries + 1)
+    return {rule: value / scored for rule, value in total.items()}
 
 
 def evaluation_rows(evaluation: dict) -> list[dict]:
@@ -123,7 +150,7 @@ def multiplier_label(value: float) -> str:
     return f"{value:g}x"
 
 
-def markdown(results: list[tuple[str, list[dict]]], command: str) -> str:
+def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict | None = None) -> str:
     lines = [f"Command: `{command}`", "",
              "Exact match % of each evaluation beside what three retrieval rules would score on the same "
              "test samples (benchmarks/mqmtar_collisions.py's docstring): first / second token = keys "
@@ -139,6 +166,14 @@ def markdown(results: list[tuple[str, list[dict]]], command: str) -> str:
         worst = {rule: max(miss(row, rule) for row in rows) for rule in RULES}
         lines.append(f"| {label} | " + " | ".join(f"{worst[rule]:.1f}" for rule in RULES)
                      + f" | {verdict(rows)} |")
+    if losses:
+        lines += ["", "## Training loss of each rule", "",
+                  f"Cross-entropy per scored token (nats) on {losses['samples']:,} samples of the training "
+                  "lengths (uniform in [32, 64]) of a model that follows the rule and is uniform over what "
+                  "it cannot tell apart; value copy: the value of a uniformly random pair of the context.",
+                  "",
+                  "| " + " | ".join(LOSS_RULES) + " |", "|---" * len(LOSS_RULES) + "|",
+                  "| " + " | ".join(f"{losses[rule]:.2g}" for rule in LOSS_RULES) + " |"]
     lines += ["", "## Per length", "",
               "Fits: the rules whose prediction lies in the observed interval at that length. Value "
               "collisions: test samples in which a queried key's word is also some pair's value.", ""]
@@ -201,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", nargs="+", default=list(EVAL_FILES),
                         help="the evaluation files to read in each run directory (default: eval.json and "
                              "eval_fresh.json, where present)")
+    parser.add_argument("--train-samples", type=int, default=20000,
+                        help="training samples for the rules' training losses (0: none; default 20000)")
     parser.add_argument("--panels", type=int, default=6,
                         help="collisions.png shows the first this many evaluations (default 6)")
     parser.add_argument("--out", type=Path, required=True, help="collisions.md, .json and .png go here")
@@ -211,10 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"mqmtar_collisions: error: {error}", file=sys.stderr)
         return 2
+    losses = None
+    if args.train_samples > 0:
+        losses = {"samples": args.train_samples,
+                  **rule_losses(build_task("mqmtar"), args.train_samples, seed=0)}
     args.out.mkdir(parents=True, exist_ok=True)
-    write_json(args.out / "collisions.json", {"command": command, "evaluations": [
+    write_json(args.out / "collisions.json", {"command": command, "training_losses": losses, "evaluations": [
         {"label": label, "rows": rows} for label, rows in results]})
-    write_text(args.out / "collisions.md", markdown(results, command))
+    write_text(args.out / "collisions.md", markdown(results, command, losses))
     plot(results[:max(1, args.panels)], args.out / "collisions.png")
     print(f"wrote {args.out / 'collisions.md'}, collisions.json and collisions.png")
     return 0

@@ -143,3 +143,21 @@ def test_end_to_end_on_a_tiny_run(tmp_path):
     assert [row["observed"] for row in evaluation["rows"]] == observed
     assert "| tiny |" in (tmp_path / "out" / "collisions.md").read_text()
     assert (tmp_path / "out" / "collisions.png").stat().st_size > 0
+
+
+def test_rule_losses_of_fixed_length_samples():
+    """At one length the value-copy loss is log P per query over 13 scored tokens; the look-alike rules'
+    losses equal the mean of log(1 + count) over queries recounted by brute force, and the rules tell
+    apart."""
+    task = get_task("mqmtar")
+    losses = collisions.rule_losses(task, 300, seed=4, lengths=(64, 64))
+    assert losses["value copy"] == pytest.approx(4 * np.log(8) / 13)  # P = 8 pairs at length 64
+    rng = np.random.default_rng(4)
+    expected = np.zeros(3)
+    for _ in range(300):
+        rng.integers(64, 65)  # the length draw rule_losses makes
+        counts = brute_force(task, task.sample(64, rng))
+        expected += np.log1p(np.array(counts)).sum(0)
+    for rule, value in zip(collisions.RULES, expected / (300 * 13), strict=True):
+        assert losses[rule] == pytest.approx(value)
+    assert losses["word"] < losses["first token"] < losses["value copy"]
