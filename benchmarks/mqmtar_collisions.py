@@ -53,11 +53,8 @@ def sample_chances(task, example) -> dict[str, float]:
     and "value_collision": whether a queried word is also some pair's value."""
     source = example.source
     context_length = len(source) - 3 * task.n_queries
-    by_key = {}
-    for (first, second, as_value), j in zip(task.query_collisions(example), range(task.n_queries),
-                                            strict=True):
-        key = tuple(source[context_length + 3 * j + 1:context_length + 3 * j + 3])
-        by_key[key] = (first, second, as_value)
+    by_key = {tuple(source[context_length + 3 * j + 1:context_length + 3 * j + 3]): counts
+              for j, counts in enumerate(task.query_collisions(example))}
     chances = dict.fromkeys(RULES, 1.0)
     for first, second, as_value in by_key.values():
         chances["first token"] /= 1 + first

@@ -82,7 +82,7 @@ def classify_answers(task, example, predicted_tokens) -> list[dict]:
     context_length = len(example.source) - 3 * task.n_queries
     queried = [tuple(example.source[context_length + 3 * j + 1:context_length + 3 * j + 3])
                for j in range(task.n_queries)]
-    as_value = [count for _, _, count in task.query_collisions(example)]
+    lookalikes = task.query_collisions(example)  # per query: keys sharing its 1st / 2nd token, values = it
     records, wrong_so_far = [], False
     for j, key in enumerate(queried):
         index, start, value = order[key]
@@ -90,9 +90,8 @@ def classify_answers(task, example, predicted_tokens) -> list[dict]:
         answer = tuple(answer)
         record = {"query_index": j, "key_tenth": start * KEY_PARTS // context_length,
                   "repeated_key": queried.count(key) > 1,
-                  "key_has_lookalike": any(other != key and (other[0] == key[0] or other[1] == key[1])
-                                           for other in order),
-                  "key_is_a_value": as_value[j] > 0,
+                  "key_has_lookalike": lookalikes[j][0] + lookalikes[j][1] > 0,
+                  "key_is_a_value": lookalikes[j][2] > 0,
                   "earlier_wrong": wrong_so_far, "marker_right": marker == example.target[3 * j]}
         if answer == value and record["marker_right"]:
             record["class"] = "correct"
