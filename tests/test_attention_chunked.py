@@ -99,6 +99,39 @@ def test_fully_padded_rows_give_zeros_not_nan(alpha):
     assert torch.all(grads[0][1] == 0) and torch.all(grads[0][0, :, 0] == 0)
 
 
+@pytest.mark.parametrize("alpha", ALPHAS)
+@pytest.mark.parametrize("n_q", [1, 17], ids=["decode", "q17"])
+def test_cache_buffer_views_are_read_in_place(alpha, n_q, monkeypatch):
+    """k, v as a KV cache returns them (the filled slots of larger buffers, non-contiguous): the same forward
+    and gradients as the reference, and neither the op nor its block loop copies them."""
+    from asentmax.ops import chunked
+
+    passed = []
+
+    def recording(q, k, v, *args):
+        passed.append((q, k, v))
+        return op(q, k, v, *args)
+
+    op = chunked.chunked_attention
+    monkeypatch.setattr(chunked, "chunked_attention", recording)
+    q, k, v, options = make_inputs(2, 4, 2, n_q, 130, 48, True, True, True)
+    room = 200
+    k_buffer, v_buffer = (torch.full((2, 2, room, 48), float("nan"), dtype=torch.float64) for _ in range(2))
+    k_buffer[:, :, :130], v_buffer[:, :, :130] = k, v  # NaN beyond the filled slots: read, they would show
+    k_view, v_view = k_buffer[:, :, :130], v_buffer[:, :, :130]
+    assert not k_view.is_contiguous()
+    out, aux, grads = run("chunked", q, k_view, v_view, options, alpha, True, block_q=16)
+    want_out, want_aux, want_grads = run("reference", q, k, v, options, alpha, True)
+    torch.testing.assert_close(out, want_out, rtol=1e-9, atol=1e-11)
+    assert torch.equal(aux.support_size, want_aux.support_size)
+    for name, got, want in zip(("q", "k", "v", "q_scale"), grads, want_grads, strict=False):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"grad {n}: {m}")
+    (q_op, k_op, v_op), = passed
+    flat = chunked._Problem(q_op, k_op, alpha, True, None, None, 16).flat_kv
+    assert [x.data_ptr() for x in (k_op, flat(k_op), v_op, flat(v_op))] == [k_buffer.data_ptr()] * 2 + [
+        v_buffer.data_ptr()] * 2
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-3)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_low_precision_error_bounded_by_reference_error(alpha, dtype, tol):

@@ -149,6 +149,28 @@ def test_decode_gqa_packed_heads(monkeypatch, case, path):
     check_decode(case)
 
 
+@interpreter
+@pytest.mark.parametrize("path, n_q", [("short", 1), ("split", 2), ("fused", 20)])
+def test_cache_buffer_views_equal_contiguous(monkeypatch, path, n_q):
+    """k, v as asentmax.nn.KVCache returns them (the filled slots of NaN-filled buffers with room for more,
+    not contiguous) give exactly the output of contiguous copies: the kernels follow the strides and read no
+    slot beyond the filled ones. fused: the prefill's forward kernel (more than 16 queries)."""
+    from asentmax.ops.triton import attention_decode
+
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: path == "short")
+    monkeypatch.setattr(attention_decode, "SPLIT_CHUNK", 128)
+    q, k, v, options = inputs(2, 8, 2, n_q, 300, 16, torch.float32)
+    buffers = [torch.full((2, 2, 448, 16), float("nan")) for _ in range(2)]
+    for buffer, filled in zip(buffers, (k, v), strict=True):
+        buffer[:, :, :300] = filled
+    k_view, v_view = (buffer[:, :, :300] for buffer in buffers)
+    assert not k_view.is_contiguous()
+    with torch.no_grad():
+        got = entmax_attention(q, k_view, v_view, alpha=1.5, backend="triton", **options)
+        want = entmax_attention(q, k, v, alpha=1.5, backend="triton", **options)
+    assert torch.isfinite(want).all() and torch.equal(got, want)
+
+
 # the split path's defaults on grouped caches (chunks of 128 keys here, so 1000 keys are 8 chunks and 4100
 # keys 33, summed by two blocks of chunk_sum) and on MHA, alpha 1, 1.5, 2 and general
 SPLIT_GQA_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)

@@ -4,17 +4,44 @@ Slots are appended in order. `key_mask` (B, S) marks real tokens (None while eve
 `n_real` (B,) counts the real tokens of each row, so a new token sits at position n_real and sees
 n_i = n_real + 1 keys (arXiv:2506.16640, section 2: cache length + 1 when nothing is padded).
 Keys are stored after RoPE, so cached keys never need re-rotation.
+
+Each layer's keys and values live in a buffer with room for more slots than are filled: a step writes its
+new slots in place and attends to a view of the filled ones (B, Hkv, S, D), so the cost of a step does not
+grow with the cache (concatenating copied the whole cache at every step: O(S) memory traffic per token,
+twice attention's own read of it). `capacity` is the number of slots to reserve at the first step
+(generate() passes the prompt and the new tokens it feeds back, so its buffers never grow); beyond it a
+buffer grows by an eighth: filled one token at a time to S slots, a cache copies about 9 S slots in all
+(concatenating: S^2 / 2) and holds at most an eighth and ROOM_MULTIPLE slots more than it needs. Buffers
+hold a multiple of ROOM_MULTIPLE slots, so that prompts of nearby lengths give a compiled decoding step the
+same buffer shape (no recompilation), and always keep a free slot, so that the filled slots keep one
+(non-contiguous) layout at every step.
 """
 
 from __future__ import annotations
 
 import torch
 
+ROOM_MULTIPLE = 64  # a buffer's slots are a multiple of this
+
+
+def room_for(slots: int) -> int:
+    """`slots` rounded up to a multiple of ROOM_MULTIPLE."""
+    return -(-slots // ROOM_MULTIPLE) * ROOM_MULTIPLE
+
+
+def grown_room(filled: int) -> int:
+    """Slots of a buffer grown to hold `filled`: an eighth more, and at least one more."""
+    return room_for(filled + filled // 8 + 1)
+
 
 class KVCache:
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []  # per layer, (B, Hkv, S, D)
+    def __init__(self, capacity: int | None = None):
+        if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be None or an int >= 1 (slots to reserve), got {capacity!r}")
+        self.capacity = capacity
+        self.keys: list[torch.Tensor] = []  # per layer, the filled slots (B, Hkv, S, D): views of _buffers
         self.values: list[torch.Tensor] = []
+        self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, (B, Hkv, room, D) each
         self.key_mask: torch.Tensor | None = None  # (B, S) bool, None = all real
         self.n_real: torch.Tensor | None = None  # (B,) long, None while empty
         # True when key_mask was checked contiguous (ALiBi) and each row's last slot is real or the row empty:
@@ -27,14 +54,36 @@ class KVCache:
         return 0 if not self.keys else self.keys[0].shape[2]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys/values (B, Hkv, T, D) of `layer`; return all of that layer's keys/values."""
-        if layer == len(self.keys):  # contiguous, as torch.cat returns later: one layout for every step
-            self.keys.append(k.contiguous())  # (a compiled decoding step is specialised on the strides)
-            self.values.append(v.contiguous())
+        """Append the new keys/values (B, Hkv, T, D) of `layer`; return all of that layer's keys/values
+        (views of its buffers, with the buffers' strides)."""
+        if layer == len(self.keys):
+            filled, end = 0, k.shape[2]
+            reserved = self.capacity is not None and self.capacity >= end
+            room = room_for(self.capacity + 1) if reserved else grown_room(end)
+            self._buffers.append((k.new_empty(*k.shape[:2], room, k.shape[3]),
+                                  v.new_empty(*v.shape[:2], room, v.shape[3])))
+            self.keys.append(k)
+            self.values.append(v)
         else:
-            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
-            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+            filled = self.keys[layer].shape[2]
+            end = filled + k.shape[2]
+        key_buffer, value_buffer = self._buffers[layer]
+        if end >= key_buffer.shape[2]:  # a full buffer's filled slots would be contiguous: keep one free
+            room = grown_room(end)
+            key_buffer, value_buffer = (self._grown(key_buffer, filled, room),
+                                        self._grown(value_buffer, filled, room))
+            self._buffers[layer] = key_buffer, value_buffer
+        key_buffer[:, :, filled:end] = k
+        value_buffer[:, :, filled:end] = v
+        self.keys[layer], self.values[layer] = key_buffer[:, :, :end], value_buffer[:, :, :end]
         return self.keys[layer], self.values[layer]
+
+    @staticmethod
+    def _grown(buffer: torch.Tensor, filled: int, room: int) -> torch.Tensor:
+        """A buffer of `room` slots holding the first `filled` slots of `buffer`."""
+        grown = buffer.new_empty(*buffer.shape[:2], room, buffer.shape[3])
+        grown[:, :, :filled] = buffer[:, :, :filled]
+        return grown
 
     def commit(self, key_mask: torch.Tensor | None, n_real: torch.Tensor, contiguous_to_end: bool = False):
         """Record the mask of all slots (after this step's tokens), the real-token counts and whether the

@@ -54,7 +54,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *,
             raise ValueError("every row of attention_mask needs at least one real token")
         ids, mask = left_align(ids, mask)
 
-    cache = KVCache()
+    cache = KVCache(capacity=ids.shape[1] + max_new_tokens - 1)  # the last new token is never fed back
     logits = model(ids, attention_mask=mask, cache=cache)[:, -1]
     batch = ids.shape[0]
     finished = torch.zeros(batch, dtype=torch.bool, device=ids.device)

@@ -79,8 +79,9 @@ class _Problem:
         return x.reshape(self.batch * self.kv_heads, self.group * (r1 - r0), x.shape[-1])
 
     def flat_kv(self, x):
-        """(B, Hkv, Nk, D) -> (B * Hkv, Nk, D), a view."""
-        return x.view(self.batch * self.kv_heads, self.n_k, x.shape[-1])
+        """(B, Hkv, Nk, D) -> (B * Hkv, Nk, D): a view where the heads can be merged (a contiguous tensor, or
+        the filled slots of a KV cache's buffer), else a copy."""
+        return x.reshape(self.batch * self.kv_heads, self.n_k, x.shape[-1])
 
     def logits(self, qhat_rows, k, r0, r1, kend):
         """z (B, Hkv, G, n, kend) for rows [r0, r1); -inf on hidden keys, 0 on rows with no visible key."""
@@ -128,8 +129,9 @@ class _Problem:
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, alibi_slopes: Tensor | None,
                       key_padding_mask: Tensor | None, alpha: float, causal: bool, scale: float, block_q: int,
                       with_support: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, tau, support), out (B, H, Nq, D) and tau (B, H, Nq) in the compute dtype (fp32, fp64 for
-    fp64 inputs), support (B, H, Nq) int32 or empty. q, k, v contiguous; block_q 0 = default_block_q."""
+    """(out, tau, support), out (B, H, Nq, D) and tau (B, H, Nq) in the compute dtype (fp32, fp64 for fp64
+    inputs), support (B, H, Nq) int32 or empty. q contiguous, k and v in any layout (the filled slots of
+    a KV cache's buffers are not copied); block_q 0 = default_block_q."""
     batch, heads, n_q, dim = q.shape
     if block_q == 0:
         block_q = default_block_q(batch, heads, n_q, k.shape[2])
@@ -217,7 +219,7 @@ def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scal
 @chunked_attention_bwd.register_fake
 def _(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau, alpha, causal, scale, block_q):
     d_q_scale = q.new_empty(q.shape[:3], dtype=q_scale.dtype) if q_scale is not None else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), d_q_scale
+    return torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape), d_q_scale  # dk, dv contiguous
 
 
 def _setup_context(ctx, inputs, output):
@@ -244,7 +246,7 @@ def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_s
     block_q: query rows per block (default: `default_block_q`, a fixed logits budget per block).
     """
     out, tau, support = chunked_attention(
-        q.contiguous(), k.contiguous(), v.contiguous(), q_scale, alibi_slopes, key_padding_mask,
+        q.contiguous(), k, v, q_scale, alibi_slopes, key_padding_mask,
         alpha, causal, scale, 0 if block_q is None else block_q, return_aux)
     out = out.to(q.dtype)
     return (out, AttentionAux(tau.detach().float(), support)) if return_aux else out

@@ -1,0 +1,147 @@
+"""KV-cache decoding with `generate`: the package's cache (new slots written in place into buffers with room,
+asentmax.nn.cache) beside a cache that concatenates every step (the package's cache before the twenty-third
+session, rebuilt here as the peer), in the same run, on the CPU or a GPU (issue 14).
+
+The LM preset lm_25m (8 layers, d_model 384, 6 heads of dim 64, 2 KV heads, NAPE) with random weights and a
+4,096-token vocabulary; on CUDA under bf16 autocast, as `asentmax eval`. For each normaliser and prompt
+length: one prefill into each cache (the package's with generate()'s capacity, prompt + new tokens), then
+--new greedy decoding steps as generate() makes them, timed alone (the prefill, the same for both caches,
+would swamp them), the fastest of --repeats runs after a warm-up run, the cache rewound to the prefill
+between runs. Both caches must give the same tokens (checked). --compile adds torch.compile(model,
+fullgraph=True) with each cache.
+
+    PYTHONPATH=src python benchmarks/bench_generate.py --out results
+writes results/generate_<device>.{md,json}.
+"""
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from asentmax.nn import KVCache, Transformer, lm_25m
+
+VOCAB = 4096
+
+
+class ConcatenatingCache(KVCache):
+    """The peer: each step's keys and values concatenated to the cache (a copy of the whole cache a step)."""
+
+    def update(self, layer, k, v):
+        if layer == len(self.keys):
+            self.keys.append(k.contiguous())
+            self.values.append(v.contiguous())
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        return self.keys[layer], self.values[layer]
+
+
+def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
+    """(fastest ms per decoded token over `repeats` runs of `new_tokens` greedy steps from one prefill of
+    `ids` into `cache`, the tokens of the last run). The cache is rewound to the prefill between runs: its
+    attributes restored, so that every run appends to the same prefilled slots, as generate() would."""
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    with torch.no_grad(), autocast:
+        logits = call(ids, cache=cache)[:, -1]
+        prefilled = {name: list(x) if isinstance(x, list) else x for name, x in vars(cache).items()}
+        best = float("inf")
+        for _ in range(repeats + 1):  # the first run warms up (and compiles)
+            vars(cache).update({name: list(x) if isinstance(x, list) else x for name, x in prefilled.items()})
+            token, tokens = logits.argmax(-1), []
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(new_tokens):
+                tokens.append(token)
+                token = call(token[:, None], cache=cache)[:, -1].argmax(-1)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+    return 1000 * best / new_tokens, torch.stack(tokens, 1)
+
+
+def cpu_name():
+    """The CPU's model name (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table_row(row):
+    peer, ours = row["concatenating_ms_per_token"], row["buffered_ms_per_token"]
+    return (f"| {row['normaliser']} | {row['prompt']} | {row['mode']} | {peer:.2f} | {ours:.2f} | "
+            f"{peer / ours:.2f}x |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--prompts", type=int, nargs="+", default=[256, 1024, 4096], help="prompt tokens")
+    parser.add_argument("--new", type=int, default=64, help="generated tokens")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--normalisers", nargs="+", default=["softmax", "asentmax"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU")
+    parser.add_argument("--out", type=Path, default=None, help="folder for generate_<device>.{md,json}")
+    args = parser.parse_args()
+    if args.new < 1 or args.repeats < 1:
+        parser.error("--new and --repeats must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    command = (f"PYTHONPATH=src python benchmarks/bench_generate.py --device {args.device} "
+               f"--batch {args.batch} --prompts {' '.join(map(str, args.prompts))} --new {args.new} "
+               f"--repeats {args.repeats}"
+               f"{' --compile' if args.compile else ''} --out DIR")
+    precision = "bf16 autocast" if device.type == "cuda" else "fp32"
+    header = (f"# generate() decoding: buffered KV cache vs concatenating peer ({device.type}: {name}, torch "
+              f"{torch.__version__}, {torch.get_num_threads()} threads)\n\n"
+              f"lm_25m, vocab {VOCAB}, NAPE, batch {args.batch}, {args.new} new tokens, fastest of "
+              f"{args.repeats}, {precision}. Command: `{command}`\n\n"
+              "| normaliser | prompt | mode | concatenating ms/token | buffered ms/token | "
+              "concatenating / buffered |\n|---|---|---|---|---|---|")
+    print(header, flush=True)
+    rows = []
+    for normaliser in args.normalisers:
+        torch.manual_seed(0)
+        model = Transformer(lm_25m(VOCAB, attention=normaliser)).to(device).eval()
+        modes = [("eager", model)]
+        if args.compile:
+            torch._dynamo.reset()
+            modes.append(("compiled", torch.compile(model, fullgraph=True)))
+        for prompt in args.prompts:
+            generator = torch.Generator().manual_seed(prompt)
+            ids = torch.randint(0, VOCAB, (args.batch, prompt), generator=generator).to(device)
+            for mode, call in modes:
+                peer, peer_tokens = decoding_ms_per_token(call, ConcatenatingCache(), ids, args.new, device,
+                                                          args.repeats)
+                ours, tokens = decoding_ms_per_token(call, KVCache(capacity=prompt + args.new), ids, args.new,
+                                                     device, args.repeats)
+                if not torch.equal(tokens, peer_tokens):
+                    raise SystemExit(f"{normaliser} {mode} prompt {prompt}: the two caches decoded different "
+                                     "tokens")
+                row = dict(normaliser=normaliser, prompt=prompt, mode=mode, concatenating_ms_per_token=peer,
+                           buffered_ms_per_token=ours)
+                rows.append(row)
+                print(table_row(row), flush=True)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        lines = [header] + [table_row(row) for row in rows]
+        (args.out / f"generate_{device.type}.md").write_text("\n".join(lines) + "\n")
+        (args.out / f"generate_{device.type}.json").write_text(json.dumps(
+            dict(device=name, torch=torch.__version__, args={k: str(v) for k, v in vars(args).items()},
+                 rows=rows), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
