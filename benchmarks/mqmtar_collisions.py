@@ -22,10 +22,12 @@ follows it. The same rules also give a training loss: on --train-samples samples
 (uniform in [32, 64]), the cross-entropy per scored token (the 12 target tokens and <eos>) of a model that
 follows a rule and is uniform over what it cannot tell apart, beside a fourth rule, value copy (the value of a
 uniformly random pair of the context, log P nats per query): the loss plateaus of the training logs sit at
-these levels. Writes collisions.md (per evaluation: by how much each rule misses the observed intervals and
-which rules it behaves like; per length: the observed exact match with its interval, the three predictions,
-the samples with a key-as-value collision and the rules whose prediction lies in the interval),
-collisions.json and collisions.png (the first --panels evaluations, in the order given) under --out.
+these levels. --train-lookalikes gives them also on the samples of `asentmax train --lookalikes r` (a share r
+of them with a planted look-alike of a queried key), where the rules cost far more. Writes collisions.md (per
+evaluation: by how much each rule misses the observed intervals and which rules it behaves like; per length:
+the observed exact match with its interval, the three predictions, the samples with a key-as-value collision
+and the rules whose prediction lies in the interval), collisions.json and collisions.png (the first --panels
+evaluations, in the order given) under --out.
 
     PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -40,7 +42,7 @@ from pathlib import Path
 
 from asentmax.eval import examples_for_length
 from asentmax.runs import RunError, load_evaluation, write_json, write_text
-from asentmax.tasks.mqmtar import COLON
+from asentmax.tasks.mqmtar import COLON, MQMTARTask
 from asentmax.tasks.workload import build_task
 
 RULES = ("first token", "second token", "word")
@@ -167,10 +169,14 @@ def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict |
         lines += ["", "## Training loss of each rule", "",
                   f"Cross-entropy per scored token (nats) on {losses['samples']:,} samples of the training "
                   "lengths (uniform in [32, 64]) of a model that follows the rule and is uniform over what "
-                  "it cannot tell apart; value copy: the value of a uniformly random pair of the context.",
+                  "it cannot tell apart; value copy: the value of a uniformly random pair of the context. "
+                  "Look-alikes: the share of training samples given a planted look-alike (`asentmax train "
+                  "--lookalikes`; 0 = the paper's samples). A run's training loss below a rule's is a run "
+                  "that tells apart more than that rule does.",
                   "",
-                  "| " + " | ".join(LOSS_RULES) + " |", "|---" * len(LOSS_RULES) + "|",
-                  "| " + " | ".join(f"{losses[rule]:.2g}" for rule in LOSS_RULES) + " |"]
+                  "| look-alikes | " + " | ".join(LOSS_RULES) + " |", "|---" * (len(LOSS_RULES) + 1) + "|"]
+        lines += ["| " + " | ".join([f"{row['lookalikes']:g}"] + [f"{row[rule]:.2g}" for rule in LOSS_RULES])
+                  + " |" for row in losses["rows"]]
     lines += ["", "## Per length", "",
               "Fits: the rules whose prediction lies in the observed interval at that length. Value "
               "collisions: test samples in which a queried key's word is also some pair's value.", ""]
@@ -235,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                              "eval_fresh.json, where present)")
     parser.add_argument("--train-samples", type=int, default=20000,
                         help="training samples for the rules' training losses (0: none; default 20000)")
+    parser.add_argument("--train-lookalikes", type=float, nargs="+", default=[0.0, 0.5],
+                        help="the training losses with each of these shares of planted look-alikes "
+                             "(asentmax train --lookalikes; default 0 and 0.5)")
     parser.add_argument("--panels", type=int, default=6,
                         help="collisions.png shows the first this many evaluations (default 6)")
     parser.add_argument("--out", type=Path, required=True, help="collisions.md, .json and .png go here")
@@ -245,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"mqmtar_collisions: error: {error}", file=sys.stderr)
         return 2
+    if any(not 0 <= share <= 1 for share in args.train_lookalikes):
+        parser.error("--train-lookalikes takes shares in [0, 1], got "
+                     + " ".join(map(str, args.train_lookalikes)))
     losses = None
     if args.train_samples > 0:
-        losses = {"samples": args.train_samples,
-                  **rule_losses(build_task("mqmtar"), args.train_samples, seed=0)}
+        losses = {"samples": args.train_samples, "rows": [
+            {"lookalikes": share, **rule_losses(MQMTARTask(lookalikes=share), args.train_samples, seed=0)}
+            for share in args.train_lookalikes]}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "collisions.json", {"command": command, "training_losses": losses, "evaluations": [
         {"label": label, "rows": rows} for label, rows in results]})

@@ -136,20 +136,29 @@ def test_end_to_end_on_a_tiny_run(tmp_path):
              "--no-progress"]
     assert asentmax(train) == 0
     assert asentmax(["eval", str(run), "--multipliers", "1", "2", "--samples", "3", "--no-progress"]) == 0
-    assert collisions.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    out = ["--out", str(tmp_path / "out"), "--train-samples", "400", "--train-lookalikes", "0", "1"]
+    assert collisions.main([str(run), *out]) == 0
     result = json.loads((tmp_path / "out" / "collisions.json").read_text())
+    without, planted = result["training_losses"]["rows"]
+    assert (without["lookalikes"], planted["lookalikes"]) == (0, 1)
+    assert planted["word"] > 100 * without["word"]
     (evaluation,) = result["evaluations"]
     observed = [100 * row["exact_match"] for row in json.loads((run / "eval.json").read_text())["rows"]]
     assert [row["observed"] for row in evaluation["rows"]] == observed
-    assert "| tiny |" in (tmp_path / "out" / "collisions.md").read_text()
+    table = (tmp_path / "out" / "collisions.md").read_text()
+    assert "| tiny |" in table and "\n| 0 | " in table and "\n| 1 | " in table
     assert (tmp_path / "out" / "collisions.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        collisions.main([str(run), "--out", str(tmp_path / "out"), "--train-lookalikes", "1.5"])
 
 
-def test_rule_losses_of_fixed_length_samples():
+@pytest.mark.parametrize("lookalikes", [0.0, 1.0])
+def test_rule_losses_of_fixed_length_samples(lookalikes):
     """At one length the value-copy loss is log P per query over 13 scored tokens; the look-alike rules'
     losses equal the mean of log(1 + count) over queries recounted by brute force, and the rules tell
-    apart."""
-    task = get_task("mqmtar")
+    apart. With a planted look-alike in every sample (a third of them a value equal to a queried key's
+    word) the word rule costs at least log 2 / 13 nats on those samples."""
+    task = get_task("mqmtar", lookalikes=lookalikes)
     losses = collisions.rule_losses(task, 300, seed=4, lengths=(64, 64))
     assert losses["value copy"] == pytest.approx(4 * np.log(8) / 13)  # P = 8 pairs at length 64
     rng = np.random.default_rng(4)
@@ -161,3 +170,4 @@ def test_rule_losses_of_fixed_length_samples():
     for rule, value in zip(collisions.RULES, expected / (300 * 13), strict=True):
         assert losses[rule] == pytest.approx(value)
     assert losses["word"] < losses["first token"] < losses["value copy"]
+    assert (losses["word"] > 0.8 * np.log(2) / (3 * 13)) == (lookalikes == 1.0)
