@@ -69,7 +69,7 @@ def test_generate_reserves_room_for_every_token(monkeypatch):
     assert torch.equal(full, out[:, 63:])
 
 
-@pytest.mark.parametrize("capacity", [0, -2, 2.5, "8"])
+@pytest.mark.parametrize("capacity", [0, -2, 2.5, "8", True])
 def test_bad_capacity_is_refused(capacity):
     with pytest.raises(ValueError, match="capacity must be None or an int >= 1"):
         KVCache(capacity=capacity)

@@ -36,7 +36,7 @@ def grown_room(filled: int) -> int:
 
 class KVCache:
     def __init__(self, capacity: int | None = None):
-        if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
+        if capacity is not None and (type(capacity) is not int or capacity < 1):
             raise ValueError(f"capacity must be None or an int >= 1 (slots to reserve), got {capacity!r}")
         self.capacity = capacity
         self.keys: list[torch.Tensor] = []  # per layer, the filled slots (B, Hkv, S, D): views of _buffers
@@ -62,7 +62,7 @@ class KVCache:
             room = room_for(self.capacity + 1) if reserved else grown_room(end)
             self._buffers.append((k.new_empty(*k.shape[:2], room, k.shape[3]),
                                   v.new_empty(*v.shape[:2], room, v.shape[3])))
-            self.keys.append(k)
+            self.keys.append(k)  # placeholders: the views of the buffers replace them below
             self.values.append(v)
         else:
             filled = self.keys[layer].shape[2]
