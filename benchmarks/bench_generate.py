@@ -40,6 +40,11 @@ class ConcatenatingCache(KVCache):
         return self.keys[layer], self.values[layer]
 
 
+def rewind_point(state: dict) -> dict:
+    """A cache's attributes with their lists copied: restoring it undoes every later step."""
+    return {name: list(x) if isinstance(x, list) else x for name, x in state.items()}
+
+
 def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
     """(fastest ms per decoded token over `repeats` runs of `new_tokens` greedy steps from one prefill of
     `ids` into `cache`, the tokens of the last run). The cache is rewound to the prefill between runs: its
@@ -47,10 +52,10 @@ def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     with torch.no_grad(), autocast:
         logits = call(ids, cache=cache)[:, -1]
-        prefilled = {name: list(x) if isinstance(x, list) else x for name, x in vars(cache).items()}
+        prefilled = rewind_point(vars(cache))
         best = float("inf")
         for _ in range(repeats + 1):  # the first run warms up (and compiles)
-            vars(cache).update({name: list(x) if isinstance(x, list) else x for name, x in prefilled.items()})
+            vars(cache).update(rewind_point(prefilled))
             token, tokens = logits.argmax(-1), []
             if device.type == "cuda":
                 torch.cuda.synchronize()
