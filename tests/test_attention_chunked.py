@@ -127,7 +127,7 @@ def test_cache_buffer_views_are_read_in_place(alpha, n_q, monkeypatch):
     for name, got, want in zip(("q", "k", "v", "q_scale"), grads, want_grads, strict=False):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10, msg=lambda m, n=name: f"grad {n}: {m}")
     (q_op, k_op, v_op), = passed
-    flat = chunked._Problem(q_op, k_op, alpha, True, None, None, 16).flat_kv
+    flat = chunked._Problem(q_op, k_op, alpha, True, None, None, None, 16).flat_kv
     assert [x.data_ptr() for x in (k_op, flat(k_op), v_op, flat(v_op))] == [k_buffer.data_ptr()] * 2 + [
         v_buffer.data_ptr()] * 2
 

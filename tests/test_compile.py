@@ -201,9 +201,10 @@ def attention_inputs(n_q=20, n_k=20, dim=16):
 def test_chunked_custom_op_passes_opcheck():
     """Schema, fake (shapes and strides) and autograd registration of asentmax::chunked_attention."""
     q, k, v, q_scale, slopes, kpm = attention_inputs(n_q=12)
-    for with_support in (False, True):
+    lengths = torch.tensor([k.shape[2], 12] + [k.shape[2] - 1] * (k.shape[0] - 2))
+    for with_support, kv_lengths in ((False, None), (True, None), (True, lengths)):
         torch.library.opcheck(torch.ops.asentmax.chunked_attention.default,
-                              (q, k, v, q_scale, slopes, kpm, 1.5, True, 0.25, 5, with_support))
+                              (q, k, v, q_scale, slopes, kpm, kv_lengths, 1.5, True, 0.25, 5, with_support))
 
 
 @pytest.mark.skipif(not triton_backend.is_available(), reason="needs triton (TRITON_INTERPRET=1 on CPU)")
@@ -215,7 +216,10 @@ def test_triton_custom_ops_pass_opcheck():
     q_scale = q_scale.detach().contiguous().requires_grad_()
     torch.library.opcheck(torch.ops.asentmax.attention_fwd.default,
                           (q, k, v, q_scale, slopes4, kpm8, 1.5, True, 0.25, True, True))
+    lengths = torch.full((k.shape[0],), k.shape[2] - 3, dtype=torch.int32)
     with torch.no_grad():
-        torch.library.opcheck(torch.ops.asentmax.attention_decode.default,
-                              (q[:, :, -2:], k, v, q_scale[:, :, -2:].contiguous(), slopes4, kpm8, 1.5, True,
-                               0.25), test_utils=("test_schema", "test_faketensor"))
+        for kv_lengths in (None, lengths):
+            torch.library.opcheck(torch.ops.asentmax.attention_decode.default,
+                                  (q[:, :, -2:], k, v, q_scale[:, :, -2:].contiguous(), slopes4, kpm8,
+                                   kv_lengths, 1.5, True, 0.25),
+                                  test_utils=("test_schema", "test_faketensor"))

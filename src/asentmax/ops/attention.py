@@ -16,10 +16,11 @@ with no visible key returns 0, never NaN.
 Backends (names in asentmax.ops.types.BACKENDS): "reference" (dense oracle, reference.py), "chunked"
 (memory O(N * block), chunked.py), "triton" (GPU kernels, asentmax.ops.triton, imported lazily) and
 "auto" (triton for CUDA tensors when available, chunked otherwise). Each backend declares a
-BackendSupport; a call outside it (triton: alpha > 2, head_dim > 256) is computed by "chunked", decided
-here and nowhere else. The chunked and triton computations are torch custom ops (asentmax::chunked_attention,
-asentmax::attention_fwd / attention_bwd / attention_decode): the one boundary torch.compile sees, so that a
-compiled model traces this function and the argument checks but none of the block loops or kernel launches.
+BackendSupport; a call outside it (triton: alpha > 2, head_dim > 256, kv_lengths outside a decoding call)
+is computed by "chunked", decided here and nowhere else. The chunked and triton computations are torch
+custom ops (asentmax::chunked_attention, asentmax::attention_fwd / attention_bwd / attention_decode): the one
+boundary torch.compile sees, so that a compiled model traces this function and the argument checks but none
+of the block loops or kernel launches.
 """
 
 import os
@@ -28,7 +29,7 @@ import torch
 
 from asentmax.ops import chunked, reference
 from asentmax.ops import triton as triton_backend
-from asentmax.ops.types import BACKENDS, AttentionAux, validate_attention_args
+from asentmax.ops.types import BACKENDS, AttentionAux, decodes, validate_attention_args
 
 __all__ = ["BACKENDS", "AttentionAux", "backend_refusal", "choose_backend", "entmax_attention",
            "resolve_backend"]
@@ -76,7 +77,7 @@ def backend_refusal(backend: str, device_type: str) -> str | None:
 
 
 def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slopes=None, q_scale=None,
-                     key_padding_mask=None, backend="auto", return_aux=False):
+                     key_padding_mask=None, kv_lengths=None, backend="auto", return_aux=False):
     """alpha-entmax attention (softmax when alpha == 1), arXiv:2506.16640, section 2.
 
     Args:
@@ -89,6 +90,13 @@ def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slope
         q_scale: None or (B, H, Nq): per-query inverse temperature (the paper's theta; ASEntmax / SSMax);
             multiplies q . k only, never the ALiBi bias.
         key_padding_mask: None or bool (B, Nk), True = real key, False = padding (never attended).
+        kv_lengths: None or int (B,), Nq <= kv_lengths[b] <= Nk: row b holds only its first kv_lengths[b]
+            keys (the filled slots of a fixed-size cache buffer; later slots are never read, whatever they
+            hold) and its queries sit at positions r + kv_lengths[b] - Nq. The same as slicing k, v and
+            key_padding_mask of row b to kv_lengths[b] slots, with shapes that do not change as a cache
+            fills (what a CUDA graph of a decoding step needs). Checked on the host, except under
+            torch.compile and CUDA graph capture. The triton backend takes it in decoding calls (Nq <= 16,
+            no gradient); other calls with it go to chunked.
         backend: "auto" | "reference" | "chunked" | "triton".
         return_aux: also return AttentionAux(tau, support_size), each (B, H, Nq).
 
@@ -98,8 +106,10 @@ def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slope
     """
     alpha, scale = validate_attention_args(
         q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
-        key_padding_mask=key_padding_mask, backend=backend, return_aux=return_aux)
+        key_padding_mask=key_padding_mask, backend=backend, return_aux=return_aux, kv_lengths=kv_lengths)
     backend = choose_backend(backend, q, alpha)
+    if kv_lengths is not None and _SUPPORT[backend].lengths_refusal(decodes(q, k, v, q_scale)) is not None:
+        backend = "chunked"
     if backend == "triton":
         run = triton_backend.triton_entmax_attention
     elif backend == "chunked":
@@ -107,4 +117,4 @@ def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slope
     else:
         run = reference.reference_entmax_attention
     return run(q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
-               key_padding_mask=key_padding_mask, return_aux=return_aux)
+               key_padding_mask=key_padding_mask, kv_lengths=kv_lengths, return_aux=return_aux)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from asentmax.ops.entmax import compute_dtype, entmax, entmax_vjp
+from asentmax.ops.reference import query_positions
 from asentmax.ops.types import AttentionAux, BackendSupport
 
 SUPPORT = BackendSupport()  # every alpha >= 1, head_dim and float dtype
@@ -44,11 +45,10 @@ def default_block_q(batch, heads, n_q, n_k):
 class _Problem:
     """Shapes, masks and ALiBi slopes shared by the forward and backward block loops."""
 
-    def __init__(self, q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q):
+    def __init__(self, q, k, alpha, causal, alibi_slopes, key_padding_mask, kv_lengths, block_q):
         self.batch, self.heads, self.n_q, self.dim = q.shape
         self.kv_heads, self.n_k = k.shape[1], k.shape[2]
         self.group = self.heads // self.kv_heads
-        self.offset = self.n_k - self.n_q
         self.alpha, self.causal, self.block_q = alpha, causal, block_q
         self.dtype, self.device = compute_dtype(q.dtype), q.device
         self.padding = None if key_padding_mask is None else ~key_padding_mask[:, None, None, None, :]
@@ -58,20 +58,37 @@ class _Problem:
             slopes = slopes[None] if slopes.dim() == 1 else slopes
             self.neg_slopes = -slopes.reshape(slopes.shape[0], self.kv_heads, self.group, 1, 1)
         self.keys = torch.arange(self.n_k, device=self.device)
-        pos = torch.arange(self.n_q, device=self.device) + self.offset
+        self.pos = query_positions(self.n_q, self.n_k, kv_lengths, self.device)  # (B or 1, Nq)
+        # the rows' last visible position (B or 1, Nq), and the keys [0, filled) a row can hold
+        filled = torch.full((1, 1), self.n_k, device=self.device) if kv_lengths is None else (
+            kv_lengths.long().clamp(max=self.n_k)[:, None])
+        last = self.pos if causal else (filled - 1).expand(-1, self.n_q)
         if key_padding_mask is None:
-            counts = (pos + 1 if causal else torch.full_like(pos, self.n_k))[None]
+            counts = last + 1
         else:
-            cumulative = key_padding_mask.cumsum(-1)
-            counts = cumulative[:, pos] if causal else cumulative[:, -1:].expand(-1, self.n_q)
-        self.empty = (counts == 0)[:, None, None, :, None]  # (B or 1, 1, 1, Nq, 1): no visible key
-        self.any_empty = bool(self.empty.any())
+            last = last.expand(self.batch, -1)
+            counts = key_padding_mask.cumsum(-1).gather(1, last.clamp(min=0)).masked_fill(last < 0, 0)
+        self.empty = (counts <= 0)[:, None, None, :, None]  # (B or 1, 1, 1, Nq, 1): no visible key
+        self.length_mask = None  # without causality, the keys past a row's kv_lengths
+        if kv_lengths is not None and not causal:
+            self.length_mask = (self.keys >= filled)[:, None, None, None, :]
+        any_empty, key_end, key_start = torch.stack([self.empty.any().long(), filled.max(), filled.min()]
+                                                    ).tolist()  # one host read
+        self.any_empty, self.key_end = bool(any_empty), key_end
+        # rows of unequal kv_lengths: the slots past a row's length (which may hold anything, NaN included)
+        # are read for the longer rows, and 0 * NaN would reach the sums: flat_kv zeroes them
+        self.past_length = None
+        if key_start < key_end:
+            past = (self.keys >= filled)[:, None, :, None].expand(-1, self.kv_heads, -1, -1)
+            self.past_length = past.reshape(self.batch * self.kv_heads, self.n_k, 1)
+        # the first key that can lie in the future of row r is pos(r) + 1 >= r + first_future
+        self.first_future = (self.n_k - self.n_q if kv_lengths is None else -self.n_q) + 1
 
     def blocks(self):
         """(r0, r1, kend): query rows [r0, r1) and the keys [0, kend) any of them can see."""
         for r0 in range(0, self.n_q, self.block_q):
             r1 = min(r0 + self.block_q, self.n_q)
-            yield r0, r1, min(self.n_k, r1 + self.offset) if self.causal else self.n_k
+            yield r0, r1, min(self.key_end, r1 + self.key_end - self.n_q) if self.causal else self.key_end
 
     def rows(self, x, r0, r1):
         """(B, H, Nq, E) -> rows [r0, r1) of every head as (B * Hkv, G * n, E)."""
@@ -80,20 +97,24 @@ class _Problem:
 
     def flat_kv(self, x):
         """(B, Hkv, Nk, D) -> (B * Hkv, Nk, D): a view where the heads can be merged (a contiguous tensor, or
-        the filled slots of a KV cache's buffer), else a copy."""
-        return x.reshape(self.batch * self.kv_heads, self.n_k, x.shape[-1])
+        the filled slots of a KV cache's buffer), else a copy; a copy with zeros past each row's kv_lengths
+        when they differ."""
+        x = x.reshape(self.batch * self.kv_heads, self.n_k, x.shape[-1])
+        return x if self.past_length is None else x.masked_fill(self.past_length, 0.0)
 
     def logits(self, qhat_rows, k, r0, r1, kend):
         """z (B, Hkv, G, n, kend) for rows [r0, r1); -inf on hidden keys, 0 on rows with no visible key."""
         z = torch.bmm(qhat_rows, k[:, :kend].transpose(-1, -2))
         z = z.view(self.batch, self.kv_heads, self.group, r1 - r0, kend)
-        pos = torch.arange(r0, r1, device=self.device) + self.offset
+        pos = self.pos[:, None, None, r0:r1, None]  # (B or 1, 1, 1, n, 1)
         keys = self.keys[:kend]
         if self.neg_slopes is not None:
-            z.addcmul_(self.neg_slopes, (pos[:, None] - keys[None, :]).abs().to(self.dtype))
+            z.addcmul_(self.neg_slopes, (pos - keys).abs().to(self.dtype))
         if self.causal:  # only keys after the block's first position can be in the future of a row
-            first = r0 + self.offset + 1
-            z[..., first:].masked_fill_(keys[None, first:] > pos[:, None], float("-inf"))
+            first = max(0, r0 + self.first_future)
+            z[..., first:].masked_fill_(keys[first:] > pos, float("-inf"))
+        if self.length_mask is not None:
+            z.masked_fill_(self.length_mask[..., :kend], float("-inf"))
         if self.padding is not None:
             z.masked_fill_(self.padding[..., :kend], float("-inf"))
         if self.any_empty:
@@ -127,15 +148,15 @@ class _Problem:
 
 @torch.library.custom_op("asentmax::chunked_attention", mutates_args=())
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, alibi_slopes: Tensor | None,
-                      key_padding_mask: Tensor | None, alpha: float, causal: bool, scale: float, block_q: int,
-                      with_support: bool) -> tuple[Tensor, Tensor, Tensor]:
+                      key_padding_mask: Tensor | None, kv_lengths: Tensor | None, alpha: float, causal: bool,
+                      scale: float, block_q: int, with_support: bool) -> tuple[Tensor, Tensor, Tensor]:
     """(out, tau, support), out (B, H, Nq, D) and tau (B, H, Nq) in the compute dtype (fp32, fp64 for fp64
     inputs), support (B, H, Nq) int32 or empty. q contiguous, k and v in any layout (the filled slots of
     a KV cache's buffers are not copied); block_q 0 = default_block_q."""
     batch, heads, n_q, dim = q.shape
     if block_q == 0:
         block_q = default_block_q(batch, heads, n_q, k.shape[2])
-    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
+    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, kv_lengths, block_q)
     z_mult = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
     qhat = q.to(prob.dtype) * z_mult  # (B, H, Nq, D)
     kc, vc = prob.flat_kv(k.to(prob.dtype)), prob.flat_kv(v.to(prob.dtype))  # (B * Hkv, Nk, D)
@@ -157,7 +178,8 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, a
 
 
 @chunked_attention.register_fake
-def _(q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q, with_support):
+def _(q, k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths, alpha, causal, scale, block_q,
+      with_support):
     dtype = compute_dtype(q.dtype)
     rows = q.shape[:3]
     return (q.new_empty(q.shape, dtype=dtype), q.new_empty(rows, dtype=dtype),
@@ -166,15 +188,15 @@ def _(q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, bl
 
 @torch.library.custom_op("asentmax::chunked_attention_bwd", mutates_args=())
 def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None,
-                          alibi_slopes: Tensor | None, key_padding_mask: Tensor | None, out: Tensor,
-                          tau: Tensor, alpha: float, causal: bool, scale: float, block_q: int
-                          ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          alibi_slopes: Tensor | None, key_padding_mask: Tensor | None,
+                          kv_lengths: Tensor | None, out: Tensor, tau: Tensor, alpha: float, causal: bool,
+                          scale: float, block_q: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d q_scale) of chunked_attention (d q_scale empty without q_scale); d_out is the
     gradient of its out (compute dtype)."""
     batch, heads, n_q, _ = q.shape
     if block_q == 0:
         block_q = default_block_q(batch, heads, n_q, k.shape[2])
-    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, block_q)
+    prob = _Problem(q, k, alpha, causal, alibi_slopes, key_padding_mask, kv_lengths, block_q)
     shape5 = (prob.batch, prob.kv_heads, prob.group, prob.n_q)
     out, tau = out.reshape(*shape5, prob.dim), tau.reshape(*shape5, 1)
     z_mult = scale if q_scale is None else scale * q_scale.to(prob.dtype)[..., None]
@@ -217,36 +239,37 @@ def chunked_attention_bwd(d_out: Tensor, q: Tensor, k: Tensor, v: Tensor, q_scal
 
 
 @chunked_attention_bwd.register_fake
-def _(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau, alpha, causal, scale, block_q):
+def _(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths, out, tau, alpha, causal, scale,
+      block_q):
     d_q_scale = q.new_empty(q.shape[:3], dtype=q_scale.dtype) if q_scale is not None else q.new_empty(0)
     return torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape), d_q_scale  # dk, dv contiguous
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, q_scale, alibi_slopes, key_padding_mask, alpha, causal, scale, block_q, _ = inputs
+    q, k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths, alpha, causal, scale, block_q, _ = inputs
     out, tau, _ = output
-    ctx.save_for_backward(q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau)
+    ctx.save_for_backward(q, k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths, out, tau)
     ctx.options = (alpha, causal, scale, block_q)
 
 
 def _backward(ctx, d_out, _d_tau, _d_support):
-    q, k, v, q_scale, alibi_slopes, key_padding_mask, out, tau = ctx.saved_tensors
+    q, k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths, out, tau = ctx.saved_tensors
     dq, dk, dv, d_q_scale = chunked_attention_bwd(d_out, q, k, v, q_scale, alibi_slopes, key_padding_mask,
-                                                  out, tau, *ctx.options)
-    return dq, dk, dv, (d_q_scale if q_scale is not None else None), None, None, None, None, None, None, None
+                                                  kv_lengths, out, tau, *ctx.options)
+    return dq, dk, dv, (d_q_scale if q_scale is not None else None), *[None] * 8
 
 
 chunked_attention.register_autograd(_backward, setup_context=_setup_context)
 
 
 def chunked_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
-                             return_aux, block_q=None):
+                             return_aux, kv_lengths=None, block_q=None):
     """Arguments as `entmax_attention`, already validated, with `scale` a float. Differentiable.
 
     block_q: query rows per block (default: `default_block_q`, a fixed logits budget per block).
     """
     out, tau, support = chunked_attention(
-        q.contiguous(), k, v, q_scale, alibi_slopes, key_padding_mask,
+        q.contiguous(), k, v, q_scale, alibi_slopes, key_padding_mask, kv_lengths,
         alpha, causal, scale, 0 if block_q is None else block_q, return_aux)
     out = out.to(q.dtype)
     return (out, AttentionAux(tau.detach().float(), support)) if return_aux else out

@@ -16,6 +16,8 @@ from asentmax.ops.entmax import ALPHA_MAX
 
 BACKENDS = ("auto", "reference", "chunked", "triton")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+LENGTH_DTYPES = (torch.int32, torch.int64)
+MAX_QUERIES = 16  # the decoding kernels (ops/triton/attention_decode*.py) take Nq <= 16
 
 
 class AttentionAux(NamedTuple):
@@ -39,6 +41,7 @@ class BackendSupport:
     max_alpha: float = math.inf
     max_head_dim: int | None = None
     dtypes: tuple = FLOAT_DTYPES
+    lengths_when_decoding: bool = False  # kv_lengths only in decoding calls (decodes: Nq <= 16, no gradient)
 
     def refusal(self, alpha: float, head_dim: int, dtype: torch.dtype) -> str | None:
         """None when the backend computes this call, else the reason it does not."""
@@ -49,6 +52,24 @@ class BackendSupport:
         if dtype not in self.dtypes:
             return f"dtype {dtype}"
         return None
+
+    def lengths_refusal(self, decoding: bool) -> str | None:
+        """None when the backend takes kv_lengths in a call that is (or is not) `decoding`, else why not."""
+        if self.lengths_when_decoding and not decoding:
+            return f"kv_lengths only in decoding calls (Nq <= {MAX_QUERIES}, no gradient)"
+        return None
+
+
+def needs_grad(q, k, v, q_scale) -> bool:
+    """True when autograd records the call: grad mode is on and an input requires a gradient."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
+        q_scale is not None and q_scale.requires_grad))
+
+
+def decodes(q, k, v, q_scale) -> bool:
+    """True for a decoding call: at most MAX_QUERIES queries and no gradient (the triton backend's decoding
+    kernels, forward only)."""
+    return q.shape[2] <= MAX_QUERIES and not needs_grad(q, k, v, q_scale)
 
 
 def _check_tensor(name, x, shape_options, dtypes, device):
@@ -76,8 +97,22 @@ def _check_qkv_kinds(q, k, v):
         raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def _check_lengths(kv_lengths, n_q, n_k):
+    """ValueError unless Nq <= kv_lengths[b] <= Nk for every row. A host read: skipped while torch.compile
+    traces and while a CUDA graph is captured (there the kernels clamp a length to Nk, and a row whose
+    queries sit before the first key sees none and returns 0)."""
+    if torch.compiler.is_compiling():
+        return
+    if kv_lengths.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    low, high = torch.stack([kv_lengths.min(), kv_lengths.max()]).tolist()
+    if low < n_q or high > n_k:
+        raise ValueError(f"kv_lengths must lie in [Nq, Nk] = [{n_q}, {n_k}] (the filled slots of each row, "
+                         f"its queries the last Nq of them), got values in [{low}, {high}]")
+
+
 def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
-                            backend, return_aux):
+                            backend, return_aux, kv_lengths=None):
     """Check every argument of `entmax_attention`; return (alpha: float, scale: float).
 
     Raises ValueError (TypeError for non-tensors / non-numbers) naming the offending argument. Written for
@@ -136,6 +171,9 @@ def validate_attention_args(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
         _check_tensor("q_scale", q_scale, [(batch, heads, n_q)], FLOAT_DTYPES, device)
     if key_padding_mask is not None:
         _check_tensor("key_padding_mask", key_padding_mask, [(batch, n_k)], (torch.bool,), device)
+    if kv_lengths is not None:
+        _check_tensor("kv_lengths", kv_lengths, [(batch,)], LENGTH_DTYPES, device)
+        _check_lengths(kv_lengths, n_q, n_k)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     if not isinstance(return_aux, bool):

@@ -22,7 +22,7 @@ from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import MAX_QUERIES, cdiv, forward_blocks, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
 from asentmax.ops.triton.attention_fwd import entmax_attention_fwd
-from asentmax.ops.types import AttentionAux
+from asentmax.ops.types import AttentionAux, needs_grad
 
 # Threshold passes stop once sum_j p_j at the best lower bound of tau is within tol of 1; one more Newton
 # step is then taken for free, so the weights' error is about tol^2 (relative 1e-4 at tol 3e-2).
@@ -94,11 +94,13 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _decode(q: Tensor, k: Tensor, v: Tensor, q_scale: Tensor | None, slopes: Tensor | None,
-            kpm: Tensor | None, alpha: float, scale: float, causal: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, tau, support) for Nq <= MAX_QUERIES, forward only; arguments as attention_fwd."""
+            kpm: Tensor | None, lengths: Tensor | None, alpha: float, scale: float,
+            causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, tau, support) for Nq <= MAX_QUERIES, forward only; arguments as attention_fwd, and `lengths`
+    the kv_lengths of entmax_attention (int32 or int64) or None."""
     return entmax_attention_decode(q, k, v, mode=mode_of(alpha), alpha=alpha, scale=scale, causal=causal,
                                    slopes=slopes, q_scale=q_scale, kpm=kpm, tol=_TOL[q.dtype],
-                                   max_iter=_MAX_NEWTON_PASSES)
+                                   max_iter=_MAX_NEWTON_PASSES, lengths=lengths)
 
 
 # Eager decoding calls _decode itself: at short caches the custom op's dispatch (about 15 us of host time a
@@ -107,7 +109,7 @@ attention_decode = torch.library.custom_op("asentmax::attention_decode", _decode
 
 
 @attention_decode.register_fake
-def _(q, k, v, q_scale, slopes, kpm, alpha, scale, causal):
+def _(q, k, v, q_scale, slopes, kpm, lengths, alpha, scale, causal):
     rows = q.shape[:3]
     return (q.new_empty(q.shape), q.new_empty(rows, dtype=torch.float32),
             q.new_empty(rows, dtype=torch.int32))
@@ -118,8 +120,9 @@ def _unit_last_stride(x):
 
 
 def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
-                            return_aux):
-    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`.
+                            return_aux, kv_lengths=None):
+    """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`
+    (kv_lengths only in decoding calls, types.decodes: the dispatcher sends the others to chunked).
 
     Host work is kept to what a call needs (decoding runs this once per layer and token): conversions and
     copies only where an argument is not already in the kernels' form, the mask reinterpreted as uint8 in
@@ -134,17 +137,16 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
         slopes = alibi_slopes.detach()
         if slopes.dim() == 1 or slopes.dtype != torch.float32 or not slopes.is_contiguous():
             slopes = slopes.float().expand(batch, heads).contiguous()
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
-        q_scale is not None and q_scale.requires_grad))
+    grad = needs_grad(q, k, v, q_scale)
     if q_scale is not None and (q_scale.dtype != torch.float32 or not q_scale.is_contiguous()):
         q_scale = q_scale.float().contiguous()
     kpm = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
-    if n_q <= MAX_QUERIES and not needs_grad:  # decoding kernels, forward only
+    if n_q <= MAX_QUERIES and not grad:  # decoding kernels, forward only
         decode = attention_decode if torch.compiler.is_compiling() else _decode
-        out, tau, support = decode(q, k, v, q_scale, slopes, kpm, alpha, scale, causal)
+        out, tau, support = decode(q, k, v, q_scale, slopes, kpm, kv_lengths, alpha, scale, causal)
     else:
-        out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal,
-                                                   needs_grad, return_aux)
+        out, _, tau, _, support, _ = attention_fwd(q, k, v, q_scale, slopes, kpm, alpha, scale, causal, grad,
+                                                   return_aux)
     if out.dtype != in_dtype:
         out = out.to(in_dtype)
     if not return_aux:

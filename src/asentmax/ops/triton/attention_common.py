@@ -13,8 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from asentmax.ops.types import MAX_QUERIES
+
 MODE_SOFTMAX, MODE_ENTMAX15, MODE_SPARSEMAX, MODE_GENERAL = 0, 1, 2, 3
-MAX_QUERIES = 16  # the decoding kernels (attention_decode.py, attention_decode_short.py) take Nq <= 16
 
 
 # Host-side integer helpers of the launchers. triton.cdiv / triton.next_power_of_2 are constexpr functions
@@ -151,6 +152,15 @@ def packed_queries(Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_
     if HAS_ALIBI:  # Slopes (batch, heads): pid * pack is the flat index of the pack's first head
         slope = (tl.load(Slopes + pid * pack + head_in_pack, mask=row_in, other=0.0) * bias_mult)[:, None]
     return q, s_mult, slope, query + (n_k - n_q), rows, row_in, first_head
+
+
+@triton.jit
+def filled_keys(Lengths, b, n_k, HAS_LENGTHS: tl.constexpr):
+    """Decoding: the keys batch row b holds, Lengths[b] clamped to [0, n_k] (the filled slots of a cache
+    buffer of n_k slots; kv_lengths of entmax_attention), or n_k without HAS_LENGTHS."""
+    if HAS_LENGTHS:
+        return tl.minimum(tl.maximum(tl.load(Lengths + b).to(tl.int32), 0), n_k)
+    return n_k
 
 
 @triton.jit

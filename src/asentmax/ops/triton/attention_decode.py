@@ -36,6 +36,7 @@ from asentmax.ops.triton.attention_common import (
     aligned,
     cdiv,
     decode_buffers,
+    filled_keys,
     heads_per_program,
     logit_constants,
     next_power_of_2,
@@ -54,32 +55,34 @@ _BLOCK_M, _BLOCK_N = MAX_QUERIES, 64
 @cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks"])
 def _decode_scores(
-    Q, K, Work, QScale, Slopes, KPM,
+    Q, K, Work, QScale, Slopes, KPM, Lengths,
     sqb, sqh, sqm, skb, skh, skn,
     n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, head_dim, scale, bias_mult,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    HAS_LENGTHS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Scores of chunk pid_c for the rows of pack pid_p (packed_queries): Work[row * s_stride + j], -inf on
     keys j >= n_k up to s_stride (the padding is written, so the later kernels read whole chunks unmasked),
     and the chunk's row max at Work[max_offset + row * n_chunks + pid_c]. The program of chunk 0 also sets
-    the pack's arrival count of _decode_output (Work[count_offset + pid_p]) to 0."""
+    the pack's arrival count of _decode_output (Work[count_offset + pid_p]) to 0. HAS_LENGTHS: the batch
+    row holds its first Lengths[b] of the n_k slots (filled_keys); the keys past them are -inf too."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
     offs_d = tl.arange(0, BLOCK_D)
     d_in = offs_d < head_dim
+    n_keys = filled_keys(Lengths, b, n_k, HAS_LENGTHS)
     q, s_mult, slope, pos_m, rows, row_in, first_head = packed_queries(
-        Q, QScale, Slopes, pid_p, sqb, sqh, sqm, n_packs, pack, n_q, n_k, head_dim, scale, bias_mult, BLOCK_M,
-        BLOCK_D, HAS_ALIBI, HAS_QSCALE)
+        Q, QScale, Slopes, pid_p, sqb, sqh, sqm, n_packs, pack, n_q, n_keys, head_dim, scale, bias_mult,
+        BLOCK_M, BLOCK_D, HAS_ALIBI, HAS_QSCALE)
     k_base = K + b * skb + (first_head // group) * skh
     s_rows = Work + rows[:, None] * s_stride
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
         m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
-                                            KPM + b * n_k, n_k, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
+                                            KPM + b * n_k, n_keys, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
                                             DOT_PRECISION))
     tl.store(Work + max_offset + rows * n_chunks + pid_c, m, mask=row_in)
     if pid_c == 0:
@@ -139,12 +142,13 @@ def chunk_sum(base, n_chunks, head_dim, d_in, BLOCK_C: tl.constexpr, BLOCK_D: tl
 @cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "n_chunks", "max_iter"])
 def _decode_output(
-    V, Work, Tau, Support, Out, svb, svh, svn,
+    V, Work, Tau, Support, Out, Lengths, svb, svh, svn,
     n_packs, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
     count_offset, head_dim, inv_am1, two_minus_alpha, tol, max_iter,
     CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_C: tl.constexpr, MODE: tl.constexpr, SINGLE_CHUNK: tl.constexpr, SOLVE: tl.constexpr,
-    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ROWS: tl.constexpr, SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """sum_j p_j v_j / Z over chunk pid_c for the rows of pack pid_p (as _decode_scores): into Out
     (B, H, Nq, D) when the cache is one chunk. Otherwise to Work[partial_offset + (row * n_chunks + pid_c) *
@@ -154,10 +158,12 @@ def _decode_output(
     SOLVE: there was no _decode_threshold launch; each program first finds the thresholds of its pack's rows
     itself (solve_rows on tiles of ROWS x SOLVE_BLOCK over the pack's scores of every chunk, held in
     registers when RESIDENT, else re-read from L2 each pass), every program of the pack the same values by
-    the same passes, and reads them back after a barrier."""
+    the same passes, and reads them back after a barrier. HAS_LENGTHS: V is read only at the batch row's
+    first Lengths[b] slots (filled_keys; past them the weights are 0, and the slots may hold anything)."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
+    n_keys = filled_keys(Lengths, b, n_k, HAS_LENGTHS)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     row_in = offs_m < pack * n_q
@@ -176,7 +182,7 @@ def _decode_output(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, CHUNK, BLOCK_N):
         acc = weighted_values_tile(acc, s_rows, pid_c * CHUNK + start + tl.arange(0, BLOCK_N), row_in, tau,
-                                   v_base, svn, offs_d, d_in, n_k, inv_am1, MODE, DOT_PRECISION)
+                                   v_base, svn, offs_d, d_in, n_keys, inv_am1, MODE, DOT_PRECISION)
     acc = acc * inv_z[:, None]
     out_mask = row_in[:, None] & d_in[None, :]
     if SINGLE_CHUNK:
@@ -207,7 +213,8 @@ def takes_short_path(n_k):
     return n_k <= SHORT_CACHE
 
 
-def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter):
+def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter,
+                            lengths=None):
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
@@ -229,11 +236,12 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
     else:
         launcher = entmax_attention_decode_split
     return launcher(q, k, v, mode=mode, alpha=alpha, scale=scale, causal=causal, slopes=slopes,
-                    q_scale=q_scale, kpm=kpm, tol=tol, max_iter=max_iter)
+                    q_scale=q_scale, kpm=kpm, tol=tol, max_iter=max_iter, lengths=lengths)
 
 
 def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=None, chunk=None, solve=None, block_n=None, num_warps=None):
+                                  max_iter, lengths=None, pack=None, chunk=None, solve=None, block_n=None,
+                                  num_warps=None):
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
     program (a multiple of 64, default SPLIT_CHUNK = 1024: a grid of (cdiv(Nk, chunk), B * H / pack)).
@@ -282,12 +290,12 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_scores[(n_chunks, n_packs)](
         q, k, work, q_scale if q_scale is not None else tau, slopes if slopes is not None else tau,
-        kpm if kpm is not None else support,
+        kpm if kpm is not None else support, lengths if lengths is not None else support,
         *q.stride()[:3], *k.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, dim, scale, c,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal,
         HAS_ALIBI=slopes is not None, HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None,
-        DOT_PRECISION=precision, num_warps=num_warps or 4)
+        HAS_LENGTHS=lengths is not None, DOT_PRECISION=precision, num_warps=num_warps or 4)
     rows = next_power_of_2(pack * n_q)
     solve_tile, solve_warps = threshold_tile(rows * s_stride)
     if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
@@ -299,11 +307,12 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
             work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol,
             max_iter, BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
     _decode_output[(n_chunks, n_packs)](
-        v, work, tau, support, out, *v.stride()[:3],
+        v, work, tau, support, out, lengths if lengths is not None else support, *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
         count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
         SINGLE_CHUNK=n_chunks == 1, SOLVE=solve, ROWS=rows if solve else 1,
         SOLVE_BLOCK=solve_tile // rows if solve else 1, RESIDENT=solve and s_stride <= solve_tile // rows,
-        DOT_PRECISION=precision, num_warps=solve_warps if solve else num_warps or 4)
+        HAS_LENGTHS=lengths is not None, DOT_PRECISION=precision,
+        num_warps=solve_warps if solve else num_warps or 4)
     return out, tau, support

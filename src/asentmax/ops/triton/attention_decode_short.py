@@ -37,6 +37,7 @@ from asentmax.ops.triton.attention_common import (
     aligned,
     cdiv,
     decode_buffers,
+    filled_keys,
     logit_constants,
     next_power_of_2,
     packed_queries,
@@ -71,35 +72,38 @@ def tuned_launch(block_d, group, n_k, item_size):
 @cached_launch
 @triton.jit(do_not_specialize=["n_q", "n_k", "s_stride", "max_iter"])
 def _decode_short(
-    Q, K, V, Out, Tau, Support, Work, QScale, Slopes, KPM,
+    Q, K, V, Out, Tau, Support, Work, QScale, Slopes, KPM, Lengths,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn,
     n_packs, pack, group, n_q, n_k, s_stride, row_region, head_dim, scale, bias_mult, inv_am1,
     two_minus_alpha, tol, max_iter,
     ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     SOLVE_BLOCK: tl.constexpr, RESIDENT: tl.constexpr, CAUSAL: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, MODE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_QSCALE: tl.constexpr, HAS_KPM: tl.constexpr, HAS_LENGTHS: tl.constexpr, MODE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Rows pid * pack * n_q + (0 .. pack * n_q - 1) (packed_queries; pid = batch * n_packs + pack index).
     Scratch Work: row maxima at [row], 1 / Z at [row_region + row], scores at
-    [2 * row_region + row * s_stride + j], j < s_stride."""
+    [2 * row_region + row * s_stride + j], j < s_stride. HAS_LENGTHS: the batch row holds its first
+    Lengths[b] keys of the n_k slots (clamped to [0, n_k]); only their tiles are read and solved over."""
     pid = tl.program_id(0)
     b = (pid // n_packs).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_in = offs_d < head_dim
     n_rows = pack * n_q
+    n_keys = filled_keys(Lengths, b, n_k, HAS_LENGTHS)
 
     # 1. scores and row maxima
     q, s_mult, slope, pos_m, rows, row_in, first_head = packed_queries(
-        Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_k, head_dim, scale, bias_mult, BLOCK_M,
-        BLOCK_D, HAS_ALIBI, HAS_QSCALE)
+        Q, QScale, Slopes, pid, sqb, sqh, sqm, n_packs, pack, n_q, n_keys, head_dim, scale, bias_mult,
+        BLOCK_M, BLOCK_D, HAS_ALIBI, HAS_QSCALE)
     s_rows = Work + 2 * row_region + rows.to(tl.int64)[:, None] * s_stride
     kv_head = first_head // group
     k_base = K + b * skb + kv_head * skh
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for start in range(0, n_k, BLOCK_N):
+    for start in range(0, n_keys, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
-                                            KPM + b * n_k, n_k, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
+                                            KPM + b * n_k, n_keys, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
                                             DOT_PRECISION))
     tl.store(Work + rows, m, mask=row_in)
     tl.debug_barrier()
@@ -109,7 +113,8 @@ def _decode_short(
     r_in = offs_r < n_rows
     rows_r = pid * n_rows + offs_r
     tau, inv_z, count = stored_rows_threshold(
-        Work + 2 * row_region + rows_r.to(tl.int64)[:, None] * s_stride, r_in[:, None], s_stride,
+        Work + 2 * row_region + rows_r.to(tl.int64)[:, None] * s_stride, r_in[:, None],
+        tl.cdiv(n_keys, BLOCK_N) * BLOCK_N,
         tl.load(Work + rows_r, mask=r_in, other=float("-inf")), inv_am1, two_minus_alpha, tol, max_iter,
         SOLVE_BLOCK, RESIDENT, MODE)
     tl.store(Tau + rows_r, tau, mask=r_in)
@@ -122,15 +127,16 @@ def _decode_short(
     inv_z = tl.load(Work + row_region + rows, mask=row_in, other=0.0)
     v_base = V + b * svb + kv_head * svh
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, n_k, BLOCK_N):
+    for start in range(0, n_keys, BLOCK_N):
         acc = weighted_values_tile(acc, s_rows, start + tl.arange(0, BLOCK_N), row_in, tau, v_base, svn,
-                                   offs_d, d_in, n_k, inv_am1, MODE, DOT_PRECISION)
+                                   offs_d, d_in, n_keys, inv_am1, MODE, DOT_PRECISION)
     out = (acc * inv_z[:, None]).to(Out.dtype.element_ty)
     tl.store(Out + rows[:, None] * head_dim + offs_d[None, :], out, mask=row_in[:, None] & d_in[None, :])
 
 
 def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol,
-                                  max_iter, pack=1, block_n=None, num_warps=None, num_stages=None):
+                                  max_iter, lengths=None, pack=1, block_n=None, num_warps=None,
+                                  num_stages=None):
     """Forward only, Nq <= MAX_QUERIES, for caches of up to SHORT_CACHE keys (any length works). Arguments
     and result as attention_decode.entmax_attention_decode; `pack` (query heads a program handles, a divisor
     of the group with pack * Nq <= MAX_QUERIES, e.g. heads_per_program's) defaults to 1, a program per head
@@ -168,12 +174,13 @@ def entmax_attention_decode_short(q, k, v, *, mode, alpha, scale, causal, slopes
     _decode_short[(batch * heads // pack,)](
         q, k, v, out, tau, support, work, q_scale if q_scale is not None else tau,
         slopes if slopes is not None else tau, kpm if kpm is not None else support,
+        lengths if lengths is not None else support,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, s_stride, row_region, dim, scale,
         *logit_constants(mode, alpha),
         2.0 - alpha, tol, max_iter,
         ROWS=rows, BLOCK_M=MAX_QUERIES, BLOCK_N=block_n, BLOCK_D=block_d, SOLVE_BLOCK=solve_block,
         RESIDENT=s_stride <= solve_block, CAUSAL=causal, HAS_ALIBI=slopes is not None,
-        HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, MODE=mode,
+        HAS_QSCALE=q_scale is not None, HAS_KPM=kpm is not None, HAS_LENGTHS=lengths is not None, MODE=mode,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return out, tau, support
