@@ -1,7 +1,7 @@
 """GPU checks of the models (run on the H200; skipped in CI): the Triton attention backend inside the
 Transformer agrees with the chunked torch backend (logits and every gradient, fp32), cached decoding equals
-the full forward on CUDA, padded generate equals per-row generate, and bf16 autocast training steps stay
-finite for every normaliser."""
+the full forward on CUDA, CUDA-graph decoding over a static cache equals eager decoding, padded generate
+equals per-row generate, and bf16 autocast training steps stay finite for every normaliser."""
 
 import pytest
 import torch
@@ -52,6 +52,46 @@ def test_cached_decoding_on_cuda(attention):
         steps = [model(ids[:, :33], cache=cache)]
         steps += [model(ids[:, t:t + 1], cache=cache) for t in range(33, 40)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention, position", [
+    ("asentmax", "nape"), ("entmax", "alibi"), ("softmax", "rope"), ("ssmax", "nape")])
+def test_cuda_graph_steps_equal_eager_steps(attention, position):
+    """Decoding steps replayed from a CUDA graph over a static cache (CapturedStep) give the logits of eager
+    steps over the growing cache, step after step, with a left-padded prompt."""
+    from asentmax.nn.generation import CapturedStep
+
+    model = cuda_model(attention, position).eval()
+    gen = torch.Generator("cuda").manual_seed(3)
+    ids = torch.randint(0, VOCAB, (3, 37), device="cuda", generator=gen)
+    mask = torch.ones(3, 37, dtype=torch.bool, device="cuda")
+    mask[1, :9] = False
+    tokens = torch.randint(0, VOCAB, (12, 3), device="cuda", generator=gen)
+    with torch.no_grad():
+        eager_cache, static_cache = KVCache(capacity=50), KVCache(capacity=50, static=True)
+        model(ids, attention_mask=mask, cache=eager_cache)
+        model(ids, attention_mask=mask, cache=static_cache)
+        step = CapturedStep(model, static_cache)
+        for token in tokens:
+            want = model(token[:, None], cache=eager_cache)[:, -1]
+            torch.testing.assert_close(step(token).clone(), want, rtol=1e-4, atol=1e-4)
+    assert step.graph is not None
+    assert static_cache.kv_lengths.tolist() == [37 + 12] * 3
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "softmax"])
+def test_generate_with_cuda_graph(attention):
+    """generate(cuda_graph=True) gives generate()'s tokens (the same kernels for the entmax family; softmax
+    steps run on SDPA eagerly, so its logits may differ in the last bits: compared where they agree)."""
+    model = cuda_model(attention, "nape", init_std=0.2).eval()
+    ids = torch.randint(0, VOCAB, (4, 21), device="cuda", generator=torch.Generator("cuda").manual_seed(4))
+    eager = model.generate(ids, 16)
+    graphed = model.generate(ids, 16, cuda_graph=True)
+    assert graphed.shape == eager.shape and torch.equal(graphed[:, :21], ids)
+    if attention == "asentmax":
+        assert torch.equal(graphed, eager)
+    else:
+        assert (graphed == eager).float().mean().item() > 0.9
 
 
 def test_padded_generate_on_cuda():

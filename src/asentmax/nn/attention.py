@@ -70,6 +70,9 @@ class AttentionContext:
     n_total: int  # Nk = cached slots + new tokens
     slopes: torch.Tensor | None  # (H,) float64 ALiBi slope per head (0 = NoPE head), None = no bias
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin (B, 1, T, D) when RoPE
+    # a static cache's step (nn/cache.py): (B,) int32 filled slots of each row; then Nk = n_total is the
+    # buffers' size, offset and the dense masks below do not apply, and attention is entmax_attention's
+    kv_lengths: torch.Tensor | None = None
     _additive: dict = field(default_factory=dict)
     _kernel_slopes: dict = field(default_factory=dict)
     _log_n_keys: dict = field(default_factory=dict)
@@ -137,7 +140,10 @@ class AttentionContext:
 
     def sdpa_suits(self, n_heads: int) -> bool:
         """True when softmax goes through SDPA: it needs no explicit mask, or a mask of at most
-        SDPA_MASK_LIMIT elements for a call without cached keys (a decoding step would rebuild it)."""
+        SDPA_MASK_LIMIT elements for a call without cached keys (a decoding step would rebuild it). Never in a
+        static cache's steps (SDPA takes no kv_lengths)."""
+        if self.kv_lengths is not None:
+            return False
         elements = self.sdpa_mask_elements(n_heads)
         return elements == 0 or (self.offset == 0 and elements <= SDPA_MASK_LIMIT)
 
@@ -205,7 +211,7 @@ class Attention(nn.Module):
             out = entmax_attention(q, k, v, alpha=norm.alpha(cfg.alpha), causal=True,
                                    alibi_slopes=ctx.kernel_slopes(compute_dtype(q.dtype)),
                                    q_scale=q_scale, key_padding_mask=ctx.key_padding_mask,
-                                   backend=cfg.attention_backend)
+                                   kv_lengths=ctx.kv_lengths, backend=cfg.attention_backend)
 
         y = self.wo(out.transpose(1, 2).reshape(b, t, cfg.n_heads * cfg.head_dim))
         stats = self._stats(q, k, q_scale, ctx) if want_stats else None

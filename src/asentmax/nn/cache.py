@@ -15,6 +15,12 @@ buffer grows by an eighth: filled one token at a time to S slots, a cache copies
 hold a multiple of ROOM_MULTIPLE slots, so that prompts of nearby lengths give a compiled decoding step the
 same buffer shape (no recompilation), and always keep a free slot, so that the filled slots keep one
 (non-contiguous) layout at every step.
+
+A static cache (`static=True`, with a capacity) never grows, and after its first call (the prompt) keeps
+every shape fixed and every count on the device: a step writes its slots at the filled count read on the
+device, attends over the whole buffers with `kv_lengths` (entmax_attention: the filled slots of each row),
+and updates its counts in place. Nothing in a step depends on a host value, so a step can be recorded as
+a CUDA graph and replayed (generate(cuda_graph=True)).
 """
 
 from __future__ import annotations
@@ -35,10 +41,15 @@ def grown_room(filled: int) -> int:
 
 
 class KVCache:
-    def __init__(self, capacity: int | None = None):
+    def __init__(self, capacity: int | None = None, static: bool = False):
         if capacity is not None and (type(capacity) is not int or capacity < 1):
             raise ValueError(f"capacity must be None or an int >= 1 (slots to reserve), got {capacity!r}")
+        if type(static) is not bool:
+            raise ValueError(f"static must be a bool, got {static!r}")
+        if static and capacity is None:
+            raise ValueError("a static cache needs a capacity (it never grows)")
         self.capacity = capacity
+        self.static = static
         self.keys: list[torch.Tensor] = []  # per layer, the filled slots (B, Hkv, S, D): views of _buffers
         self.values: list[torch.Tensor] = []
         self._buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer, (B, Hkv, room, D) each
@@ -47,18 +58,43 @@ class KVCache:
         # True when key_mask was checked contiguous (ALiBi) and each row's last slot is real or the row empty:
         # appending real tokens keeps it contiguous, so a decoding step needs no check (a host sync)
         self.contiguous_to_end = False
+        # static cache after its first call: the filled slots of each row, (B,) int32 on the device (every row
+        # the same count), which attention reads as kv_lengths; the slots this step writes, (T,) long
+        self.kv_lengths: torch.Tensor | None = None
+        self.step_slots: torch.Tensor | None = None
+        self._slots_taken = 0  # static steps: the host's count of filled slots
+
+    @property
+    def steps_in_place(self) -> bool:
+        """True for a static cache past its first call: steps then attend over whole buffers with
+        kv_lengths."""
+        return self.kv_lengths is not None
+
+    @property
+    def room(self) -> int:
+        """Slots of each buffer (0 while empty)."""
+        return 0 if not self._buffers else self._buffers[0][0].shape[2]
 
     @property
     def length(self) -> int:
-        """Number of cached slots S (real and padding)."""
+        """Number of cached slots S (real and padding); a static cache's steps count on the device only
+        (kv_lengths), so there: the slots of its first call."""
         return 0 if not self.keys else self.keys[0].shape[2]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys/values (B, Hkv, T, D) of `layer`; return all of that layer's keys/values
-        (views of its buffers, with the buffers' strides)."""
+        (views of its buffers, with the buffers' strides), or in a static cache's steps the whole buffers
+        (the slots past kv_lengths are not filled)."""
+        if self.steps_in_place:
+            key_buffer, value_buffer = self._buffers[layer]
+            key_buffer.index_copy_(2, self.step_slots, k)
+            value_buffer.index_copy_(2, self.step_slots, v)
+            return key_buffer, value_buffer
         if layer == len(self.keys):
             filled, end = 0, k.shape[2]
             reserved = self.capacity is not None and self.capacity >= end
+            if self.static and not reserved:
+                raise ValueError(f"a static cache of capacity {self.capacity} cannot hold {end} slots")
             room = room_for(self.capacity + 1) if reserved else grown_room(end)
             self._buffers.append((k.new_empty(*k.shape[:2], room, k.shape[3]),
                                   v.new_empty(*v.shape[:2], room, v.shape[3])))
@@ -91,3 +127,32 @@ class KVCache:
         self.key_mask = key_mask
         self.n_real = n_real
         self.contiguous_to_end = contiguous_to_end
+
+    def begin_steps(self):
+        """A static cache's first step, before its layers run (host work, once): the device counts of the
+        prompt's slots and, where the prompt is padded, a mask of every slot (the free ones marked real: no
+        step reads them before it fills them)."""
+        filled, room = self.length, self.room
+        batch, device = self.n_real.shape[0], self.n_real.device
+        self.kv_lengths = torch.full((batch,), filled, dtype=torch.int32, device=device)
+        if self.key_mask is not None:
+            mask = torch.ones(batch, room, dtype=torch.bool, device=device)
+            mask[:, :filled] = self.key_mask
+            self.key_mask = mask
+        self._slots_taken = filled
+
+    def advance(self, n_new: int):
+        """A static cache's step of n_new real tokens, before its layers run: the slots they fill, and the
+        counts moved past them, in place on the device. An eager step counts the slots on the host too and
+        refuses to overflow the buffers (a compiled step or a replayed CUDA graph does not: its caller
+        reserves them, as generate() does)."""
+        if not torch.compiler.is_compiling():  # a compiled step keeps no host count (a guard per value)
+            self._slots_taken += n_new
+            if self._slots_taken > self.room:
+                raise ValueError(f"a static cache of {self.room} slots (capacity {self.capacity}) cannot "
+                                 f"hold {self._slots_taken}")
+        self.step_slots = self.kv_lengths[:1].long() + torch.arange(n_new, device=self.kv_lengths.device)
+        self.kv_lengths.add_(n_new)
+        self.n_real.add_(n_new)
+        if self.key_mask is not None:
+            self.key_mask.index_fill_(1, self.step_slots, True)

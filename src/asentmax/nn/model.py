@@ -23,6 +23,7 @@ from torch import nn
 from asentmax.nn.attention import Attention, AttentionContext
 from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
+from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import Rotary, head_slopes
 from asentmax.nn.stats import AttentionStats
 from asentmax.ops.entmax import compute_dtype
@@ -142,6 +143,8 @@ class Transformer(nn.Module):
                 cache: KVCache | None = None, return_stats: bool = False):
         """Logits (B, T, V); with return_stats=True, (logits, [AttentionStats per layer]).
         With a cache, input_ids are the new tokens: their keys/values are appended to it."""
+        if return_stats and cache is not None and cache.static and cache.length > 0:
+            raise ValueError("return_stats is not available in a static cache's steps")
         ctx = self._context(input_ids, attention_mask, cache)
         x = self.embed(input_ids)
         if self.embed_scale is not None:
@@ -157,12 +160,13 @@ class Transformer(nn.Module):
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                  attention_mask: torch.Tensor | None = None, temperature: float = 0.0,
                  top_k: int | None = None, eos_token_id: int | None = None,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, cuda_graph: bool = False) -> torch.Tensor:
         """(B, T + max_new_tokens): input_ids followed by the new tokens (see asentmax.nn.generation)."""
         from asentmax.nn.generation import generate
 
         return generate(self, input_ids, max_new_tokens, attention_mask=attention_mask,
-                        temperature=temperature, top_k=top_k, eos_token_id=eos_token_id, generator=generator)
+                        temperature=temperature, top_k=top_k, eos_token_id=eos_token_id, generator=generator,
+                        cuda_graph=cuda_graph)
 
     def _context(self, input_ids, attention_mask, cache: KVCache | None) -> AttentionContext:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype != torch.long:
@@ -172,6 +176,8 @@ class Transformer(nn.Module):
         if t == 0:
             raise ValueError("input_ids has no tokens (seq length 0)")
         device = input_ids.device
+        if cache is not None and cache.static and cache.length > 0:
+            return self._static_step_context(input_ids, attention_mask, cache)
         if attention_mask is not None:
             if attention_mask.shape != (b, t) or attention_mask.dtype != torch.bool:
                 got = f"{tuple(attention_mask.shape)} {attention_mask.dtype}"
@@ -198,11 +204,7 @@ class Transformer(nn.Module):
             new = attention_mask if attention_mask is not None else torch.ones(b, t, dtype=torch.bool,
                                                                                device=device)
             key_mask = torch.cat([past, new], dim=1)
-        slopes = None
-        if self.alibi_slopes is not None:  # a host-to-device copy synchronises: made once per device
-            if device not in self._slopes_on:
-                self._slopes_on[device] = self.alibi_slopes.to(device)
-            slopes = self._slopes_on[device]
+        slopes = self._slopes(device)
         contiguous_to_end = False
         if slopes is not None and key_mask is not None and not torch.compiler.is_compiling():
             if attention_mask is None and cache is not None and cache.contiguous_to_end:
@@ -220,6 +222,43 @@ class Transformer(nn.Module):
         return AttentionContext(positions=positions, n_keys=positions + 1, query_mask=attention_mask,
                                 key_padding_mask=key_mask, n_total=past_slots + t, slopes=slopes,
                                 rotary=rotary)
+
+    def _static_step_context(self, input_ids, attention_mask, cache: KVCache) -> AttentionContext:
+        """A step of a static cache (nn/cache.py) past its first call: no host value is read, every shape
+        is the buffers', positions and n_i come from the device counts, attention reads kv_lengths."""
+        b, t = input_ids.shape
+        if attention_mask is not None:
+            raise ValueError("a static cache's steps take no attention_mask (pad the prompt, its first call)")
+        if get_normaliser(self.config.attention).family == "topk":
+            raise ValueError("a static cache does not serve top-k attention (use KVCache(static=False))")
+        if cache.n_real.shape[0] != b:
+            raise ValueError(f"cache holds {cache.n_real.shape[0]} rows, input_ids has {b}")
+        slopes = self._slopes(input_ids.device)
+        if not cache.steps_in_place:
+            # ALiBi distances in slots need each row's real tokens to end at the prompt's last slot (what the
+            # dynamic path checks at every step); checked in eager mode only, as there
+            if (slopes is not None and cache.key_mask is not None and not cache.contiguous_to_end
+                    and not torch.compiler.is_compiling() and not _check_contiguous(cache.key_mask)):
+                raise ValueError("with ALiBi/NAPE positions a static cache needs a prompt padded on the left "
+                                 "(as generate() aligns it)")
+            cache.begin_steps()
+        positions = cache.n_real[:, None] + torch.arange(t, device=input_ids.device)  # before advance
+        cache.advance(t)
+        rotary = None
+        if self.rotary is not None:
+            rotary = self.rotary.cos_sin(positions, compute_dtype(self.embed.weight.dtype))
+        return AttentionContext(positions=positions, n_keys=positions + 1, query_mask=None,
+                                key_padding_mask=cache.key_mask, n_total=cache.room, slopes=slopes,
+                                rotary=rotary, kv_lengths=cache.kv_lengths)
+
+    def _slopes(self, device) -> torch.Tensor | None:
+        """The ALiBi slopes on `device` (None without ALiBi), copied once per device: a host-to-device copy
+        synchronises."""
+        if self.alibi_slopes is None:
+            return None
+        if device not in self._slopes_on:
+            self._slopes_on[device] = self.alibi_slopes.to(device)
+        return self._slopes_on[device]
 
 
 def _check_contiguous(key_mask: torch.Tensor) -> bool:

@@ -29,7 +29,7 @@ import torch
 
 from asentmax.ops import chunked, reference
 from asentmax.ops import triton as triton_backend
-from asentmax.ops.types import BACKENDS, AttentionAux, decodes, validate_attention_args
+from asentmax.ops.types import BACKENDS, AttentionAux, needs_grad, validate_attention_args
 
 __all__ = ["BACKENDS", "AttentionAux", "backend_refusal", "choose_backend", "entmax_attention",
            "resolve_backend"]
@@ -108,7 +108,8 @@ def entmax_attention(q, k, v, *, alpha=1.5, causal=True, scale=None, alibi_slope
         q, k, v, alpha=alpha, causal=causal, scale=scale, alibi_slopes=alibi_slopes, q_scale=q_scale,
         key_padding_mask=key_padding_mask, backend=backend, return_aux=return_aux, kv_lengths=kv_lengths)
     backend = choose_backend(backend, q, alpha)
-    if kv_lengths is not None and _SUPPORT[backend].lengths_refusal(decodes(q, k, v, q_scale)) is not None:
+    if kv_lengths is not None and _SUPPORT[backend].lengths_refusal(
+            q.shape[2], needs_grad(q, k, v, q_scale)) is not None:
         backend = "chunked"
     if backend == "triton":
         run = triton_backend.triton_entmax_attention

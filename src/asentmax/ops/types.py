@@ -17,7 +17,6 @@ from asentmax.ops.entmax import ALPHA_MAX
 BACKENDS = ("auto", "reference", "chunked", "triton")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 LENGTH_DTYPES = (torch.int32, torch.int64)
-MAX_QUERIES = 16  # the decoding kernels (ops/triton/attention_decode*.py) take Nq <= 16
 
 
 class AttentionAux(NamedTuple):
@@ -41,7 +40,8 @@ class BackendSupport:
     max_alpha: float = math.inf
     max_head_dim: int | None = None
     dtypes: tuple = FLOAT_DTYPES
-    lengths_when_decoding: bool = False  # kv_lengths only in decoding calls (decodes: Nq <= 16, no gradient)
+    lengths_max_queries: int | None = None  # kv_lengths only in calls of at most this many queries without
+    # gradients (decoding calls); None: in every call
 
     def refusal(self, alpha: float, head_dim: int, dtype: torch.dtype) -> str | None:
         """None when the backend computes this call, else the reason it does not."""
@@ -53,10 +53,11 @@ class BackendSupport:
             return f"dtype {dtype}"
         return None
 
-    def lengths_refusal(self, decoding: bool) -> str | None:
-        """None when the backend takes kv_lengths in a call that is (or is not) `decoding`, else why not."""
-        if self.lengths_when_decoding and not decoding:
-            return f"kv_lengths only in decoding calls (Nq <= {MAX_QUERIES}, no gradient)"
+    def lengths_refusal(self, n_q: int, grad: bool) -> str | None:
+        """None when the backend takes kv_lengths in a call of n_q queries that needs gradients (`grad`) or
+        not, else why not."""
+        if self.lengths_max_queries is not None and (n_q > self.lengths_max_queries or grad):
+            return f"kv_lengths only in calls of Nq <= {self.lengths_max_queries} without gradients"
         return None
 
 
@@ -64,12 +65,6 @@ def needs_grad(q, k, v, q_scale) -> bool:
     """True when autograd records the call: grad mode is on and an input requires a gradient."""
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or (
         q_scale is not None and q_scale.requires_grad))
-
-
-def decodes(q, k, v, q_scale) -> bool:
-    """True for a decoding call: at most MAX_QUERIES queries and no gradient (the triton backend's decoding
-    kernels, forward only)."""
-    return q.shape[2] <= MAX_QUERIES and not needs_grad(q, k, v, q_scale)
 
 
 def _check_tensor(name, x, shape_options, dtypes, device):

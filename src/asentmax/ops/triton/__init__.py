@@ -14,12 +14,13 @@ import functools
 import importlib.util
 import os
 
+from asentmax.ops.triton.limits import MAX_QUERIES
 from asentmax.ops.types import BackendSupport
 
 # alpha > 2: the threshold function is not convex there, which the kernels' Newton passes rely on;
-# head_dim > 256: the tiles would outgrow shared memory; kv_lengths: the decoding kernels read them, the fused
-# training kernels do not.
-SUPPORT = BackendSupport(max_alpha=2.0, max_head_dim=256, lengths_when_decoding=True)
+# head_dim > 256: the tiles would outgrow shared memory; kv_lengths: the decoding kernels (forward only, Nq
+# <= MAX_QUERIES) read them, the fused training kernels do not.
+SUPPORT = BackendSupport(max_alpha=2.0, max_head_dim=256, lengths_max_queries=MAX_QUERIES)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from asentmax.ops.types import MAX_QUERIES
+from asentmax.ops.triton.limits import MAX_QUERIES
 
 MODE_SOFTMAX, MODE_ENTMAX15, MODE_SPARSEMAX, MODE_GENERAL = 0, 1, 2, 3
 
