@@ -8,7 +8,10 @@ length: one prefill into each cache (the package's with generate()'s capacity, p
 --new greedy decoding steps as generate() makes them, timed alone (the prefill, the same for both caches,
 would swamp them), the fastest of --repeats runs after a warm-up run, the cache rewound to the prefill
 between runs. Both caches must give the same tokens (checked). --compile adds torch.compile(model,
-fullgraph=True) with each cache.
+fullgraph=True) with each cache. --cuda-graph (CUDA only) adds generate(cuda_graph=True)'s decoding: a static
+cache whose steps replay one CUDA graph (nn/generation.CapturedStep), timed the same way (its first run
+records the graph); its tokens must equal the buffered cache's for the entmax family (the same kernels),
+while softmax's eager steps run on SDPA and its agreement is reported.
 
     PYTHONPATH=src python benchmarks/bench_generate.py --out results
 writes results/generate_<device>.{md,json}.
@@ -23,6 +26,7 @@ from pathlib import Path
 import torch
 
 from asentmax.nn import KVCache, Transformer, lm_25m
+from asentmax.nn.generation import CapturedStep
 
 VOCAB = 4096
 
@@ -69,6 +73,31 @@ def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
     return 1000 * best / new_tokens, torch.stack(tokens, 1)
 
 
+def graph_ms_per_token(model, ids, new_tokens, device, repeats):
+    """decoding_ms_per_token for steps replayed from a CUDA graph over a static cache: one CapturedStep for
+    every run (the first runs its first step eagerly and records the second), the cache's device counts
+    rewound in place to the prompt between runs (the graph reads those very tensors)."""
+    cache = KVCache(capacity=ids.shape[1] + new_tokens, static=True)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(ids, cache=cache)[:, -1]
+        prompt_counts = cache.n_real.clone()
+        step = CapturedStep(model, cache)
+        best = float("inf")
+        for _ in range(repeats + 1):
+            cache.n_real.copy_(prompt_counts)
+            if cache.kv_lengths is not None:
+                cache.kv_lengths.fill_(ids.shape[1])
+            token, tokens = logits.argmax(-1), []
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(new_tokens):
+                tokens.append(token)
+                token = step(token).argmax(-1)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+    return 1000 * best / new_tokens, torch.stack(tokens, 1)
+
+
 def cpu_name():
     """The CPU's model name (Linux), else what platform knows."""
     try:
@@ -82,8 +111,12 @@ def cpu_name():
 
 def table_row(row):
     peer, ours = row["concatenating_ms_per_token"], row["buffered_ms_per_token"]
-    return (f"| {row['normaliser']} | {row['prompt']} | {row['mode']} | {peer:.2f} | {ours:.2f} | "
+    line = (f"| {row['normaliser']} | {row['prompt']} | {row['mode']} | {peer:.2f} | {ours:.2f} | "
             f"{peer / ours:.2f}x |")
+    if "graph_ms_per_token" in row:
+        graph = row["graph_ms_per_token"]
+        line += f" {graph:.3f} | {ours / graph:.2f}x | {row['graph_tokens_equal']:.0%} |"
+    return line
 
 
 def main():
@@ -95,6 +128,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--normalisers", nargs="+", default=["softmax", "asentmax"])
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="also time generate(cuda_graph=True)'s steps")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on the CPU")
     parser.add_argument("--out", type=Path, default=None, help="folder for generate_<device>.{md,json}")
     args = parser.parse_args()
@@ -103,18 +138,23 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.cuda_graph and device.type != "cuda":
+        parser.error("--cuda-graph needs --device cuda")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     command = (f"PYTHONPATH=src python benchmarks/bench_generate.py --device {args.device} "
                f"--batch {args.batch} --prompts {' '.join(map(str, args.prompts))} --new {args.new} "
                f"--repeats {args.repeats}"
-               f"{' --compile' if args.compile else ''} --out DIR")
+               f"{' --compile' if args.compile else ''}{' --cuda-graph' if args.cuda_graph else ''}"
+               " --out DIR")
     precision = "bf16 autocast" if device.type == "cuda" else "fp32"
     header = (f"# generate() decoding: buffered KV cache vs concatenating peer ({device.type}: {name}, torch "
               f"{torch.__version__}, {torch.get_num_threads()} threads)\n\n"
               f"lm_25m, vocab {VOCAB}, NAPE, batch {args.batch}, {args.new} new tokens, fastest of "
               f"{args.repeats}, {precision}. Command: `{command}`\n\n"
               "| normaliser | prompt | mode | concatenating ms/token | buffered ms/token | "
-              "concatenating / buffered |\n|---|---|---|---|---|---|")
+              "concatenating / buffered |" + (" CUDA graph ms/token | buffered / graph | graph tokens equal |"
+                                              if args.cuda_graph else "")
+              + "\n|---|---|---|---|---|---|" + ("---|---|---|" if args.cuda_graph else ""))
     print(header, flush=True)
     rows = []
     for normaliser in args.normalisers:
@@ -137,6 +177,12 @@ def main():
                                      "tokens")
                 row = dict(normaliser=normaliser, prompt=prompt, mode=mode, concatenating_ms_per_token=peer,
                            buffered_ms_per_token=ours)
+                if args.cuda_graph and mode == "eager":
+                    graph, graph_tokens = graph_ms_per_token(model, ids, args.new, device, args.repeats)
+                    equal = (graph_tokens == tokens).float().mean().item()
+                    if normaliser != "softmax" and equal < 1:
+                        raise SystemExit(f"{normaliser} prompt {prompt}: the CUDA graph decoded other tokens")
+                    row.update(graph_ms_per_token=graph, graph_tokens_equal=equal)
                 rows.append(row)
                 print(table_row(row), flush=True)
     if args.out is not None:

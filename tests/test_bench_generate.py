@@ -23,3 +23,10 @@ def test_bench_generate_writes_both_caches(tmp_path, monkeypatch):
     assert all(r["concatenating_ms_per_token"] > 0 and r["buffered_ms_per_token"] > 0 for r in rows)
     table = (tmp_path / "generate_cpu.md").read_text()
     assert table.count("\n| asentmax |") == 2 and "--prompts 9 70 --new 3" in table
+
+
+def test_bench_generate_refuses_cuda_graph_on_the_cpu(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--device", "cpu", "--cuda-graph"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exit_info.value.code == 2 and "--cuda-graph needs --device cuda" in capsys.readouterr().err

@@ -443,3 +443,14 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     assert "cut at" not in (out / "compare.md").read_text()
     (run / "checkpoint.pt").write_bytes(b"damaged")  # best.pt is still evaluated; its run: not known
     assert main(eval_best) == 0 and "last_checkpoint" not in json.loads((run / "eval_best.json").read_text())
+
+
+def test_cuda_graph_eval_is_refused_without_cuda(tiny_run, capsys):
+    """--cuda-graphs on, on the CPU: one line naming the flag, exit code 2 (the CUDA graph itself is tested on
+    a GPU: test_nn_gpu.py); auto decodes without graphs there."""
+    from asentmax.cli import main
+
+    assert main(["eval", str(tiny_run), "--device", "cpu", "--cuda-graphs", "on", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--cuda-graphs on: cuda_graph=True needs the model and input_ids on a CUDA device" in err
+    assert len(err.strip().splitlines()) == 1

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
+from asentmax.nn.generation import cuda_graph_decoding_refusal
 from asentmax.ops.attention import backend_refusal
 from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
@@ -77,7 +78,7 @@ TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rn
 SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
 # EvalConfig's fields with a fixed set of values (the CLI's choices; attention_backend: "" or BACKENDS)
 CHOICES = {"checkpoint": ("last", "best"), "tables": ("train", "fresh"), "device": ("auto", "cpu", "cuda"),
-           "amp": ("auto", "bf16", "off")}
+           "amp": ("auto", "bf16", "off"), "cuda_graphs": ("auto", "on", "off")}
 
 
 @dataclass
@@ -110,6 +111,10 @@ class EvalConfig:
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
         default="", metadata={"help": "replace the model's attention backend: " + "|".join(BACKENDS)})
+    cuda_graphs: str = field(default="off", metadata={"help": (
+        "auto | on | off: decode with generate(cuda_graph=True), a static KV cache whose steps replay a CUDA "
+        "graph (the same tokens, less host time a step); auto: where the model and device allow it; off by "
+        "default until it is timed on a GPU")})
 
     def validate(self) -> None:
         if self.attention_backend not in ("", *BACKENDS):
@@ -175,7 +180,7 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
 
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                    max_batch_tokens: int = 32768, on_batch=None) -> dict:
+                    max_batch_tokens: int = 32768, on_batch=None, cuda_graph: bool = False) -> dict:
     """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates, and for a
     task whose answers copy source tokens (Task.answer_sources) "source_tenth_accuracy": the accuracy of the
     answer tokens copied from each tenth of the source, first tenth first (None for a tenth no answer comes
@@ -192,7 +197,7 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         prompts = torch.tensor([[BOS, *e.source, SEP] for e in group], dtype=torch.long, device=device)
         expected = torch.tensor([[*e.target, EOS] for e in group], dtype=torch.long, device=device)
         with autocast(device, autocast_dtype):
-            out = model.generate(prompts, expected.shape[1], temperature=0.0)
+            out = model.generate(prompts, expected.shape[1], temperature=0.0, cuda_graph=cuda_graph)
         hits = out[:, prompts.shape[1]:] == expected
         exact += int(hits.all(1).sum())
         correct += int(hits.sum())
@@ -289,13 +294,14 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
              batch_size: int = 64, max_batch_tokens: int = 32768, confidence: float = 0.95,
              dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
              progress: bool = False, log=print, note=print_note, tables: str = "train",
-             estimate_threshold_s: float = ESTIMATE_THRESHOLD_S) -> list[dict]:
+             estimate_threshold_s: float = ESTIMATE_THRESHOLD_S, cuda_graph: bool = False) -> list[dict]:
     """One row per length, shortest first: exact match (+ Wilson interval), per-token accuracy, seconds
     taken, and (for sequences up to dispersion_max_tokens) attention dispersion on the first
     dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
     `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples;
     `log` gets each length's result line, `note` the estimate announced before a long length.
-    `tables="fresh"`: each length's set is drawn with new word tables (examples_for_length)."""
+    `tables="fresh"`: each length's set is drawn with new word tables (examples_for_length); `cuda_graph`:
+    decoding steps replayed from CUDA graphs (generate)."""
     from tqdm.auto import tqdm
 
     rows = {row["length"]: row for row in done}
@@ -312,7 +318,8 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
                   leave=False) as bar:
             scores = greedy_accuracy(model, length_task, examples, device=device,
                                      autocast_dtype=autocast_dtype, batch_size=batch_size,
-                                     max_batch_tokens=max_batch_tokens, on_batch=bar.update)
+                                     max_batch_tokens=max_batch_tokens, on_batch=bar.update,
+                                     cuda_graph=cuda_graph)
         low, high = wilson_interval(scores["n_exact"], scores["n"], confidence)
         row = {"length": length, **scores, "ci_low": low, "ci_high": high}
         subset = examples[:dispersion_samples]
@@ -394,6 +401,7 @@ class EvalPlan:
     model_state: dict
     lengths: list[int]
     done: list[dict]  # rows reused from an earlier run of the same protocol
+    cuda_graph: bool  # decoding steps replayed from CUDA graphs (--cuda-graphs)
     header: dict  # the result file without its rows
     notes: list[str]  # warnings and notes to print (on stderr) before starting
 
@@ -494,6 +502,10 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     refusal = backend_refusal(model_config.attention_backend, device.type)
     if refusal is not None:  # a run trained with --attention-backend triton, evaluated on the CPU
         raise RunError(f"{checkpoint_path}: attention backend {refusal} (--attention-backend chunked)")
+    refusal = cuda_graph_decoding_refusal(model_config, device.type)
+    if config.cuda_graphs == "on" and refusal is not None:
+        raise RunError(f"--cuda-graphs on: {refusal}")
+    cuda_graph = config.cuda_graphs == "on" or (config.cuda_graphs == "auto" and refusal is None)
     if task_name not in TASK_NAMES:
         raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}")
     try:
@@ -524,7 +536,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
                 "autocast": "bf16" if autocast_dtype is not None else "off",
                 **{k: v for k, v in asdict(config).items()
                    if k not in ("multipliers", "batch_size", "max_batch_tokens", "cpu_max_length", "device",
-                                "amp")}}
+                                "amp", "cuda_graphs")}}
     done, notes = _reusable_rows(output.with_suffix(".json"), protocol, fresh)
     if left_out:
         notes.append(f"on the CPU the default multipliers stop at {config.cpu_max_length} tokens: leaving "
@@ -542,7 +554,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
               "workload": saved_workload, "train_step": checkpoint["step"],
               "prior_samples": checkpoint.get("prior_samples", 0), "git_commit": git_commit(),
-              "device": describe_device(device)}
+              "device": describe_device(device), "cuda_graph": cuda_graph}
     if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
         try:
             last = load_checkpoint(run_dir / CHECKPOINT_NAME)
@@ -559,7 +571,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
                         + f" (`asentmax train --run-dir {run_dir} --resume` trains it to the end)")
     return EvalPlan(run_dir=run_dir, output=output, config=config, device=device,
                     autocast_dtype=autocast_dtype, task=task, model_config=model_config,
-                    model_state=model_state, lengths=lengths, done=done, header=header, notes=notes)
+                    model_state=model_state, lengths=lengths, done=done, cuda_graph=cuda_graph, header=header,
+                    notes=notes)
 
 
 def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print, note=print_note) -> dict:
@@ -583,7 +596,7 @@ def run_evaluation(plan: EvalPlan, *, progress: bool = False, log=print, note=pr
                     max_batch_tokens=config.max_batch_tokens, confidence=config.confidence,
                     dispersion_samples=config.dispersion_samples,
                     dispersion_max_tokens=config.dispersion_max_tokens, done=plan.done, on_row=save,
-                    progress=progress, log=log, note=note, tables=config.tables)
+                    progress=progress, log=log, note=note, tables=config.tables, cuda_graph=plan.cuda_graph)
     save(rows)
     return result
 

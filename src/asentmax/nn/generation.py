@@ -67,14 +67,14 @@ class CapturedStep:
         return self.logits
 
 
-def cuda_graph_decoding_refusal(model, input_ids: torch.Tensor) -> str | None:
-    """None when generate(cuda_graph=True) can decode with `model`, else why not (one line)."""
-    if not input_ids.is_cuda:
+def cuda_graph_decoding_refusal(config, device_type: str, dropout_active: bool = False) -> str | None:
+    """None when generate(cuda_graph=True) can decode with a model of ModelConfig `config` on a `device_type`
+    ("cpu" / "cuda") device, with its dropout active or not, else why not (one line)."""
+    if device_type != "cuda":
         return "cuda_graph=True needs the model and input_ids on a CUDA device"
-    config = model.config
     if get_normaliser(config.attention).family == "topk":
         return "cuda_graph=True does not serve top-k attention (its static cache has no dense masks)"
-    if model.training and config.dropout > 0:
+    if dropout_active:
         return "cuda_graph=True needs dropout off: call model.eval() first"
     return cuda_graph_refusal(config)
 
@@ -95,8 +95,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *,
         raise ValueError(f"top_k must be None or an int >= 1, got {top_k!r}")
     if type(cuda_graph) is not bool:
         raise ValueError(f"cuda_graph must be a bool, got {cuda_graph!r}")
-    if cuda_graph and (reason := cuda_graph_decoding_refusal(model, input_ids)) is not None:
-        raise ValueError(reason)
+    if cuda_graph:
+        dropout_active = model.training and model.config.dropout > 0
+        reason = cuda_graph_decoding_refusal(model.config, input_ids.device.type, dropout_active)
+        if reason is not None:
+            raise ValueError(reason)
     if max_new_tokens == 0:
         return input_ids.clone()
     ids, mask = input_ids, attention_mask
