@@ -41,7 +41,9 @@ class CapturedStep:
     """model(token[:, None], cache)[:, -1] over a static cache (B, V logits), as a CUDA graph. The first call
     runs eagerly on a side stream (Triton compiles its kernels, the allocator warms up), the second records
     the step and replays it, every later call replays it: the token is copied into the graph's input and
-    the returned logits are the graph's output, overwritten by the next call."""
+    the returned logits are the graph's output, overwritten by the next call. Under autocast the graph reads
+    the weight casts autocast cached in the first call: use a CapturedStep only inside the autocast region
+    that recorded it (generate() and asentmax eval do)."""
 
     def __init__(self, model, cache: KVCache):
         self.model, self.cache = model, cache
