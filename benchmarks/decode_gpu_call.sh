@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 14's decoding checks and timings in two device calls, each step under its own time limit so that a
+# failing or slow step leaves the others their time:
+#   bash benchmarks/decode_gpu_call.sh checks    # about 4 minutes on one H200:
+#     the GPU tests of the decoding kernels, compiled decoding and CUDA-graph decoding (static cache), then
+#     bench_generate.py: model-level decoding, buffered cache vs concatenating, compiled and CUDA graph;
+#   bash benchmarks/decode_gpu_call.sh kernels   # about 7 minutes:
+#     the split-path and one-launch sweeps of tune_decode_gpu.py (results/tune_decode.md's cases), then
+#     bench_decode_gpu.py: kernel-level decoding against SDPA (host and GPU time).
+# Everything of a call goes into ONE file, $OUT/decode_<part>.tgz (logs, tables, json), within the device's
+# 8 files. Environment: OUT (default ./decode_call_out), TUNE_SECONDS (the sweep's budget, 180).
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+out=${OUT:-decode_call_out}
+work=$(mktemp -d)
+mkdir -p "$out"
+step() {  # step NAME LIMIT_S COMMAND...: run, log to $work/NAME.log, note the exit status
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s): $*" | tee -a "$work/steps.log"
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$work/$name.log" 2>&1
+  local status=$?
+  echo "== $name: exit $status after $((SECONDS - start))s" | tee -a "$work/steps.log"
+  tail -n 5 "$work/$name.log"
+}
+part=${1:?checks or kernels}
+nvidia-smi --query-gpu=name,driver_version --format=csv > "$work/gpu.txt" 2>&1
+case $part in
+  checks)
+    step tests 150 python -m pytest -q -m gpu tests/test_triton_attention_decode.py tests/test_compile_gpu.py \
+      tests/test_nn_gpu.py -k "decode or compile or cuda_graph or cached"
+    step generate 150 python benchmarks/bench_generate.py --device cuda --prompts 1024 4096 16384 --new 64 \
+      --compile --cuda-graph --out "$work/generate" ;;
+  kernels)
+    step tune 240 python benchmarks/tune_decode_gpu.py --paths short split --seconds "${TUNE_SECONDS:-180}" \
+      --out "$work/tune"
+    step bench_decode 200 python benchmarks/bench_decode_gpu.py --out "$work/decode" ;;
+  *) echo "unknown part $part: checks or kernels" >&2; exit 2 ;;
+esac
+tar -czf "$out/decode_$part.tgz" -C "$work" .
+echo "wrote $out/decode_$part.tgz"
