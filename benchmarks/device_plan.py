@@ -21,6 +21,8 @@ nothing started) a call in which a run would start again from step 0: on a machi
 calls it saves the window. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
 (<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; <work>/status.json and the printed
 lines give every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
+`--eval-flags` appends flags to every evaluation of a call (a setting that leaves results as they are, such as
+`--cuda-graphs on`, without editing the plan).
 
 This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
 command, appended to its log, SIGINT at the deadline; its exit code and seconds), `side_by_side` (functions at
@@ -121,17 +123,18 @@ def run_together(commands: dict[str, list[str]], work: Path, stage: str, deadlin
 
 
 def run_chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float,
-              finished: dict[str, threading.Event]) -> dict:
-    """Train (or resume) run `name`, then its evaluations not done yet, within the window ending at `end`;
-    a run after another first waits for that one's chain to finish (`finished`: an event per chain)."""
+              finished: dict[str, threading.Event], eval_flags: tuple = ()) -> dict:
+    """Train (or resume) run `name`, then its evaluations not done yet (each with `eval_flags` appended),
+    within the window ending at `end`; a run after another first waits for that one's chain to finish
+    (`finished`: an event per chain)."""
     try:
-        return _chain(name, run, work, end, margin, min_eval_s, finished)
+        return _chain(name, run, work, end, margin, min_eval_s, finished, eval_flags)
     finally:
         finished[name].set()
 
 
 def _chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval_s: float,
-           finished: dict[str, threading.Event]) -> dict:
+           finished: dict[str, threading.Event], eval_flags: tuple) -> dict:
     run_dir, state = work / name, {"steps": []}
     trained, stalled = work / f"{name}.trained", work / f"{name}.stalled"
     if stalled.exists():  # stays stopped: --resume would carry it past its stall check
@@ -163,7 +166,7 @@ def _chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval
                 continue
             if end - time.time() < min_eval_s:
                 break
-            code, seconds = run_step(["eval", str(run_dir), "--no-progress", *flags],
+            code, seconds = run_step(["eval", str(run_dir), "--no-progress", *flags, *eval_flags],
                                      work / f"{name}.eval.log", end - 5)
             state["steps"].append({"step": f"eval{i}", "exit": code, "seconds": seconds})
             if code == 0:
@@ -192,6 +195,8 @@ def main() -> int:
                         help="seconds before the window closes when training is stopped (with a checkpoint)")
     parser.add_argument("--min-eval-seconds", type=float, default=20.0,
                         help="an evaluation starts only with this much of the window left")
+    parser.add_argument("--eval-flags", default="", help="flags appended to every evaluation of this call, "
+                        "e.g. \"--cuda-graphs on\" (settings that leave the results as they are)")
     parser.add_argument("--continuing", action="store_true",
                         help="this call continues an earlier window: start nothing if a run would begin "
                              "again from step 0 (a fresh machine has lost --work)")
@@ -216,8 +221,9 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     end = time.time() + args.seconds
     finished = {name: threading.Event() for name in names}
+    eval_flags = tuple(shlex.split(args.eval_flags))
     states = side_by_side({name: partial(run_chain, name, plan[name], args.work, end, args.margin,
-                                         args.min_eval_seconds, finished) for name in names})
+                                         args.min_eval_seconds, finished, eval_flags) for name in names})
     status = {name: summary(name, plan[name], args.work, states[name]) for name in names}
     (args.work / "status.json").write_text(json.dumps(status, indent=2) + "\n")
     for name, s in status.items():

@@ -50,6 +50,15 @@ def test_runs_train_then_evaluate_and_a_failing_run_stops_only_itself(tmp_path):
     assert again.returncode == 0 and "good: trained, evaluations 2/2 (nothing to do)" in again.stdout
 
 
+def test_eval_flags_reach_every_evaluation(tmp_path):
+    """--eval-flags is appended to each evaluation of the call: here a setting the CPU refuses in one line,
+    so the evaluation fails and its log shows the flag arrived."""
+    plan = {"run": {"train": TINY + " --steps 2", "evals": ["--multipliers 1 --samples 2"]}}
+    result = call(tmp_path, plan, "--seconds", "240", "--eval-flags", "--cuda-graphs on")
+    assert result.returncode == 1 and "FAILED at eval0" in result.stdout
+    assert "--cuda-graphs on: cuda_graph=True needs" in (tmp_path / "work" / "run.eval.log").read_text()
+
+
 def test_a_closing_window_checkpoints_and_the_next_call_resumes(tmp_path):
     plan = {"long": {"train": TINY + " --steps 1000000", "evals": ["--multipliers 1 --samples 2"]}}
     first = call(tmp_path, plan, "--seconds", "10", "--margin", "2")
