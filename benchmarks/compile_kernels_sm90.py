@@ -91,16 +91,21 @@ def launch_decode_chunks(alpha, dim, batch=8, heads=16):
     """The decoding launcher at the benchmark's shapes (bf16, q_len 1 and 4; bench_decode_gpu.py): grouped
     caches (4 KV heads) of 1K and 2K keys on the one-launch kernel (a program per query head), of 4K keys on
     the split path (packs of 4 heads, chunks of 1024 keys, 4 or 16 rows), and a multi-head one of 4K keys,
-    solving the thresholds in the output kernel or not; and the one-launch kernel's tuned tiles (1K keys) in
-    fp16 and fp32 (whose tiles hold half as many keys: the shared memory limit)."""
-    cases = [(n_q, kv_heads, cache, torch.bfloat16) for n_q, kv_heads, cache in (
+    solving the thresholds in the output kernel or not; the one-launch kernel's tuned tiles (1K keys) in
+    fp16 and fp32 (whose tiles hold half as many keys: the shared memory limit); and a static cache's steps
+    (kv_lengths read on the device) on the one-launch kernel and both split variants."""
+    cases = [(n_q, kv_heads, cache, torch.bfloat16, False) for n_q, kv_heads, cache in (
         (1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096))]
-    for n_q, kv_heads, cache, dtype in cases + [(1, 4, 1024, torch.float16), (4, 4, 1024, torch.float32)]:
+    cases += [(1, 4, 1024, torch.float16, False), (4, 4, 1024, torch.float32, False)]
+    cases += [(n_q, 4, cache, torch.bfloat16, True) for n_q, cache in ((1, 1024), (1, 4096), (4, 4096))]
+    for n_q, kv_heads, cache, dtype, with_lengths in cases:
         # zeros: the launches are recorded, not run, and bf16 randn of these sizes takes seconds on a CPU
         q = torch.zeros(batch, heads, n_q, dim, dtype=dtype)
         k_cache, v_cache = (torch.zeros(batch, kv_heads, cache, dim, dtype=dtype) for _ in range(2))
+        lengths = torch.full((batch,), cache - 100, dtype=torch.int32) if with_lengths else None
         entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5,
-                                causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40)
+                                causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40,
+                                lengths=lengths)
 
 
 def forward_backward(q, k, v, options, write_support=True):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from asentmax.ops.attention import entmax_attention
+from conftest import nan_poisoned_empty
 
 SLOPES = torch.tensor([0.3, 0.0, 0.1, 0.05], dtype=torch.float64)  # ALiBi on three heads, NoPE on one
 
@@ -91,19 +92,24 @@ def test_kv_lengths_equal_sliced_rows(backend, alpha, causal, case):
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="run with TRITON_INTERPRET=1")
-@pytest.mark.parametrize("path, n_k", [("short", 150), ("split", 150), ("split", 700)])
+@pytest.mark.parametrize("path, n_k",
+                         [("short", 150), ("split", 150), ("split", 700), ("split-threshold", 700)])
 @pytest.mark.parametrize("alpha, causal, with_mask",
                          [(1.5, True, True), (1.0, True, False), (2.0, False, True)])
 def test_decoding_kernels_take_kv_lengths(monkeypatch, path, n_k, alpha, causal, with_mask):
     """The one-launch kernel and the split one (chunks of 128 keys: a row's length ends inside a chunk,
-    whole chunks past it) read only each row's filled slots, in fp32."""
+    whole chunks past it; the thresholds solved in the output kernel or, split-threshold, in their own
+    launch) read only each row's filled slots, in fp32, with every buffer the launchers allocate NaN-filled
+    (a score or partial read where none was written shows)."""
     pytest.importorskip("triton")
     from asentmax.ops.triton import attention_decode
 
     monkeypatch.setattr(attention_decode, "takes_short_path", lambda n: path == "short")
     monkeypatch.setattr(attention_decode, "SPLIT_CHUNK", 128)
+    if path == "split-threshold":
+        monkeypatch.setattr(attention_decode, "SOLVE_SCORES", 0)
     x = make_inputs(n_k, (n_k, 2, n_k // 2 + 3), 2, torch.float32)
-    with torch.no_grad():
+    with torch.no_grad(), nan_poisoned_empty():
         out, aux = entmax_attention(x["q"], x["k_poisoned"], x["v_poisoned"], alpha=alpha, causal=causal,
                                     alibi_slopes=SLOPES.float(), q_scale=x["q_scale"],
                                     key_padding_mask=x["mask"] if with_mask else None,

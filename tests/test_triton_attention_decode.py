@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from asentmax.ops.attention import entmax_attention
+from conftest import nan_poisoned_empty
 
 pytest.importorskip("triton")
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -26,22 +27,6 @@ on_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TR
                              reason="needs a CUDA device (and no TRITON_INTERPRET)")
 
 FLOOR = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-
-
-class nan_poisoned_empty:
-    """Within the block, torch.empty returns NaN-filled (integer: -1-filled) tensors."""
-
-    def __enter__(self):
-        self.empty = torch.empty
-
-        def poisoned(*args, **kwargs):
-            x = self.empty(*args, **kwargs)
-            return x.fill_(float("nan") if x.is_floating_point() else -1)
-
-        torch.empty = poisoned
-
-    def __exit__(self, *exc):
-        torch.empty = self.empty
 
 
 def inputs(b, h, hkv, nq, nk, d, dtype, seed=0, device="cpu"):

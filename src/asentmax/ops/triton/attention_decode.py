@@ -21,6 +21,8 @@ along the keys instead, so that K and V are each read once, and a grouped cache 
    of one chunk writes the output directly; otherwise the chunks' partial sums go to the workspace and the
    last program of a pack to arrive (an atomic count) adds them up and writes the output in q's dtype.
 
+With per-row lengths (kv_lengths: a static cache's buffers, filled up to a count read on the device) the grid
+covers the whole buffer, and the chunks past a row's length are neither scored, solved over nor read.
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
 tensors and these three launches (two when the output kernel solves). Caches of at most SHORT_CACHE keys
 take the one-launch kernel of attention_decode_short.py instead (entmax_attention_decode, the launcher).
@@ -66,7 +68,8 @@ def _decode_scores(
     keys j >= n_k up to s_stride (the padding is written, so the later kernels read whole chunks unmasked),
     and the chunk's row max at Work[max_offset + row * n_chunks + pid_c]. The program of chunk 0 also sets
     the pack's arrival count of _decode_output (Work[count_offset + pid_p]) to 0. HAS_LENGTHS: the batch
-    row holds its first Lengths[b] of the n_k slots (filled_keys); the keys past them are -inf too."""
+    row holds its first Lengths[b] of the n_k slots (filled_keys); the keys past them are -inf too, and a
+    chunk past them all writes only its row max, -inf (no later kernel reads its scores: scored_extent)."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -79,24 +82,37 @@ def _decode_scores(
     k_base = K + b * skb + (first_head // group) * skh
     s_rows = Work + rows[:, None] * s_stride
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for start in range(0, CHUNK, BLOCK_N):
-        offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
-        m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
-                                            KPM + b * n_k, n_keys, s_rows, row_in, CAUSAL, HAS_ALIBI, HAS_KPM,
-                                            DOT_PRECISION))
+    scored = True
+    if HAS_LENGTHS:
+        scored = pid_c * CHUNK < n_keys
+    if scored:
+        for start in range(0, CHUNK, BLOCK_N):
+            offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
+            m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
+                                                KPM + b * n_k, n_keys, s_rows, row_in, CAUSAL, HAS_ALIBI,
+                                                HAS_KPM, DOT_PRECISION))
     tl.store(Work + max_offset + rows * n_chunks + pid_c, m, mask=row_in)
     if pid_c == 0:
         tl.store(Work + count_offset + pid_p, 0.0)
 
 
 @triton.jit
-def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
+def scored_extent(Lengths, b, n_k, s_stride, CHUNK: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    """The stored scores of a row of batch row b: s_stride, or with HAS_LENGTHS the whole chunks that hold
+    its first Lengths[b] keys (_decode_scores scores no chunk past them)."""
+    if HAS_LENGTHS:
+        return tl.cdiv(filled_keys(Lengths, b, n_k, True), CHUNK) * CHUNK
+    return s_stride
+
+
+@triton.jit
+def solve_rows(Work, Tau, Support, rows, r_in, s_stride, extent, max_offset, inv_z_offset, n_chunks, inv_am1,
                two_minus_alpha, tol, max_iter, ROWS: tl.constexpr, MAX_TILE: tl.constexpr,
                BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr):
-    """Thresholds of the score rows `rows` (ROWS,) (those with r_in): each row's max over its chunks' maxima
-    (read MAX_TILE chunks at a time), then stored_rows_threshold over the row's stored scores, in tiles of
-    (ROWS, BLOCK). Writes tau, the support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no
-    visible key)."""
+    """Thresholds of the score rows `rows` (ROWS,) (those with r_in), rows of s_stride scores of which the
+    first `extent` are stored (scored_extent): each row's max over its chunks' maxima (read MAX_TILE chunks
+    at a time), then stored_rows_threshold over those scores, in tiles of (ROWS, BLOCK). Writes tau, the
+    support size and 1 / Z (Work[inv_z_offset + row]; 0 on rows with no visible key)."""
     offs_c = tl.arange(0, MAX_TILE)
     m_part = tl.full([ROWS, MAX_TILE], float("-inf"), tl.float32)
     for start in range(0, n_chunks, MAX_TILE):
@@ -105,7 +121,7 @@ def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offse
                                             mask=r_in[:, None] & (chunk < n_chunks)[None, :],
                                             other=float("-inf")))
     t, inv_z, count = stored_rows_threshold(Work + rows.to(tl.int64)[:, None] * s_stride, r_in[:, None],
-                                            s_stride, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
+                                            extent, tl.max(m_part, 1), inv_am1, two_minus_alpha, tol,
                                             max_iter, BLOCK, RESIDENT, MODE)
     tl.store(Tau + rows, t, mask=r_in)
     tl.store(Work + inv_z_offset + rows, inv_z, mask=r_in)
@@ -113,16 +129,20 @@ def solve_rows(Work, Tau, Support, rows, r_in, s_stride, max_offset, inv_z_offse
 
 
 @cached_launch
-@triton.jit(do_not_specialize=["n_chunks", "max_iter"])
+@triton.jit(do_not_specialize=["n_k", "n_chunks", "max_iter"])
 def _decode_threshold(
-    Work, Tau, Support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter,
-    BLOCK: tl.constexpr, RESIDENT: tl.constexpr, MODE: tl.constexpr,
+    Work, Tau, Support, Lengths, s_stride, max_offset, inv_z_offset, n_chunks, n_k, rows_per_batch, inv_am1,
+    two_minus_alpha, tol, max_iter,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, RESIDENT: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+    MODE: tl.constexpr,
 ):
     """One program per query row (solve_rows on a tile of one row, so that the fused kernel's helpers
-    apply)."""
-    rows = tl.program_id(0) + tl.arange(0, 1)
-    solve_rows(Work, Tau, Support, rows, rows >= 0, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1,
-               two_minus_alpha, tol, max_iter, 1, BLOCK, BLOCK, RESIDENT, MODE)
+    apply); rows_per_batch = heads * n_q rows share a batch row's Lengths."""
+    row = tl.program_id(0)
+    rows = row + tl.arange(0, 1)
+    extent = scored_extent(Lengths, row // rows_per_batch, n_k, s_stride, CHUNK, HAS_LENGTHS)
+    solve_rows(Work, Tau, Support, rows, rows >= 0, s_stride, extent, max_offset, inv_z_offset, n_chunks,
+               inv_am1, two_minus_alpha, tol, max_iter, 1, BLOCK, BLOCK, RESIDENT, MODE)
 
 
 @triton.jit
@@ -159,7 +179,8 @@ def _decode_output(
     itself (solve_rows on tiles of ROWS x SOLVE_BLOCK over the pack's scores of every chunk, held in
     registers when RESIDENT, else re-read from L2 each pass), every program of the pack the same values by
     the same passes, and reads them back after a barrier. HAS_LENGTHS: V is read only at the batch row's
-    first Lengths[b] slots (filled_keys; past them the weights are 0, and the slots may hold anything)."""
+    first Lengths[b] slots (filled_keys; past them the weights are 0, and the slots may hold anything), and
+    a chunk past them all adds a zero partial without reading anything."""
     pid_c = tl.program_id(0)
     pid_p = tl.program_id(1)
     b = pid_p // n_packs
@@ -171,7 +192,8 @@ def _decode_output(
     rows = pid_p * pack * n_q + offs_m
     if SOLVE:
         rows_r = pid_p * pack * n_q + tl.arange(0, ROWS)
-        solve_rows(Work, Tau, Support, rows_r, tl.arange(0, ROWS) < pack * n_q, s_stride, max_offset,
+        extent = scored_extent(Lengths, b, n_k, s_stride, CHUNK, HAS_LENGTHS)
+        solve_rows(Work, Tau, Support, rows_r, tl.arange(0, ROWS) < pack * n_q, s_stride, extent, max_offset,
                    inv_z_offset, n_chunks, inv_am1, two_minus_alpha, tol, max_iter, ROWS, 32, SOLVE_BLOCK,
                    RESIDENT, MODE)
         tl.debug_barrier()  # the rows' tau and 1 / Z, stored in the ROWS layout, are read in the BLOCK_M one
@@ -180,9 +202,13 @@ def _decode_output(
     v_base = V + b * svb + ((pid_p % n_packs) * pack // group) * svh
     s_rows = Work + rows[:, None] * s_stride
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, CHUNK, BLOCK_N):
-        acc = weighted_values_tile(acc, s_rows, pid_c * CHUNK + start + tl.arange(0, BLOCK_N), row_in, tau,
-                                   v_base, svn, offs_d, d_in, n_keys, inv_am1, MODE, DOT_PRECISION)
+    scored = True
+    if HAS_LENGTHS:
+        scored = pid_c * CHUNK < n_keys
+    if scored:
+        for start in range(0, CHUNK, BLOCK_N):
+            acc = weighted_values_tile(acc, s_rows, pid_c * CHUNK + start + tl.arange(0, BLOCK_N), row_in,
+                                       tau, v_base, svn, offs_d, d_in, n_keys, inv_am1, MODE, DOT_PRECISION)
     acc = acc * inv_z[:, None]
     out_mask = row_in[:, None] & d_in[None, :]
     if SINGLE_CHUNK:
@@ -304,8 +330,10 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     if not solve:
         row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
         _decode_threshold[(n_rows,)](
-            work, tau, support, s_stride, max_offset, inv_z_offset, n_chunks, inv_am1, 2.0 - alpha, tol,
-            max_iter, BLOCK=row_block, RESIDENT=s_stride <= row_block, MODE=mode, num_warps=row_warps)
+            work, tau, support, lengths if lengths is not None else support, s_stride, max_offset,
+            inv_z_offset, n_chunks, n_k, heads * n_q, inv_am1, 2.0 - alpha, tol, max_iter, CHUNK=chunk,
+            BLOCK=row_block, RESIDENT=s_stride <= row_block, HAS_LENGTHS=lengths is not None, MODE=mode,
+            num_warps=row_warps)
     _decode_output[(n_chunks, n_packs)](
         v, work, tau, support, out, lengths if lengths is not None else support, *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
