@@ -109,12 +109,13 @@ def test_decoding_kernels_take_kv_lengths(monkeypatch, path, n_k, alpha, causal,
     if path == "split-threshold":
         monkeypatch.setattr(attention_decode, "SOLVE_SCORES", 0)
     x = make_inputs(n_k, (n_k, 2, n_k // 2 + 3), 2, torch.float32)
+    lengths = x["lengths"].to(torch.int32).repeat_interleave(2)[::2]  # a strided view: read as such
+    assert not lengths.is_contiguous()
     with torch.no_grad(), nan_poisoned_empty():
         out, aux = entmax_attention(x["q"], x["k_poisoned"], x["v_poisoned"], alpha=alpha, causal=causal,
                                     alibi_slopes=SLOPES.float(), q_scale=x["q_scale"],
                                     key_padding_mask=x["mask"] if with_mask else None,
-                                    kv_lengths=x["lengths"].to(torch.int32), backend="triton",
-                                    return_aux=True)
+                                    kv_lengths=lengths, backend="triton", return_aux=True)
     ref, support, _ = sliced_reference(x, alpha, causal, with_mask)
     assert (out.double() - ref).abs().max().item() <= 2e-5
     assert torch.equal(aux.support_size, support)

@@ -141,6 +141,8 @@ def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_sc
     if q_scale is not None and (q_scale.dtype != torch.float32 or not q_scale.is_contiguous()):
         q_scale = q_scale.float().contiguous()
     kpm = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
+    if kv_lengths is not None and not kv_lengths.is_contiguous():  # the kernels read Lengths[b]
+        kv_lengths = kv_lengths.contiguous()
     if n_q <= MAX_QUERIES and not grad:  # decoding kernels, forward only
         decode = attention_decode if torch.compiler.is_compiling() else _decode
         out, tau, support = decode(q, k, v, q_scale, slopes, kpm, kv_lengths, alpha, scale, causal)
