@@ -113,7 +113,8 @@ class EvalConfig:
         default="", metadata={"help": "replace the model's attention backend: " + "|".join(BACKENDS)})
     cuda_graphs: str = field(default="off", metadata={"help": (
         "auto | on | off: decode with generate(cuda_graph=True), a static KV cache whose steps replay a CUDA "
-        "graph (the same tokens, less host time a step); auto: where the model and device allow it; off by "
+        "graph (the same attention, less host time a step; softmax steps run on the fused kernels instead of "
+        "SDPA, so a near-tie can round the other way); auto: where the model and device allow it; off by "
         "default until it is timed on a GPU")})
 
     def validate(self) -> None:
