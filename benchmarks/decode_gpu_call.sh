@@ -5,7 +5,8 @@
 #     the GPU tests of the decoding kernels, compiled decoding and CUDA-graph decoding (static cache), then
 #     bench_generate.py: model-level decoding, buffered cache vs concatenating, compiled and CUDA graph;
 #   bash benchmarks/decode_gpu_call.sh kernels   # about 7 minutes:
-#     the split-path and one-launch sweeps of tune_decode_gpu.py (results/tune_decode.md's cases), then
+#     the split-path sweep of tune_decode_gpu.py (first: never run on a GPU), then the one-launch one (its
+#     cases of results/tune_decode.md, after the twenty-second session's threshold-pass change), then
 #     bench_decode_gpu.py: kernel-level decoding against SDPA (host and GPU time).
 # Everything of a call goes into ONE file, $OUT/decode_<part>.tgz (logs, tables, json), within the device's
 # 8 files. Environment: OUT (default ./decode_call_out), TUNE_SECONDS (the sweep's budget, 180).
@@ -33,7 +34,7 @@ case $part in
     step generate 150 python benchmarks/bench_generate.py --device cuda --prompts 1024 4096 16384 --new 64 \
       --compile --cuda-graph --out "$work/generate" ;;
   kernels)
-    step tune 240 python benchmarks/tune_decode_gpu.py --paths short split --seconds "${TUNE_SECONDS:-180}" \
+    step tune 240 python benchmarks/tune_decode_gpu.py --paths split short --seconds "${TUNE_SECONDS:-180}" \
       --out "$work/tune"
     step bench_decode 200 python benchmarks/bench_decode_gpu.py --out "$work/decode" ;;
   *) echo "unknown part $part: checks or kernels" >&2; exit 2 ;;

@@ -14,9 +14,11 @@ attention_common.heads_per_program (the query heads of a KV head in one program)
 `--paths split` (or both, `--paths short split`) sweeps the split-over-keys launcher of attention_decode.py
 instead, on SPLIT_CASES, its knobs SPLIT_SWEEP (chunk keys a program, block_n keys a tile, num_warps, solve:
 the output kernel finds the thresholds instead of their own launch; pack = heads_per_program, the query heads
-of a KV head in one program): the grouped and single-sequence cases where the one-launch kernel is over 2x
-SDPA's GPU time (twenty-second session). Each row names its path; "default" is always the launcher the
-library calls (entmax_attention_decode), so the two paths' rows compare against the same time.
+of a KV head in one program, and also pack = 1 where packs would leave fewer than FEW_PACKS programs a chunk
+(B = 1: a program per query head reads its KV head from L2 after the first, for 4x the programs): the grouped
+and single-sequence cases where the one-launch kernel is over 2x SDPA's GPU time (twenty-second session).
+Each row names its path; "default" is always the launcher the library calls (entmax_attention_decode), so
+the two paths' rows compare against the same time.
 Configs whose K or V tile buffers (num_stages of BLOCK_N x BLOCK_D bf16) exceed SHARED_BYTES are pruned; a
 config that fails to compile or launch is recorded with its one-line reason. Worker processes (--jobs) first
 compile every config in parallel into Triton's cache, then the timing runs alone on the GPU. 16 cases, 450
@@ -63,6 +65,7 @@ SPLIT_CASES = ([(8, 16, 4, 1, dim, cache) for dim in (64, 128) for cache in (102
                + [(1, 32, 8, 1, 128, 1024), (1, 32, 8, 1, 128, 4096), (8, 32, 4, 1, 128, 4096)]
                + [(8, 16, 16, 1, dim, 4096) for dim in (64, 128)])
 SPLIT_SWEEP = dict(chunk=(256, 512, 1024), block_n=(64, 128, 256), num_warps=(4, 8), solve=(True, False))
+FEW_PACKS = 32  # split cases whose packs give fewer programs a chunk also sweep pack = 1
 DRY_CASES = [(1, 4, 2, 1, 32, 100), (1, 2, 2, 3, 16, 70)]  # grouped, Nq 1; multi-head, Nq 3
 DRY_SWEEP = dict(block_n=(8, 32, 64), num_warps=(4,), num_stages=(1, 2))  # 8: refused by the launcher
 DRY_SPLIT_SWEEP = dict(chunk=(64, 128), block_n=(32, 64), num_warps=(4,), solve=(True, False))
@@ -81,21 +84,24 @@ def shared_bytes(block_n, dim, num_stages):
 def case_configs(case, sweep, path="short"):
     """Every config of the sweep for a case and launcher path: dicts of the path's KNOBS plus "path", with
     "pruned" (the reason) where a short config's tiles exceed SHARED_BYTES or a split config's tile does
-    not divide its chunk. Short: pack 1 and, grouped, heads_per_program's; split: heads_per_program's."""
-    _, heads, kv_heads, n_q, dim, _ = case
+    not divide its chunk. Short: pack 1 and, grouped, heads_per_program's; split: heads_per_program's, and
+    pack 1 too where B * H / that pack < FEW_PACKS."""
+    batch, heads, kv_heads, n_q, dim, _ = case
     group = heads // kv_heads
     packed = heads_per_program(group, n_q)
     configs = []
     if path == "split":
-        for chunk in sweep["chunk"]:
-            for block_n in sweep["block_n"]:
-                for num_warps in sweep["num_warps"]:
-                    for solve in sweep["solve"]:
-                        config = dict(path=path, chunk=chunk, block_n=block_n, num_warps=num_warps,
-                                      solve=solve, pack=packed)
-                        if chunk % block_n:
-                            config["pruned"] = f"block_n {block_n} does not divide chunk {chunk}"
-                        configs.append(config)
+        split_packs = (packed, 1) if packed > 1 and batch * heads // packed < FEW_PACKS else (packed,)
+        for pack in split_packs:
+            for chunk in sweep["chunk"]:
+                for block_n in sweep["block_n"]:
+                    for num_warps in sweep["num_warps"]:
+                        for solve in sweep["solve"]:
+                            config = dict(path=path, chunk=chunk, block_n=block_n, num_warps=num_warps,
+                                          solve=solve, pack=pack)
+                            if chunk % block_n:
+                                config["pruned"] = f"block_n {block_n} does not divide chunk {chunk}"
+                            configs.append(config)
         return configs
     packs = (1, packed) if group > 1 else (1,)
     for pack in packs:

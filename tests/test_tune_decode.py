@@ -36,16 +36,18 @@ def test_configs_prune_large_tiles_and_pack_grouped_heads(tune):
 def test_split_configs_prune_tiles_that_do_not_divide_the_chunk(tune):
     """36 split configs a case (chunks 256, 512, 1024 x block_n 64, 128, 256 x 2 warps x solve or not), all
     with heads_per_program's pack (4 for groups of 4, 8 for groups of 8 and 4 for B = 1's groups of 4,
-    1 without groups); none is pruned (every block_n divides every chunk) until a chunk is smaller than a
-    tile."""
+    1 without groups), and the same 36 again with pack 1 for the B = 1 cases (8 packs: fewer than
+    FEW_PACKS programs a chunk); none is pruned (every block_n divides every chunk) until a chunk is smaller
+    than a tile."""
     configs = {case: tune.case_configs(case, tune.SPLIT_SWEEP, "split") for case in tune.SPLIT_CASES}
-    assert len(configs) == 11 and all(len(c) == 36 for c in configs.values())
-    for (_, h, hkv, _, _, _), case_configs in configs.items():
-        assert {c["pack"] for c in case_configs} == {h // hkv}
+    assert len(configs) == 11
+    for (b, h, hkv, _, _, _), case_configs in configs.items():
+        packs = {h // hkv, 1} if b == 1 else {h // hkv}
+        assert {c["pack"] for c in case_configs} == packs and len(case_configs) == 36 * len(packs)
         assert {c["path"] for c in case_configs} == {"split"} and not any("pruned" in c for c in case_configs)
     small = tune.case_configs((1, 4, 2, 1, 32, 100), dict(chunk=(64,), block_n=(64, 128), num_warps=(4,),
                                                           solve=(True,)), "split")
-    assert ["pruned" in c for c in small] == [False, True]
+    assert [("pruned" in c, c["pack"]) for c in small] == [(False, 2), (True, 2), (False, 1), (True, 1)]
     assert small[1]["pruned"] == "block_n 128 does not divide chunk 64"
 
 
@@ -78,8 +80,9 @@ def test_dry_run_end_to_end(tune, monkeypatch, tmp_path):
 @interpreter
 def test_dry_run_split_path(tune, monkeypatch, tmp_path):
     """--paths split: the split launcher's configs on a grouped case, each computing what the library's
-    launcher computes (agrees), the threshold launch and the solving output kernel both, a chunk smaller
-    than its tile pruned; rows and labels name the path."""
+    launcher computes (agrees), the threshold launch and the solving output kernel both, with a program per
+    pack of the group's heads and (B = 1: few packs) per head, a chunk smaller than its tile pruned; rows
+    and labels name the path."""
     monkeypatch.setattr(tune, "DRY_CASES", [(1, 4, 2, 1, 32, 100)])
     monkeypatch.setattr(tune, "DRY_SPLIT_SWEEP", dict(chunk=(32, 64), block_n=(64,), num_warps=(4,),
                                                       solve=(True, False)))
@@ -87,7 +90,8 @@ def test_dry_run_split_path(tune, monkeypatch, tmp_path):
     (row,) = json.loads((tmp_path / "tune_decode.json").read_text())["rows"]
     assert row["path"] == "split"
     timed = [c for c in row["configs"] if "ms" in c]
-    assert [(c["chunk"], c["solve"]) for c in timed] == [(64, True), (64, False)]
+    assert [(c["chunk"], c["solve"], c["pack"]) for c in timed] == [
+        (64, True, 2), (64, False, 2), (64, True, 1), (64, False, 1)]
     assert all(c["agrees"] and c["max_abs_diff"] < 1e-5 for c in timed)
     markdown = (tmp_path / "tune_decode.md").read_text()
     assert "| split 1/4/2/1/32/100 | chunk 64 64/4 threshold pack 2 |" in markdown
