@@ -50,53 +50,53 @@ def rewind_point(state: dict) -> dict:
     return {name: list(x) if isinstance(x, list) else x for name, x in state.items()}
 
 
+def fastest_run(step, logits, rewind, new_tokens, device, repeats):
+    """(fastest ms per decoded token over `repeats` timed runs after a warm-up run, the tokens of the last
+    run). A run calls rewind(), then takes `new_tokens` greedy steps from the prefill's `logits`, each
+    step(token) -> the next logits (B, V)."""
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run warms up (and compiles, or records a graph)
+        rewind()
+        token, tokens = logits.argmax(-1), []
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(new_tokens):
+            tokens.append(token)
+            token = step(token).argmax(-1)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 1000 * best / new_tokens, torch.stack(tokens, 1)
+
+
 def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
-    """(fastest ms per decoded token over `repeats` runs of `new_tokens` greedy steps from one prefill of
-    `ids` into `cache`, the tokens of the last run). The cache is rewound to the prefill between runs: its
-    attributes restored, so that every run appends to the same prefilled slots, as generate() would."""
+    """fastest_run of greedy steps from one prefill of `ids` into `cache`. The cache is rewound to the
+    prefill between runs: its attributes restored, so that every run appends to the same prefilled slots, as
+    generate() would."""
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     with torch.no_grad(), autocast:
         logits = call(ids, cache=cache)[:, -1]
         prefilled = rewind_point(vars(cache))
-        best = float("inf")
-        for _ in range(repeats + 1):  # the first run warms up (and compiles)
-            vars(cache).update(rewind_point(prefilled))
-            token, tokens = logits.argmax(-1), []
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(new_tokens):
-                tokens.append(token)
-                token = call(token[:, None], cache=cache)[:, -1].argmax(-1)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
-    return 1000 * best / new_tokens, torch.stack(tokens, 1)
+        return fastest_run(lambda token: call(token[:, None], cache=cache)[:, -1], logits,
+                           lambda: vars(cache).update(rewind_point(prefilled)), new_tokens, device, repeats)
 
 
 def graph_ms_per_token(model, ids, new_tokens, device, repeats):
-    """decoding_ms_per_token for steps replayed from a CUDA graph over a static cache: one CapturedStep for
-    every run (the first runs its first step eagerly and records the second), the cache's device counts
-    rewound in place to the prompt between runs (the graph reads those very tensors)."""
+    """fastest_run of steps replayed from a CUDA graph over a static cache: one CapturedStep for every run
+    (the first runs its first step eagerly and records the second), the cache's device counts rewound in
+    place to the prompt between runs (the graph reads those very tensors)."""
     cache = KVCache(capacity=ids.shape[1] + new_tokens, static=True)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         logits = model(ids, cache=cache)[:, -1]
         prompt_counts = cache.n_real.clone()
-        step = CapturedStep(model, cache)
-        best = float("inf")
-        for _ in range(repeats + 1):
+
+        def rewind():
             cache.n_real.copy_(prompt_counts)
             if cache.kv_lengths is not None:
                 cache.kv_lengths.fill_(ids.shape[1])
-            token, tokens = logits.argmax(-1), []
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(new_tokens):
-                tokens.append(token)
-                token = step(token).argmax(-1)
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
-    return 1000 * best / new_tokens, torch.stack(tokens, 1)
+
+        return fastest_run(CapturedStep(model, cache), logits, rewind, new_tokens, device, repeats)
 
 
 def cpu_name():
