@@ -65,6 +65,12 @@ class KVCache:
         self._slots_taken = 0  # static steps: the host's count of filled slots
 
     @property
+    def holds_prompt(self) -> bool:
+        """True for a static cache that holds its prompt: its next call is a step
+        (Transformer._static_step_context)."""
+        return self.static and self.length > 0
+
+    @property
     def steps_in_place(self) -> bool:
         """True for a static cache past its first call: steps then attend over whole buffers with
         kv_lengths."""

@@ -143,7 +143,7 @@ class Transformer(nn.Module):
                 cache: KVCache | None = None, return_stats: bool = False):
         """Logits (B, T, V); with return_stats=True, (logits, [AttentionStats per layer]).
         With a cache, input_ids are the new tokens: their keys/values are appended to it."""
-        if return_stats and cache is not None and cache.static and cache.length > 0:
+        if return_stats and cache is not None and cache.holds_prompt:
             raise ValueError("return_stats is not available in a static cache's steps")
         ctx = self._context(input_ids, attention_mask, cache)
         x = self.embed(input_ids)
@@ -176,7 +176,7 @@ class Transformer(nn.Module):
         if t == 0:
             raise ValueError("input_ids has no tokens (seq length 0)")
         device = input_ids.device
-        if cache is not None and cache.static and cache.length > 0:
+        if cache is not None and cache.holds_prompt:
             return self._static_step_context(input_ids, attention_mask, cache)
         if attention_mask is not None:
             if attention_mask.shape != (b, t) or attention_mask.dtype != torch.bool:

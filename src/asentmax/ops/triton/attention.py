@@ -122,7 +122,8 @@ def _unit_last_stride(x):
 def triton_entmax_attention(q, k, v, *, alpha, causal, scale, alibi_slopes, q_scale, key_padding_mask,
                             return_aux, kv_lengths=None):
     """Fused entmax attention; arguments and result as `asentmax.ops.attention.entmax_attention`
-    (kv_lengths only in decoding calls, types.decodes: the dispatcher sends the others to chunked).
+    (kv_lengths only in decoding calls: the dispatcher sends the others to chunked, SUPPORT's
+    lengths_refusal).
 
     Host work is kept to what a call needs (decoding runs this once per layer and token): conversions and
     copies only where an argument is not already in the kernels' form, the mask reinterpreted as uint8 in
