@@ -6,13 +6,13 @@ The LM preset lm_25m (8 layers, d_model 384, 6 heads of dim 64, 2 KV heads, NAPE
 4,096-token vocabulary; on CUDA under bf16 autocast, as `asentmax eval`. For each normaliser and prompt
 length: one prefill into each cache (the package's with generate()'s capacity, prompt + new tokens), then
 --new greedy decoding steps as generate() makes them, timed alone (the prefill, the same for both caches,
-would swamp them), the fastest of --repeats runs after a warm-up run, the cache rewound to the prefill
-between runs. Both caches must give the same tokens (checked). --compile adds torch.compile(model,
-fullgraph=True) with each cache. --cuda-graph (CUDA only) adds generate(cuda_graph=True)'s decoding: a static
-cache whose steps replay one CUDA graph (nn/generation.CapturedStep), timed the same way (its first run
-records the graph); the share of its tokens equal to the buffered cache's is reported (the entmax family runs
-the same kernels either way, so anything below 100 % there needs a look; softmax's eager steps without a mask
-run on SDPA, and a near-tie can round the other way).
+would swamp them), the fastest of --repeats runs after a warm-up run, the cache rewound to the prefill between
+runs. Both caches must give the same tokens (checked). --compile adds torch.compile(model, fullgraph=True)
+with each cache, compiled afresh for each prompt. --cuda-graph (CUDA only) adds generate(cuda_graph=True)'s
+decoding: a static cache whose steps replay one CUDA graph (nn/generation.CapturedStep), timed the same way
+(its first run records the graph); the share of its tokens equal to the buffered cache's is reported (the
+entmax family runs the same kernels either way, so anything below 100 % there needs a look; softmax's eager
+steps without a mask run on SDPA, and a near-tie can round the other way).
 
     PYTHONPATH=src python benchmarks/bench_generate.py --out results
 writes results/generate_<device>.{md,json}.
@@ -161,13 +161,13 @@ def main():
     for normaliser in args.normalisers:
         torch.manual_seed(0)
         model = Transformer(lm_25m(VOCAB, attention=normaliser)).to(device).eval()
-        modes = [("eager", model)]
-        if args.compile:
-            torch._dynamo.reset()
-            modes.append(("compiled", torch.compile(model, fullgraph=True)))
         for prompt in args.prompts:
             generator = torch.Generator().manual_seed(prompt)
             ids = torch.randint(0, VOCAB, (args.batch, prompt), generator=generator).to(device)
+            modes = [("eager", model)]
+            if args.compile:  # compiled afresh for each prompt: both cache classes and every prompt length
+                torch._dynamo.reset()  # through one compiled forward would pass dynamo's recompile limit (8)
+                modes.append(("compiled", torch.compile(model, fullgraph=True)))
             for mode, call in modes:
                 peer, peer_tokens = decoding_ms_per_token(call, ConcatenatingCache(), ids, args.new, device,
                                                           args.repeats)
