@@ -38,6 +38,7 @@ wall-clock times, an invalid block_n = 8 among the configs so that a failure is 
 """
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -92,28 +93,22 @@ def case_configs(case, sweep, path="short"):
     configs = []
     if path == "split":
         split_packs = (packed, 1) if packed > 1 and batch * heads // packed < FEW_PACKS else (packed,)
-        for pack in split_packs:
-            for chunk in sweep["chunk"]:
-                for block_n in sweep["block_n"]:
-                    for num_warps in sweep["num_warps"]:
-                        for solve in sweep["solve"]:
-                            config = dict(path=path, chunk=chunk, block_n=block_n, num_warps=num_warps,
-                                          solve=solve, pack=pack)
-                            if chunk % block_n:
-                                config["pruned"] = f"block_n {block_n} does not divide chunk {chunk}"
-                            configs.append(config)
+        for pack, chunk, block_n, num_warps, solve in itertools.product(
+                split_packs, sweep["chunk"], sweep["block_n"], sweep["num_warps"], sweep["solve"]):
+            config = dict(path=path, chunk=chunk, block_n=block_n, num_warps=num_warps, solve=solve,
+                          pack=pack)
+            if chunk % block_n:
+                config["pruned"] = f"block_n {block_n} does not divide chunk {chunk}"
+            configs.append(config)
         return configs
     packs = (1, packed) if group > 1 else (1,)
-    for pack in packs:
-        for block_n in sweep["block_n"]:
-            for num_warps in sweep["num_warps"]:
-                for num_stages in sweep["num_stages"]:
-                    config = dict(path=path, block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                                  pack=pack)
-                    need = shared_bytes(block_n, dim, num_stages)
-                    if need > SHARED_BYTES:
-                        config["pruned"] = f"~{need // 1024} KB of tiles > {SHARED_BYTES // 1024} KB shared"
-                    configs.append(config)
+    for pack, block_n, num_warps, num_stages in itertools.product(
+            packs, sweep["block_n"], sweep["num_warps"], sweep["num_stages"]):
+        config = dict(path=path, block_n=block_n, num_warps=num_warps, num_stages=num_stages, pack=pack)
+        need = shared_bytes(block_n, dim, num_stages)
+        if need > SHARED_BYTES:
+            config["pruned"] = f"~{need // 1024} KB of tiles > {SHARED_BYTES // 1024} KB shared"
+        configs.append(config)
     return configs
 
 
