@@ -59,6 +59,14 @@ def cuda_graph_refusal(config: ModelConfig) -> str | None:
             "calls: no CUDA graph can capture them")
 
 
+def static_cache_refusal(config: ModelConfig) -> str | None:
+    """None when the attention of `config` can attend over a static cache's buffers (nn/cache.py: kv_lengths
+    instead of masks), else why not."""
+    if get_normaliser(config.attention).family == "topk":
+        return "a static cache does not serve top-k attention (its steps would need dense masks)"
+    return None
+
+
 @dataclass
 class AttentionContext:
     """What every layer of one forward call shares: positions, n_i, masks, RoPE angles, ALiBi slopes."""

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from asentmax.nn.attention import cuda_graph_refusal
+from asentmax.nn.attention import cuda_graph_refusal, static_cache_refusal
 from asentmax.nn.cache import KVCache
-from asentmax.nn.normalisers import get_normaliser
 
 
 def left_align(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,8 +73,9 @@ def cuda_graph_decoding_refusal(config, device_type: str, dropout_active: bool =
     ("cpu" / "cuda") device, with its dropout active or not, else why not (one line)."""
     if device_type != "cuda":
         return "cuda_graph=True needs the model and input_ids on a CUDA device"
-    if get_normaliser(config.attention).family == "topk":
-        return "cuda_graph=True does not serve top-k attention (its static cache has no dense masks)"
+    refusal = static_cache_refusal(config)
+    if refusal is not None:
+        return f"cuda_graph=True: {refusal}"
     if dropout_active:
         return "cuda_graph=True needs dropout off: call model.eval() first"
     return cuda_graph_refusal(config)

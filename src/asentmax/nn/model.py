@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asentmax.nn.attention import Attention, AttentionContext
+from asentmax.nn.attention import Attention, AttentionContext, static_cache_refusal
 from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
-from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import Rotary, head_slopes
 from asentmax.nn.stats import AttentionStats
 from asentmax.ops.entmax import compute_dtype
@@ -229,8 +228,9 @@ class Transformer(nn.Module):
         b, t = input_ids.shape
         if attention_mask is not None:
             raise ValueError("a static cache's steps take no attention_mask (pad the prompt, its first call)")
-        if get_normaliser(self.config.attention).family == "topk":
-            raise ValueError("a static cache does not serve top-k attention (use KVCache(static=False))")
+        refusal = static_cache_refusal(self.config)
+        if refusal is not None:
+            raise ValueError(f"{refusal}: use KVCache(static=False)")
         if cache.n_real.shape[0] != b:
             raise ValueError(f"cache holds {cache.n_real.shape[0]} rows, input_ids has {b}")
         slopes = self._slopes(input_ids.device)
