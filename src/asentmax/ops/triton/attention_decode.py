@@ -313,10 +313,11 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     partial_offset = count_offset + aligned(n_packs)
     partials = n_rows * n_chunks * dim if n_chunks > 1 else 0
     work, out, tau, support = decode_buffers(q, partial_offset + partials)
+    lengths_arg = lengths if lengths is not None else support  # any pointer where HAS_LENGTHS is off
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _decode_scores[(n_chunks, n_packs)](
         q, k, work, q_scale if q_scale is not None else tau, slopes if slopes is not None else tau,
-        kpm if kpm is not None else support, lengths if lengths is not None else support,
+        kpm if kpm is not None else support, lengths_arg,
         *q.stride()[:3], *k.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, count_offset, dim, scale, c,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=causal,
@@ -330,12 +331,12 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     if not solve:
         row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
         _decode_threshold[(n_rows,)](
-            work, tau, support, lengths if lengths is not None else support, s_stride, max_offset,
+            work, tau, support, lengths_arg, s_stride, max_offset,
             inv_z_offset, n_chunks, n_k, heads * n_q, inv_am1, 2.0 - alpha, tol, max_iter, CHUNK=chunk,
             BLOCK=row_block, RESIDENT=s_stride <= row_block, HAS_LENGTHS=lengths is not None, MODE=mode,
             num_warps=row_warps)
     _decode_output[(n_chunks, n_packs)](
-        v, work, tau, support, out, lengths if lengths is not None else support, *v.stride()[:3],
+        v, work, tau, support, out, lengths_arg, *v.stride()[:3],
         heads // pack, pack, group, n_q, n_k, n_chunks, s_stride, max_offset, inv_z_offset, partial_offset,
         count_offset, dim, inv_am1, 2.0 - alpha, tol, max_iter,
         CHUNK=chunk, BLOCK_M=_BLOCK_M, BLOCK_N=block_n, BLOCK_D=block_d, BLOCK_C=16, MODE=mode,
