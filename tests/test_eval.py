@@ -447,10 +447,18 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
 
 def test_cuda_graph_eval_is_refused_without_cuda(tiny_run, capsys):
     """--cuda-graphs on, on the CPU: one line naming the flag, exit code 2 (the CUDA graph itself is tested on
-    a GPU: test_nn_gpu.py); auto decodes without graphs there."""
+    a GPU: test_nn_gpu.py); auto, the default, decodes without graphs there."""
+    import json
+
     from asentmax.cli import main
+    from asentmax.eval import EvalConfig
 
     assert main(["eval", str(tiny_run), "--device", "cpu", "--cuda-graphs", "on", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "--cuda-graphs on: cuda_graph=True needs the model and input_ids on a CUDA device" in err
     assert len(err.strip().splitlines()) == 1
+    assert EvalConfig().cuda_graphs == "auto"  # the default since graphs were timed on a GPU (results/)
+    out = tiny_run / "eval_auto.json"
+    assert main(["eval", str(tiny_run), "--device", "cpu", "--multipliers", "1", "--samples", "2",
+                 "--dispersion-samples", "0", "--no-progress", "--output", str(out.with_suffix(""))]) == 0
+    assert json.loads(out.read_text())["cuda_graph"] is False

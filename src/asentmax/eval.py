@@ -111,11 +111,11 @@ class EvalConfig:
     amp: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA) | bf16 | off"})
     attention_backend: str = field(
         default="", metadata={"help": "replace the model's attention backend: " + "|".join(BACKENDS)})
-    cuda_graphs: str = field(default="off", metadata={"help": (
+    cuda_graphs: str = field(default="auto", metadata={"help": (
         "auto | on | off: decode with generate(cuda_graph=True), a static KV cache whose steps replay a CUDA "
         "graph (the same attention, less host time a step; softmax steps run on the fused kernels instead of "
-        "SDPA, so a near-tie can round the other way); auto: where the model and device allow it; off by "
-        "default until it is timed on a GPU")})
+        "SDPA, so a near-tie can round the other way); auto (default): on CUDA where the model allows it "
+        "(not top-k attention), off on the CPU")})
 
     def validate(self) -> None:
         if self.attention_backend not in ("", *BACKENDS):
