@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Issue 14's decoding checks and timings in two device calls, each step under its own time limit so that a
-# failing or slow step leaves the others their time:
-#   bash benchmarks/decode_gpu_call.sh checks    # 6-9 minutes on one H200:
+# Issue 14's decoding checks and timings in device calls, each step under its own time limit so that a failing
+# or slow step leaves the others their time:
+#   bash benchmarks/decode_gpu_call.sh checks       # 6-8 minutes on one H200:
 #     the GPU tests of the decoding kernels, compiled decoding and CUDA-graph decoding (static cache), then
-#     bench_generate.py: model-level decoding, buffered cache vs concatenating, compiled and CUDA graph, then
-#     `asentmax eval` of a briefly trained Reverse model with --cuda-graphs off and on (seconds per length,
-#     same answers): whether graphs pay in evaluation, where each batch records its own graph;
-#   bash benchmarks/decode_gpu_call.sh kernels   # about 7 minutes:
+#     bench_generate.py: model-level decoding, buffered cache vs concatenating, compiled and CUDA graph;
+#   bash benchmarks/decode_gpu_call.sh eval_graphs  # about 4 minutes:
+#     `asentmax eval` with --cuda-graphs off and on (seconds per length, same answers) of two briefly trained
+#     ASEntmax models: Reverse (answers as long as the source: 3.3-11x faster with graphs in the twenty-sixth
+#     session) and MQMTAR (12 answer tokens over prompts up to 256x: few replays for each batch's recorded
+#     graph, so the default auto may not pay there);
+#   bash benchmarks/decode_gpu_call.sh kernels      # about 7 minutes:
 #     the split-path sweep of tune_decode_gpu.py (first: never run on a GPU), then the one-launch one (its
 #     cases of results/tune_decode.md, after the twenty-second session's threshold-pass change), then
 #     bench_decode_gpu.py: kernel-level decoding against SDPA (host and GPU time).
@@ -27,23 +30,28 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log to $work/NAME.log, note the e
   echo "== $name: exit $status after $((SECONDS - start))s" | tee -a "$work/steps.log"
   tail -n 5 "$work/$name.log"
 }
-part=${1:?checks or kernels}
+graphs_off_on() {  # graphs_off_on PRESET LIMIT_S EVAL_FLAGS: 400 ASEntmax steps, then eval with graphs off, on
+  step "eval_graphs_$1" "$2" bash -c "python -m asentmax train --preset $1 --attention asentmax --steps 400 \
+    --run-dir $work/$1 --no-progress --val-every 0 && for graphs in off on; do python -m asentmax eval $work/$1 \
+    --no-progress --samples 100 $3 --dispersion-samples 0 --fresh --cuda-graphs \$graphs \
+    --output $work/$1_graphs_\$graphs || exit; done"
+}
+part=${1:?checks, eval_graphs or kernels}
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$work/gpu.txt" 2>&1
 case $part in
   checks)
     step tests 200 python -m pytest -q -m gpu tests/test_triton_attention_decode.py tests/test_compile_gpu.py \
       tests/test_nn_gpu.py -k "decode or compile or cuda_graph or cached" -rfE --durations=10
     step generate 220 python benchmarks/bench_generate.py --device cuda --prompts 1024 4096 16384 --new 64 \
-      --compile --cuda-graph --out "$work/generate"
-    step eval_graphs 140 bash -c "python -m asentmax train --preset reverse --attention asentmax --steps 400 \
-      --run-dir $work/reverse --no-progress --val-every 0 && for graphs in off on; do python -m asentmax eval \
-      $work/reverse --no-progress --samples 100 --multipliers 1 2 4 8 --dispersion-samples 0 --fresh \
-      --cuda-graphs \$graphs --output $work/reverse_graphs_\$graphs || exit; done" ;;
+      --compile --cuda-graph --out "$work/generate" ;;
+  eval_graphs)
+    graphs_off_on reverse 140 "--multipliers 1 2 4 8"
+    graphs_off_on mqmtar 200 "--multipliers 1 16 64 256" ;;
   kernels)
     step tune 240 python benchmarks/tune_decode_gpu.py --paths split short --seconds "${TUNE_SECONDS:-180}" \
       --out "$work/tune"
     step bench_decode 200 python benchmarks/bench_decode_gpu.py --out "$work/decode" ;;
-  *) echo "unknown part $part: checks or kernels" >&2; exit 2 ;;
+  *) echo "unknown part $part: checks, eval_graphs or kernels" >&2; exit 2 ;;
 esac
 tar -czf "$out/decode_$part.tgz" --exclude="*.pt" -C "$work" .
 echo "wrote $out/decode_$part.tgz"
