@@ -45,6 +45,7 @@ val.csv: step, then the columns of the rows the workload's `validate` returns.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -119,6 +120,11 @@ class TrainConfig:
         "kernels; loss, clipping and AdamW stay eager): auto (where the step is compiled, on one CUDA "
         "GPU, and no attention call reads the device: nn/attention.py cuda_graph_refusal) | on | off")})
     fused: str = field(default="auto", metadata={"help": "fused AdamW: auto (on CUDA) | on | off"})
+    deterministic: bool = field(default=False, metadata={"help": (
+        "bitwise reproducible training: the run under torch.use_deterministic_algorithms (Inductor's "
+        "atomic adds, such as the embedding gradient's, become deterministic kernels; cuBLAS gets a fixed "
+        "workspace), so the same command, code and GPU give the same losses and weights; slower. Without "
+        "it the same seed can end far apart on a GPU (results/paper/mqmtar.md)")})
     temperature_lr_scale: float = field(default=1.0, metadata={"help": (
         "learning-rate multiplier of the length-aware temperature parameters (ASEntmax's beta/gamma "
         "projections, SSMax's s): results/paper/plateau")})
@@ -624,7 +630,36 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     signal name, or None), stalled ({"step", "loss", "lowest_loss", "stall_step", "stall_loss"} when a
     stall check ended the run, {"step", "score", "stall_val_step", "stall_val_score"} when the validation
     stall check did, else None), escape_step (the first log step with a loss below the first
-    stall_loss, None when none was)."""
+    stall_loss, None when none was).
+    `train_config.deterministic` runs all of it under deterministic_algorithms."""
+    with deterministic_algorithms(train_config.deterministic):
+        return _train(workload, train_config, model_config, run_dir, checkpoint=checkpoint,
+                      stop_at_step=stop_at_step, progress=progress, initial_weights=initial_weights)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    """With `on`: torch.use_deterministic_algorithms(True) inside the block (Inductor then lowers its
+    atomic adds to deterministic kernels), the earlier setting after it, and CUBLAS_WORKSPACE_CONFIG set for
+    the process where it is unset (cuBLAS reads it when it creates a handle: at the run's first matmul in a
+    fresh process). Without: nothing."""
+    if not on:
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir: Path | str, *,
+           checkpoint: dict | None, stop_at_step: int | None, progress: bool,
+           initial_weights: tuple[dict, dict] | None) -> dict:
+    """train's run (see train), inside its deterministic_algorithms block."""
     from asentmax.nn import Transformer
 
     run_dir = Path(run_dir)
