@@ -1,5 +1,5 @@
-"""`asentmax train --deterministic true` (TrainConfig.deterministic, asentmax.trainer.deterministic_algorithms):
-the whole run, its batches included, runs under torch.use_deterministic_algorithms, and the setting is back to
+"""`asentmax train --deterministic true` (TrainConfig.deterministic, trainer.deterministic_algorithms): the
+whole run, its batches included, runs under torch.use_deterministic_algorithms, and the setting is back to
 what it was after the run, also after a failed one; two runs of one command then give the same losses and
 weights. On the CPU they would anyway; on a GPU (the `gpu` test below, on the H200) the compiled step's
 atomic adds make two plain runs differ from the first steps on (results/paper/mqmtar.md: the preset's seed 1
