@@ -289,6 +289,27 @@ def test_compare_plots_the_training_curves(trained_run, tmp_path):
         assert samples == [step * batch for step in val_steps] and all(0 <= m <= 1 for m in matches)
 
 
+def test_an_evaluation_file_inside_a_run_names_that_run(trained_run, tmp_path):
+    """An evaluation file given by path beside a run's config.json (eval_best.json, eval_fresh.json) is that
+    run's, wherever the run was copied: its name in the table and its training curves; a file outside any run
+    (`eval --output`) keeps the run_dir it recorded."""
+    import shutil
+
+    from asentmax.runs import load_evaluation
+
+    run = tmp_path / "copied_run"
+    shutil.copytree(trained_run, run)
+    shutil.copy(run / "eval.json", run / "eval_fresh.json")
+    assert load_evaluation(run / "eval_fresh.json")["run_dir"] == str(run)
+    out = tmp_path / "report"
+    assert main(["compare", str(run / "eval_fresh.json"), "--output-dir", str(out)]) == 0
+    assert "ours (copied_run)" in (out / "compare.md").read_text()
+    assert (out / "training.png").is_file()
+    elsewhere = tmp_path / "elsewhere.json"
+    shutil.copy(run / "eval.json", elsewhere)
+    assert load_evaluation(elsewhere)["run_dir"] == json.loads(elsewhere.read_text())["run_dir"] != str(run)
+
+
 @pytest.mark.parametrize("log", [None, b"not,a\nlog", b"step,loss\n2,nan?\n"],
                          ids=["missing", "other", "bad"])
 def test_compare_without_usable_training_logs_skips_that_plot(log, trained_run, tmp_path):

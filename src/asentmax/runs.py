@@ -260,12 +260,15 @@ def _evaluation_problem(data: dict) -> str | None:
 def load_evaluation(path: Path | str) -> dict:
     """An evaluation result (eval.json, or a run directory holding one); RunError (one line naming the
     file) when it is missing, not JSON or not shaped like what `asentmax eval` writes. Read from a run
-    directory, its run_dir is that directory, so a run copied or moved since it was evaluated is named
-    where it is (an eval.json given by path keeps its recorded run_dir: `eval --output` writes elsewhere)."""
+    directory, or from a file in one (beside its config.json: eval_best.json, eval_fresh.json), its run_dir
+    is that directory, so a run copied or moved since it was evaluated is named where it is; a file
+    elsewhere (`eval --output`) keeps its recorded run_dir."""
     path = Path(path)
     run_dir = None
     if path.suffix != ".json":
         run_dir, path = path, path / f"{EVAL_NAME}.json"
+    elif (path.parent / CONFIG_NAME).is_file():
+        run_dir = path.parent
     if not path.exists():
         raise RunError(f"no evaluation at {path} (run `asentmax eval` first)")
     data = read_json(path, "evaluation")
