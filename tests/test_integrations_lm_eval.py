@@ -121,6 +121,21 @@ def test_generate_until_equals_greedy_decoding(model_dir):
     assert text == expected
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_generate_until_with_cuda_graphs_equals_without(model_dir):
+    """On CUDA (run on the H200; cuda_graphs=auto is on there): completions whose steps replay CUDA graphs
+    equal eager ones, on ASEntmax (the same fused kernels either way), over contexts of several lengths."""
+    directory, _ = model_dir
+    contexts = ["The special magic number for amber is:", "key 4821 -> 7463343\nvalue " * 9, "a"]
+    requests = [Instance("generate_until", {}, (context, {"until": ["q"], "max_gen_toks": 24}), i)
+                for i, context in enumerate(contexts)]
+    graphed = AsentmaxLM(pretrained=str(directory), device="cuda")
+    assert graphed.cuda_graph is True
+    eager = AsentmaxLM(pretrained=str(directory), device="cuda", cuda_graphs="off")
+    assert graphed.generate_until(requests) == eager.generate_until(requests)
+
+
 def test_shipped_needle_file_is_the_generator_output():
     lines = needle.DOCS_PATH.read_text().splitlines()
     assert [json.loads(line) for line in lines] == needle.make_docs()
@@ -157,6 +172,12 @@ def test_bad_arguments_are_refused(model_dir):
         AsentmaxLM(pretrained=str(directory), batch_size="auto")
     with pytest.raises(ValueError, match="dtype"):
         AsentmaxLM(pretrained=str(directory), dtype="int8")
+    with pytest.raises(ValueError, match="^cuda_graphs on: cuda_graph=True needs the model and input_ids on "
+                                         "a CUDA device$"):
+        AsentmaxLM(pretrained=str(directory), device="cpu", cuda_graphs="on")
+    with pytest.raises(ValueError, match="^cuda_graphs sometimes: must be one of auto, on, off$"):
+        AsentmaxLM(pretrained=str(directory), cuda_graphs="sometimes")
+    assert AsentmaxLM(pretrained=str(directory), device="cpu").cuda_graph is False  # auto: off on a CPU
     lm = AsentmaxLM(pretrained=str(directory))
     with pytest.raises(ValueError, match="top_p"):
         lm.generate_until([Instance("generate_until", {}, ("a", {"until": ["\n"], "top_p": 0.9}), 0)])

@@ -56,8 +56,13 @@ def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
     assert result["retrieval"]["passkey"]["1"]["accuracy"] is None  # 16 tokens hold no passkey prompt
     assert set(result["dispersion"]) == {"1", "4"}
     assert set(result["seconds"]) == {"perplexity", "retrieval", "dispersion"}
+    assert result["cuda_graph"] is False and result["settings"]["cuda_graphs"] == "auto"  # auto: off on a CPU
     for name in ("lm_eval.md", "perplexity.png", "retrieval.png"):
         assert (run / name).is_file()
+    capsys.readouterr()
+    assert main(["lm", "eval", str(run), "--device", "cpu", "--cuda-graphs", "on"]) == 2
+    refusal = "--cuda-graphs on: cuda_graph=True needs the model and input_ids on a CUDA device\n"
+    assert capsys.readouterr().err.endswith(refusal)
     assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
     assert "paper ASEntmax" in (out / "compare.md").read_text()
     # a second run of the same preset and size keeps its own row (the first one's label was overwritten)

@@ -224,6 +224,24 @@ def test_batched_needle_generation_equals_one_at_a_time(data, preset):
         assert out[row, width:].tolist() == alone(sample.prompt)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_needle_completions_replayed_from_cuda_graphs_equal_eager_ones(data):
+    """On CUDA (run on the H200; `asentmax lm eval --cuda-graphs auto` decodes so there): retrieval_accuracy
+    with cuda_graph=True completes each needle prompt as eager decoding does (ASEntmax, fp32: the same fused
+    kernels either way), one graph recorded per prompt."""
+    tokenizer, documents = data
+    builder = NeedleBuilder(tokenizer, np.concatenate(documents))
+    torch.manual_seed(0)
+    model = Transformer(lm_tiny(tokenizer.vocab_size, init_std=0.2, attention="asentmax", position="nape"))
+    model = model.cuda().eval()
+    randomize_temperatures(model)
+    length = builder.min_length("niah_1") + 30
+    eager, graphed = (retrieval_accuracy(model, builder, "niah_1", length, n_samples=3, seed=0, batch_size=1,
+                                         max_new_tokens=8, cuda_graph=graph) for graph in (False, True))
+    assert graphed == eager and len(eager["examples"]) == 3
+
+
 def test_leading_digits():
     assert leading_digits(" 1234567. The") == "1234567"
     assert leading_digits("\n 42") == "42"

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+import asentmax.ops.attention as dispatcher
 from asentmax.nn import KVCache, ModelConfig, Transformer
-from asentmax.nn.generation import generate
+from asentmax.nn.generation import decodes_with_cuda_graph, generate
 from conftest import randomize_temperatures
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -131,3 +132,26 @@ def test_generate_cuda_graph_refusals():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs the model and input_ids on a CUDA device"):
             generate(model, ids, 3, cuda_graph=True)
+
+
+def test_evaluations_decode_with_cuda_graphs_where_they_can(monkeypatch):
+    """decodes_with_cuda_graph: auto is on exactly where a graph can record the step (a CUDA device, not
+    top-k attention, no backend that reads the device), off never, on everywhere it can and refused in one
+    line naming the setting elsewhere. As on a CUDA machine, the dispatcher finds the Triton kernels."""
+    monkeypatch.setattr(dispatcher, "_triton_available", lambda: True)
+    asentmax, topk = make_model("asentmax", "nape").config, make_model("topk", "nope").config
+    assert decodes_with_cuda_graph("auto", asentmax, "cuda") is True
+    assert decodes_with_cuda_graph("on", asentmax, "cuda") is True
+    assert decodes_with_cuda_graph("off", asentmax, "cuda") is False
+    assert decodes_with_cuda_graph("auto", asentmax, "cpu") is False
+    assert decodes_with_cuda_graph("auto", topk, "cuda") is False
+    chunked = make_model("asentmax", "nape", attention_backend="chunked").config  # reads the device in a call
+    assert decodes_with_cuda_graph("auto", chunked, "cuda") is False
+    assert decodes_with_cuda_graph("off", topk, "cpu") is False
+    with pytest.raises(ValueError, match="^--cuda-graphs on: cuda_graph=True needs the model and input_ids "
+                                         "on a CUDA device$"):
+        decodes_with_cuda_graph("on", asentmax, "cpu")
+    with pytest.raises(ValueError, match="^graphs on: .*top-k"):
+        decodes_with_cuda_graph("on", topk, "cuda", name="graphs")
+    with pytest.raises(ValueError, match="^--cuda-graphs yes: must be one of auto, on, off$"):
+        decodes_with_cuda_graph("yes", asentmax, "cuda")

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
-from asentmax.nn.generation import cuda_graph_decoding_refusal
+from asentmax.nn.generation import CUDA_GRAPH_SETTINGS, decodes_with_cuda_graph
 from asentmax.ops.attention import backend_refusal
 from asentmax.ops.types import BACKENDS
 from asentmax.runs import (
@@ -78,7 +78,7 @@ TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rn
 SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
 # EvalConfig's fields with a fixed set of values (the CLI's choices; attention_backend: "" or BACKENDS)
 CHOICES = {"checkpoint": ("last", "best"), "tables": ("train", "fresh"), "device": ("auto", "cpu", "cuda"),
-           "amp": ("auto", "bf16", "off"), "cuda_graphs": ("auto", "on", "off")}
+           "amp": ("auto", "bf16", "off"), "cuda_graphs": CUDA_GRAPH_SETTINGS}
 
 
 @dataclass
@@ -503,10 +503,10 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     refusal = backend_refusal(model_config.attention_backend, device.type)
     if refusal is not None:  # a run trained with --attention-backend triton, evaluated on the CPU
         raise RunError(f"{checkpoint_path}: attention backend {refusal} (--attention-backend chunked)")
-    refusal = cuda_graph_decoding_refusal(model_config, device.type)
-    if config.cuda_graphs == "on" and refusal is not None:
-        raise RunError(f"--cuda-graphs on: {refusal}")
-    cuda_graph = config.cuda_graphs == "on" or (config.cuda_graphs == "auto" and refusal is None)
+    try:
+        cuda_graph = decodes_with_cuda_graph(config.cuda_graphs, model_config, device.type)
+    except ValueError as error:
+        raise RunError(str(error)) from None
     if task_name not in TASK_NAMES:
         raise RunError(f"{run_dir / CONFIG_NAME} names an unknown task {task_name!r}")
     try:

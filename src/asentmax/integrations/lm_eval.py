@@ -10,7 +10,8 @@ works only after `import asentmax.integrations.lm_eval`; this module's main() (a
 AsentmaxLM(pretrained=DIR), tasks=[...], task_manager=task_manager()).
 
 AsentmaxLM scores with the package's Transformer (forward with a right-padding attention mask) and
-generates with Transformer.generate (KV cache), greedy unless the task asks for sampling:
+generates with Transformer.generate (KV cache; on a GPU its steps replay CUDA graphs unless model_args say
+cuda_graphs=off: asentmax.nn.generation.decodes_with_cuda_graph), greedy unless the task asks for sampling:
   loglikelihood          sum of log p(continuation | context), and whether greedy decoding produces it
   loglikelihood_rolling  log p(text | prefix token) over lm_eval's rolling windows of max_length tokens
                          (perplexity: lm_eval turns it into word/byte perplexity and bits per byte)
@@ -30,6 +31,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from transformers import AutoTokenizer
 
 from asentmax.integrations.hf_model import load_hf
+from asentmax.nn.generation import decodes_with_cuda_graph
 
 TASKS_DIR = Path(__file__).resolve().with_name("lm_eval_tasks")
 MODEL_NAME = "asentmax"
@@ -49,7 +51,7 @@ def task_manager(include_path: str | Path | None = None, include_defaults: bool 
 class AsentmaxLM(TemplateLM):
     def __init__(self, pretrained: str, device: str | None = None, batch_size: int | str = 1,
                  max_length: int = 2048, max_gen_toks: int = 256, dtype: str = "float32",
-                 max_batch_size: int | None = None):
+                 max_batch_size: int | None = None, cuda_graphs: str = "auto"):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -60,6 +62,8 @@ class AsentmaxLM(TemplateLM):
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for but CUDA is not available: pass --device cpu")
         self.model = load_hf(pretrained).model.to(device=self._device, dtype=DTYPES[dtype]).eval()
+        self.cuda_graph = decodes_with_cuda_graph(cuda_graphs, self.model.config, self._device.type,
+                                                  name="cuda_graphs")
         self.tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"the tokenizer in {pretrained} has no eos token (lm_eval's end of text and "
@@ -144,8 +148,8 @@ class AsentmaxLM(TemplateLM):
                 raise ValueError(f"generation arguments not supported by the asentmax model: {unknown}")
             tokens = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.prefix_token_id]
             ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-            new = self.model.generate(ids, max_new, temperature=temperature,
-                                      eos_token_id=self.eot_token_id)[0, len(tokens):].tolist()
+            new = self.model.generate(ids, max_new, temperature=temperature, eos_token_id=self.eot_token_id,
+                                      cuda_graph=self.cuda_graph)[0, len(tokens):].tolist()
             if self.eot_token_id in new:
                 new = new[:new.index(self.eot_token_id)]
             text = self.tok_decode(new)

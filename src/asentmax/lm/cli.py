@@ -29,6 +29,7 @@ EVAL_NAME = "lm_eval"
 def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     from asentmax.lm.needles import TASKS
     from asentmax.lm.workload import ATTENTION_PRESETS, MODEL_SIZES, LMConfig
+    from asentmax.nn.generation import CUDA_GRAPH_SETTINGS
 
     lm = sub.add_parser("lm", help="language modelling: prepare the corpus, train, evaluate, compare")
     lm_sub = lm.add_subparsers(dest="lm_command", required=True, parser_class=type(lm))
@@ -87,6 +88,10 @@ def add_lm_parser(sub, add_config_flags, usage_error) -> None:
     p.add_argument("--data", type=Path, help="prepared data folder (default: the run's)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--seed", type=int, default=0, help="seed of the needle prompts")
+    p.add_argument("--cuda-graphs", default="auto", choices=CUDA_GRAPH_SETTINGS,
+                   help="the needle completions decode with a static KV cache whose steps replay a CUDA "
+                        "graph: auto (default: on CUDA where the model allows it, not top-k attention) | on "
+                        "| off")
     p.set_defaults(run=lambda args: _guard(usage_error, _eval, args))
 
     p = lm_sub.add_parser("compare", help="evaluated LM runs into one markdown file and plots")
@@ -222,6 +227,7 @@ def _eval(args) -> None:
     from asentmax.lm.evaluate import evaluate_model
     from asentmax.lm.report import markdown, plot
     from asentmax.lm.tokenizer import LMTokenizer
+    from asentmax.nn.generation import decodes_with_cuda_graph
     from asentmax.runs import describe_device, git_commit, training_cut, write_json, write_text
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -238,12 +244,14 @@ def _eval(args) -> None:
         tokenizer = LMTokenizer.load(data)
         test = Split.load(data / "test.npz")
         documents = [np.asarray(test.document(d)) for d in range(test.n_documents)]
+        cuda_graph = decodes_with_cuda_graph(args.cuda_graphs, model.config, device.type)
         result = evaluate_model(model, tokenizer, documents, context=int(workload["context"]),
                                 multipliers=sorted(args.multipliers), retrieval_samples=args.samples,
                                 retrieval_batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
                                 stats_max_length=args.stats_max_length, stats_windows=args.stats_windows,
                                 seed=args.seed, tasks=tuple(args.tasks),
-                                autocast_dtype=torch.bfloat16 if device.type == "cuda" else None)
+                                autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+                                cuda_graph=cuda_graph)
         elapsed = round(time.perf_counter() - start, 1)
         result.update({"run_dir": str(run_dir), "step": step, "workload": workload,
                        "train_config": train_config, "model_config": model.config.to_dict(),

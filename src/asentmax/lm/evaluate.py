@@ -70,8 +70,10 @@ def perplexity_by_length(model, documents: list[np.ndarray], lengths: list[int],
 
 @torch.no_grad()
 def retrieval_accuracy(model, builder: NeedleBuilder, task: str, length: int, *, n_samples: int, seed: int,
-                       batch_size: int, autocast_dtype=None, max_new_tokens: int = 10) -> dict:
-    """Exact match (%) of greedy completions against the needle's value over n_samples prompts of `length`."""
+                       batch_size: int, autocast_dtype=None, max_new_tokens: int = 10,
+                       cuda_graph: bool = False) -> dict:
+    """Exact match (%) of greedy completions against the needle's value over n_samples prompts of `length`;
+    `cuda_graph`: decoding steps replayed from CUDA graphs (generate)."""
     device = next(model.parameters()).device
     rng = np.random.default_rng([seed, TASKS.index(task), length])
     samples = [builder.sample(task, length, rng) for _ in range(n_samples)]
@@ -80,7 +82,7 @@ def retrieval_accuracy(model, builder: NeedleBuilder, task: str, length: int, *,
         group = samples[lo:lo + batch_size]
         prompts = torch.from_numpy(np.stack([s.prompt for s in group])).to(device)
         with _autocast(device, autocast_dtype):
-            out = model.generate(prompts, max_new_tokens)
+            out = model.generate(prompts, max_new_tokens, cuda_graph=cuda_graph)
         for sample, row in zip(group, out[:, length:].tolist(), strict=True):
             completion = builder.tokenizer.decode(row)
             correct += leading_digits(completion) == sample.answer
@@ -120,8 +122,9 @@ def dispersion_by_length(model, documents: list[np.ndarray], lengths: list[int],
 def evaluate_model(model, tokenizer: LMTokenizer, test_documents: list[np.ndarray], *, context: int,
                    multipliers: list[int], retrieval_samples: int, retrieval_batch_size: int,
                    tokens_per_batch: int, stats_max_length: int, stats_windows: int, seed: int,
-                   tasks: tuple[str, ...] = TASKS, autocast_dtype=None) -> dict:
-    """Everything of the module at lengths multiplier * context; the JSON-ready results."""
+                   tasks: tuple[str, ...] = TASKS, autocast_dtype=None, cuda_graph: bool = False) -> dict:
+    """Everything of the module at lengths multiplier * context; the JSON-ready results. `cuda_graph`: the
+    needle completions decode with generate(cuda_graph=True)."""
     lengths = [m * context for m in multipliers]
     seconds, start = {}, time.perf_counter()
     ppl = perplexity_by_length(model, test_documents, lengths, tokens_per_batch=tokens_per_batch,
@@ -139,14 +142,14 @@ def evaluate_model(model, tokenizer: LMTokenizer, test_documents: list[np.ndarra
                 continue
             retrieval[task][str(m)] = retrieval_accuracy(
                 model, builder, task, m * context, n_samples=retrieval_samples, seed=seed,
-                batch_size=retrieval_batch_size, autocast_dtype=autocast_dtype)
+                batch_size=retrieval_batch_size, autocast_dtype=autocast_dtype, cuda_graph=cuda_graph)
     seconds["retrieval"] = round(time.perf_counter() - start, 2)
     start = time.perf_counter()
     stats_lengths = [m * context for m in multipliers if m * context <= stats_max_length]
     dispersion = dispersion_by_length(model, test_documents, stats_lengths, n_windows=stats_windows,
                                       autocast_dtype=autocast_dtype)
     seconds["dispersion"] = round(time.perf_counter() - start, 2)
-    return {"context": context, "multipliers": multipliers, "seconds": seconds,
+    return {"context": context, "multipliers": multipliers, "seconds": seconds, "cuda_graph": cuda_graph,
             "perplexity": {str(length // context): v for length, v in ppl.items()},
             "retrieval": retrieval,
             "dispersion": {str(length // context): v for length, v in dispersion.items()}}

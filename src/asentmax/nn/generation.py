@@ -81,6 +81,22 @@ def cuda_graph_decoding_refusal(config, device_type: str, dropout_active: bool =
     return cuda_graph_refusal(config)
 
 
+CUDA_GRAPH_SETTINGS = ("auto", "on", "off")  # the cuda-graphs setting of every evaluation that decodes
+
+
+def decodes_with_cuda_graph(setting: str, config, device_type: str, name: str = "--cuda-graphs") -> bool:
+    """Whether an evaluation decodes with generate(cuda_graph=True) under a cuda-graphs `setting` (one of
+    CUDA_GRAPH_SETTINGS) for a model of ModelConfig `config` in eval mode on a `device_type` device: "off"
+    never; "on" always (where it cannot: ValueError, one line beginning with the setting's `name`); "auto"
+    exactly where cuda_graph_decoding_refusal has no objection (on CUDA, not top-k attention)."""
+    if setting not in CUDA_GRAPH_SETTINGS:
+        raise ValueError(f"{name} {setting}: must be one of {', '.join(CUDA_GRAPH_SETTINGS)}")
+    refusal = cuda_graph_decoding_refusal(config, device_type)
+    if setting == "on" and refusal is not None:
+        raise ValueError(f"{name} on: {refusal}")
+    return setting == "on" or (setting == "auto" and refusal is None)
+
+
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *,
              attention_mask: torch.Tensor | None = None, temperature: float = 0.0, top_k: int | None = None,
