@@ -863,7 +863,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 if world.is_main:
                     log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}", "tokens": tokens,
                                "tokens_per_s": f"{tokens_per_s:.1f}",
-                               "elapsed_s": f"{time.perf_counter() - start_time:.2f}"})
+                               "elapsed_s": f"{time.perf_counter() - start_time:.3f}"})
                     if writer is not None:
                         writer.add_scalar("train/loss", last_loss, step)
                         writer.add_scalar("train/lr", lr, step)
