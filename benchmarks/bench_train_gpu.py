@@ -337,8 +337,8 @@ def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: 
                          f"{args.log_every}; the steady state needs two")
     (first_step, first_s, _), (last_step, last_s, _) = log[len(log) // 3], log[-1]
     if last_s <= first_s:
-        raise ValueError(f"steps {first_step}-{last_step} took less than log.csv's resolution (1 ms): give more "
-                         "--loop-steps")
+        raise ValueError(f"steps {first_step}-{last_step} took less than log.csv's resolution (1 ms): give "
+                         "more --loop-steps")
     loop_ms = (last_s - first_s) / (last_step - first_step) * 1e3
     prefix = "graphs_loop" if cuda_graphs == "on" else "loop"
     return {f"{prefix}_ms": loop_ms, f"{prefix}_samples_s": batch_size / (loop_ms * 1e-3),
