@@ -235,6 +235,7 @@ def _eval(args) -> None:
     for run_dir in args.run_dirs:
         start = time.perf_counter()
         model, workload, step, train_config = _load_model(run_dir, device)
+        cuda_graph = decodes_with_cuda_graph(args.cuda_graphs, model.config, device.type)  # before the data
         cut = training_cut({"train_step": step, "train_config": train_config})
         if cut:
             print(f"warning: {run_dir} stopped training at step {cut[0]} of {cut[1]} (cut short); its "
@@ -244,7 +245,6 @@ def _eval(args) -> None:
         tokenizer = LMTokenizer.load(data)
         test = Split.load(data / "test.npz")
         documents = [np.asarray(test.document(d)) for d in range(test.n_documents)]
-        cuda_graph = decodes_with_cuda_graph(args.cuda_graphs, model.config, device.type)
         result = evaluate_model(model, tokenizer, documents, context=int(workload["context"]),
                                 multipliers=sorted(args.multipliers), retrieval_samples=args.samples,
                                 retrieval_batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
