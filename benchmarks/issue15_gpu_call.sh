@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Issue 15's next two device calls (results/paper/mqmtar.md, "What to run next"), to be chained while the
-# machine is warm (the second needs the first one's runs/plan):
+# Issue 15's next device calls (results/paper/mqmtar.md, "What to run next"), to be chained while the machine
+# is warm (each needs the one before it's runs/plan):
 #   bash benchmarks/issue15_gpu_call.sh base     # 10 minutes on one H200:
 #     the MQMTAR preset (seed 1, plan run mqmtar_asentmax_preset) trained in device_plan.py's 560-second
 #     window, beside the GPU test of `asentmax train --deterministic true` (tests/test_deterministic.py);
-#   bash benchmarks/issue15_gpu_call.sh phases   # about 9 minutes:
-#     the preset's three evaluations beside two second phases from its weights (8,000 steps at lr 2e-5, with
-#     and without planted look-alikes: the same-base control), their evaluations, the base's weights packed
-#     into $OUT (benchmarks/carry_checkpoint.py: 3 parts of 15 MB and a hash, to start later second phases
-#     without retraining), then the preset's first 2,000 steps with and without --deterministic true side by
-#     side, alone on the GPU (their steps per second: the flag's cost).
+#   bash benchmarks/issue15_gpu_call.sh phases   # about 9.5 minutes:
+#     the preset's three evaluations beside three second phases from its weights (8,000 steps at lr 2e-5:
+#     without look-alikes, the same-base control; with planted look-alikes of every kind; with value
+#     look-alikes only, `--lookalike-kinds value`), their evaluations, then the base's weights packed into
+#     $OUT (benchmarks/carry_checkpoint.py: 3 parts of 15 MB and a hash, to start later second phases
+#     without retraining);
+#   bash benchmarks/issue15_gpu_call.sh speed    # about 2.5 minutes, if the session has the time:
+#     the preset's first 2,000 steps with and without --deterministic true side by side, alone on the GPU
+#     (their steps per second: the flag's cost).
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
 # test's log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out), PLAN
 # (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags dry-runs this on
@@ -18,7 +21,7 @@ set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
 plan=${PLAN:-benchmarks/plans/issue15_b128.json}
-part=${1:?base or phases}
+part=${1:?base, phases or speed}
 mkdir -p "$out" runs/plan runs/speed
 plan_call() {  # plan_call LOG ARGS...: device_plan.py on $plan, its output also in runs/plan/LOG
   local log=$1
@@ -32,13 +35,15 @@ case $part in
     plan_call call_base.log --work runs/plan --seconds 560 --runs mqmtar_asentmax_preset
     wait ;;
   phases)
-    plan_call call_phases.log --work runs/plan --seconds 420 --continuing --runs mqmtar_asentmax_preset \
-      mqmtar_asentmax_preset_then_lr2e-5 mqmtar_asentmax_preset_then_lookalikes0.1
+    plan_call call_phases.log --work runs/plan --seconds 540 --continuing --runs mqmtar_asentmax_preset \
+      mqmtar_asentmax_preset_then_lr2e-5 mqmtar_asentmax_preset_then_lookalikes0.1 \
+      mqmtar_asentmax_preset_then_value_lookalikes0.1
     python benchmarks/carry_checkpoint.py pack runs/plan/mqmtar_asentmax_preset "$out" 2>&1 \
-      | tee -a runs/plan/call_phases.log
+      | tee -a runs/plan/call_phases.log ;;
+  speed)
     plan_call call_speed.log --work runs/speed --seconds 130 --runs mqmtar_asentmax_speed_deterministic \
       mqmtar_asentmax_speed_default ;;
-  *) echo "unknown part $part: base or phases" >&2; exit 2 ;;
+  *) echo "unknown part $part: base, phases or speed" >&2; exit 2 ;;
 esac
 tar -czf "$out/issue15_$part.tgz" --exclude="*.pt" runs/plan runs/speed
 echo "wrote $out/issue15_$part.tgz"

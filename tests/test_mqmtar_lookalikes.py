@@ -6,6 +6,8 @@ sampler plants the same law (two-sample chi-square tests); the training workload
 batches only, never in validation or `asentmax eval`; other tasks and shares outside [0, 1] are refused in
 one line."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -54,6 +56,30 @@ def test_planted_lookalikes_follow_the_share_and_keep_the_answers(layout):
         check_answers(planted, planted.sample(int(rng.integers(32, 65)), rng))
 
 
+@pytest.mark.parametrize("kinds", [("value",), ("first", "second")])
+def test_only_the_chosen_kinds_are_planted(kinds):
+    task = get_task("mqmtar", lookalikes=0.6, lookalike_kinds=kinds)
+    plain = get_task("mqmtar")
+    rng = np.random.default_rng(2)
+    share = np.bincount([kind_of(task, task.sample(64, rng)) for _ in range(3000)], minlength=8) / 3000
+    natural = np.bincount([kind_of(plain, plain.sample(64, rng)) for _ in range(3000)], minlength=8) / 3000
+    for bit, kind in ((1, "first"), (2, "second"), (4, "value")):
+        held, by_chance = (sum(s[k] for k in range(8) if k & bit) for s in (share, natural))
+        planted = 0.6 / len(kinds) if kind in kinds else 0.0
+        assert abs(held - (1 - (1 - planted) * (1 - by_chance))) < 0.04, (kind, held, by_chance)
+    for _ in range(100):
+        check_answers(task, task.sample(int(rng.integers(32, 65)), rng))
+
+
+def test_the_kinds_have_one_order():
+    """Every kind (the default) draws the stream the option drew before it had kinds; the kinds' order does
+    not change the samples."""
+    streams = [make_eval_set(get_task("mqmtar", lookalikes=0.5, **options), 64, 30, 4)
+               for options in ({}, {"lookalike_kinds": ("value", "first", "second")})]
+    assert [(e.source, e.target) for e in streams[0]] == [(e.source, e.target) for e in streams[1]]
+    assert get_task("mqmtar", lookalike_kinds=["value", "first"]).lookalike_kinds == ("first", "value")
+
+
 def test_off_the_stream_is_the_papers():
     """lookalikes=0 draws nothing more: the same samples as the task without the option (committed test
     sets depend on it); at 1 every sample holds a look-alike."""
@@ -87,6 +113,16 @@ def test_the_device_sampler_plants_the_same_law():
     assert_same_law(np.bincount(cpu, minlength=8), np.bincount(device, minlength=8), "planted look-alikes")
 
 
+def test_the_device_sampler_plants_the_chosen_kinds_by_the_same_law():
+    task = get_task("mqmtar", lookalikes=0.6, lookalike_kinds=("second", "value"))
+    rng = np.random.default_rng(3)
+    cpu = [kind_of(task, task.sample(64, rng)) for _ in range(2500)]
+    sampler = DeviceBatchSampler(task, [(64, 64)], "cpu")
+    device = [kind_of(task, e) for step in range(5) for e in decode_rows(
+        task, sampler.batch(seed=1, rank=0, step=step, batch_size=500))]
+    assert_same_law(np.bincount(cpu, minlength=8), np.bincount(device, minlength=8), "chosen kinds")
+
+
 def test_the_workload_plants_in_training_batches_only(tmp_path):
     workload = TaskWorkload(task="mqmtar", lookalikes=1.0, val_multipliers=(1,), val_samples=40)
     batches = workload.batches(seed=0, start_step=0, rank=0, world_size=1, local_batch_size=64,
@@ -98,14 +134,25 @@ def test_the_workload_plants_in_training_batches_only(tmp_path):
     validation = make_eval_set(workload.task_object, 64, 40, seed=1)
     assert [e.source for e in validation] == [e.source for e in make_eval_set(task, 64, 40, seed=1)]
     assert workload.to_dict()["lookalikes"] == 1.0
-    assert TaskWorkload.from_dict({k: v for k, v in workload.to_dict().items() if k != "lookalikes"}
+    assert TaskWorkload.from_dict({k: v for k, v in workload.to_dict().items()
+                                   if k not in ("lookalikes", "lookalike_kinds")}
                                   ).lookalikes == 0.0  # runs saved before the option: none planted
+    value_only = TaskWorkload(task="mqmtar", lookalikes=0.5, lookalike_kinds=("value",))
+    saved = json.loads(json.dumps(value_only.to_dict()))  # as config.json holds it
+    assert TaskWorkload.from_dict(saved).training_task.lookalike_kinds == ("value",)
+    assert workload.training_task.lookalike_kinds == ("first", "second", "value")  # none given: every kind
 
 
 @pytest.mark.parametrize("options, message", [
     (dict(task="copy", lookalikes=0.5), "--lookalikes: task 'copy' has no keys to plant look-alikes of"),
     (dict(task="mqmtar", lookalikes=1.5), "lookalikes must be a share in [0, 1], got 1.5"),
     (dict(task="mqmtar", lookalikes=-0.1), "lookalikes must be a share in [0, 1], got -0.1"),
+    (dict(task="mqmtar", lookalike_kinds=("value",)),
+     "--lookalike-kinds: only with --lookalikes (a share of samples above 0)"),
+    (dict(task="mqmtar", lookalikes=0.1, lookalike_kinds=("word",)),
+     "lookalike_kinds must be distinct kinds among first, second, value, got ('word',)"),
+    (dict(task="mqmtar", lookalikes=0.1, lookalike_kinds=("value", "value")),
+     "lookalike_kinds must be distinct kinds among first, second, value, got ('value', 'value')"),
 ])
 def test_refusals(options, message):
     with pytest.raises(ValueError) as error:
@@ -119,6 +166,8 @@ def test_compare_names_the_share():
     result = {"model_config": {"attention": "asentmax", "position": "nape"},
               "workload": {"task": "mqmtar", "layout": "stretches", "lookalikes": 0.25}}
     assert method_label(result) == "ASEntmax (stretches layout, look-alikes 0.25)"
+    result["workload"]["lookalike_kinds"] = ["value"]
+    assert method_label(result) == "ASEntmax (stretches layout, value look-alikes 0.25)"
     result["workload"] = {"task": "mqmtar"}  # saved before the option, or 0
     assert method_label(result) == "ASEntmax"
 

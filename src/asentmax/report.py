@@ -88,7 +88,8 @@ def method_label(result: dict) -> str:
     """Paper name of the attention, with the position scheme when it is not the paper's NAPE, the block
     options when they are not the defaults (block_notes), the sample layout when it is not the default
     (MQMTAR's "stretches": results/paper/README.md) and the share of training samples with a planted
-    look-alike when there is one (MQMTAR's `lookalikes`: its training data is not the paper's)."""
+    look-alike when there is one (MQMTAR's `lookalikes`: its training data is not the paper's), with their
+    kinds when not every kind was planted."""
     config = result["model_config"]
     name = METHOD_NAMES.get(config["attention"], config["attention"])
     notes = [config["position"]] if config.get("position", "nape") != "nape" else []
@@ -98,7 +99,8 @@ def method_label(result: dict) -> str:
     if layout != "random":
         notes.append(f"{layout} layout")
     if workload.get("lookalikes"):
-        notes.append(f"look-alikes {workload['lookalikes']:g}")
+        kinds = "/".join(workload.get("lookalike_kinds") or ())  # empty: every kind
+        notes.append(f"{kinds + ' ' if kinds else ''}look-alikes {workload['lookalikes']:g}")
     return f"{name} ({', '.join(notes)})" if notes else name
 
 

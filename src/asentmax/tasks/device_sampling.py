@@ -67,6 +67,7 @@ from asentmax.tasks.mqmtar import (
     BLANK,
     BLOCK_TOKENS,
     COLON,
+    LOOKALIKE_KINDS,
     QUERY,
     MQMTARTask,
     pairs_for_length,
@@ -285,6 +286,9 @@ class _MQMTARSampler:
         self.words = torch.as_tensor(np.stack(words)).to(device)  # (2, table_size, 3): `k1 k2 :`, `v1 v2 _`
         self.table = torch.arange(2, device=device).view(1, 2, 1)
         self.query_tables = torch.tensor([0, 1, 1], device=device).view(1, 3, 1)  # keys, values, labels
+        # the look-alike kinds planted, as indices into LOOKALIKE_KINDS (MQMTARTask._plant_lookalike's kind)
+        self.lookalike_kinds = torch.tensor([LOOKALIKE_KINDS.index(kind) for kind in task.lookalike_kinds],
+                                            device=device)
         self.buckets = [_MQMTARBucket(task, bucket, device) for bucket in buckets]
         self.block_items = self._stretch_items if task.layout == "stretches" else self._random_items
 
@@ -324,7 +328,8 @@ class _MQMTARSampler:
         i = asked.gather(1, query).squeeze(1)
         j = _uniform_below((n_pairs - 1).clamp(min=1), (batch_size,), generator)
         j = j + (j >= i)
-        kind = torch.randint(0, 3, (batch_size,), generator=generator, device=device)
+        kinds = self.lookalike_kinds
+        kind = kinds[torch.randint(0, len(kinds), (batch_size,), generator=generator, device=device)]
         symbol = torch.randint(0, ALPHABET_SIZE - 1, (batch_size,), generator=generator, device=device)
         key = words[rows, 0, i, :2]  # (B, 2) token ids of the queried key
         other = (1 - kind).clamp(min=0)[:, None]  # the redrawn token (kinds 0 and 1)

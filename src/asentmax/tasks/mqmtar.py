@@ -37,11 +37,14 @@ Look-alikes (`lookalikes`, a training-data option; 0, the paper's samples, by de
 by chance, keys that share one token with a queried key (about P / 256 for each token) and, in 4 of 10
 samples at 1024x, the queried word as another pair's value; the training lengths almost never do (a value
 look-alike in about 1 of 3,600 samples). With `lookalikes` r, each sample is given, with probability r, one
-planted look-alike of one of its queried keys (the query, the other pair and the kind each uniform): that
-pair's key replaced by a word sharing the queried key's first token, or its second token (the other token
-uniform over the 255 other symbols; not planted if the word is another key of the sample), or that pair's
-value replaced by the queried key's word. What the models that fail at long lengths confuse is exactly these
-(results/paper/mqmtar/collisions.md); the tests (`asentmax eval`, validation) always draw the paper's samples.
+planted look-alike of one of its queried keys (the query, the other pair and the kind each uniform, the kind
+over `lookalike_kinds`, by default all of LOOKALIKE_KINDS): that pair's key replaced by a word sharing the
+queried key's first token ("first") or its second token ("second"; the other token uniform over the 255 other
+symbols; not planted if the word is another key of the sample), or that pair's value replaced by the queried
+key's word ("value"). What the models that fail at long lengths confuse is exactly these
+(results/paper/mqmtar/collisions.md: the best runs tell keys apart by both tokens and confuse only the
+value look-alikes, which `lookalike_kinds=("value",)` plants alone); the tests (`asentmax eval`, validation)
+always draw the paper's samples.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ ALPHABET_START = FIRST_SYMBOL + 3
 ALPHABET_SIZE = 256
 BLOCK_TOKENS = 6  # k1 k2 : v1 v2 _
 LAYOUTS = ("random", "stretches")
+LOOKALIKE_KINDS = ("first", "second", "value")  # what a planted look-alike of a queried key shares with it
 
 
 def pairs_for_length(length: int, table_size: int) -> int:
@@ -85,7 +89,8 @@ class MQMTARTask(Task):
     model_preset = staticmethod(mqmtar_model)
 
     def __init__(self, n_queries: int = 4, table_size: int = 10_000, table_seed: int = 0,
-                 layout: str = "random", lookalikes: float = 0.0):
+                 layout: str = "random", lookalikes: float = 0.0,
+                 lookalike_kinds: tuple[str, ...] = LOOKALIKE_KINDS):
         if not isinstance(n_queries, int) or n_queries < 1:
             raise ValueError(f"task 'mqmtar': n_queries must be an int >= 1, got {n_queries!r}")
         if not isinstance(table_size, int) or not 1 <= table_size <= ALPHABET_SIZE**2:
@@ -97,10 +102,16 @@ class MQMTARTask(Task):
         if (isinstance(lookalikes, bool) or not isinstance(lookalikes, (int, float))
                 or not 0 <= lookalikes <= 1):
             raise ValueError(f"task 'mqmtar': lookalikes must be a share in [0, 1], got {lookalikes!r}")
+        kinds = tuple(lookalike_kinds) if isinstance(lookalike_kinds, (tuple, list)) else None
+        if (not kinds or len(set(kinds)) != len(kinds)
+                or not all(isinstance(kind, str) and kind in LOOKALIKE_KINDS for kind in kinds)):
+            raise ValueError(f"task 'mqmtar': lookalike_kinds must be distinct kinds among "
+                             f"{', '.join(LOOKALIKE_KINDS)}, got {lookalike_kinds!r}")
         super().__init__(["_", ":", "?"] + [f"x{i}" for i in range(ALPHABET_SIZE)])
         self.n_queries, self.table_size, self.table_seed = n_queries, table_size, table_seed
         self.layout = layout
         self.lookalikes = float(lookalikes)
+        self.lookalike_kinds = tuple(kind for kind in LOOKALIKE_KINDS if kind in kinds)  # one order
         self._draw_tables(np.random.default_rng(table_seed))
 
     def _draw_tables(self, rng: np.random.Generator) -> None:
@@ -195,12 +206,13 @@ class MQMTARTask(Task):
 
     def _plant_lookalike(self, keys, values, asked, rng) -> None:
         """Plant one look-alike of a queried key (the module docstring) into the sample's keys and values
-        (P, 2) token ids, in place: pair j != i of a uniform query's pair i gets, by a uniform kind, a key
-        sharing key i's first (kind 0) or second (kind 1) token, or key i's word as its value (kind 2)."""
+        (P, 2) token ids, in place: pair j != i of a uniform query's pair i gets, by a kind uniform over
+        lookalike_kinds, a key sharing key i's first (kind 0) or second (kind 1) token, or key i's word as
+        its value (kind 2); kind k is LOOKALIKE_KINDS[k]."""
         i = asked[rng.integers(self.n_queries)]
         j = rng.integers(len(keys) - 1)
         j += j >= i
-        kind = rng.integers(3)
+        kind = LOOKALIKE_KINDS.index(self.lookalike_kinds[rng.integers(len(self.lookalike_kinds))])
         if kind == 2:
             values[j] = keys[i]
             return

@@ -73,16 +73,23 @@ class TaskWorkload:
         "(a key sharing one of its tokens, or its word as another pair's value: what long test contexts "
         "hold by chance and the failing models confuse, results/paper/mqmtar/collisions.md); validation "
         "and `asentmax eval` draw the paper's samples; 0: the paper's training samples")})
+    lookalike_kinds: tuple[str, ...] = field(default=(), metadata={"default_help": "all", "help": (
+        "mqmtar with --lookalikes: which look-alikes to plant, among first (a key sharing the queried key's "
+        "first token), second (its second token) and value (its word as another pair's value)")})
 
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
+        self.lookalike_kinds = tuple(self.lookalike_kinds)
         self.task_object = build_task(self.task, self.layout)  # ValueError for an unknown task or layout
         self.training_task = self.task_object
+        if self.lookalike_kinds and not self.lookalikes:
+            raise ValueError("--lookalike-kinds: only with --lookalikes (a share of samples above 0)")
         if self.lookalikes:
             if "lookalikes" not in task_options(self.task):
                 raise ValueError(f"--lookalikes: task {self.task!r} has no keys to plant look-alikes of "
                                  "(mqmtar has)")
-            self.training_task = get_task(self.task, layout=self.layout, lookalikes=self.lookalikes)
+            kinds = {"lookalike_kinds": self.lookalike_kinds} if self.lookalike_kinds else {}
+            self.training_task = get_task(self.task, layout=self.layout, lookalikes=self.lookalikes, **kinds)
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
         for name in ("length_buckets", "val_samples"):
