@@ -23,11 +23,12 @@ follows it. The same rules also give a training loss: on --train-samples samples
 follows a rule and is uniform over what it cannot tell apart, beside a fourth rule, value copy (the value of a
 uniformly random pair of the context, log P nats per query): the loss plateaus of the training logs sit at
 these levels. --train-lookalikes gives them also on the samples of `asentmax train --lookalikes r` (a share r
-of them with a planted look-alike of a queried key), where the rules cost far more. Writes collisions.md (per
-evaluation: by how much each rule misses the observed intervals and which rules it behaves like; per length:
-the observed exact match with its interval, the three predictions, the samples with a key-as-value collision
-and the rules whose prediction lies in the interval), collisions.json and collisions.png (the first --panels
-evaluations, in the order given) under --out.
+of them with a planted look-alike of a queried key), where the rules cost far more; `r:value` (or any of the
+kinds first, second, value, joined by commas) on those of `--lookalikes r --lookalike-kinds value`. Writes
+collisions.md (per evaluation: by how much each rule misses the observed intervals and which rules it behaves
+like; per length: the observed exact match with its interval, the three predictions, the samples with a
+key-as-value collision and the rules whose prediction lies in the interval), collisions.json and
+collisions.png (the first --panels evaluations, in the order given) under --out.
 
     PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -171,11 +172,11 @@ def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict |
                   "lengths (uniform in [32, 64]) of a model that follows the rule and is uniform over what "
                   "it cannot tell apart; value copy: the value of a uniformly random pair of the context. "
                   "Look-alikes: the share of training samples given a planted look-alike (`asentmax train "
-                  "--lookalikes`; 0 = the paper's samples). A run's training loss below a rule's is a run "
-                  "that tells apart more than that rule does.",
+                  "--lookalikes`, of the kinds named, by default every kind; 0 = the paper's samples). A "
+                  "run's training loss below a rule's is a run that tells apart more than that rule does.",
                   "",
                   "| look-alikes | " + " | ".join(LOSS_RULES) + " |", "|---" * (len(LOSS_RULES) + 1) + "|"]
-        lines += ["| " + " | ".join([f"{row['lookalikes']:g}"] + [f"{row[rule]:.2g}" for rule in LOSS_RULES])
+        lines += ["| " + " | ".join([_share_label(row)] + [f"{row[rule]:.2g}" for rule in LOSS_RULES])
                   + " |" for row in losses["rows"]]
     lines += ["", "## Per length", "",
               "Fits: the rules whose prediction lies in the observed interval at that length. Value "
@@ -232,6 +233,33 @@ def plot(results: list[tuple[str, list[dict]]], path: Path) -> None:
     plt.close(fig)
 
 
+def _planting(text: str) -> tuple[float, tuple[str, ...]]:
+    """--train-lookalikes' SHARE[:KIND,KIND...] -> (share, kinds); argparse's error for a bad one."""
+    share_text, _, kinds_text = text.partition(":")
+    try:
+        share = float(share_text)
+    except ValueError:
+        share = math.nan
+    kinds = tuple(kinds_text.split(",")) if kinds_text else ()
+    if not 0 <= share <= 1:
+        raise argparse.ArgumentTypeError(f"a share in [0, 1] (then :KINDS), got {text!r}")
+    try:
+        _planting_task(share, kinds)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return share, kinds
+
+
+def _planting_task(share: float, kinds: tuple[str, ...]) -> MQMTARTask:
+    return MQMTARTask(lookalikes=share, **({"lookalike_kinds": kinds} if kinds else {}))
+
+
+def _share_label(row: dict) -> str:
+    """0.1, or 0.1 (value) for a row of chosen kinds."""
+    kinds = row.get("lookalike_kinds")
+    return f"{row['lookalikes']:g}" + (f" ({', '.join(kinds)})" if kinds else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -241,9 +269,11 @@ def main(argv: list[str] | None = None) -> int:
                              "eval_fresh.json, where present)")
     parser.add_argument("--train-samples", type=int, default=20000,
                         help="training samples for the rules' training losses (0: none; default 20000)")
-    parser.add_argument("--train-lookalikes", type=float, nargs="+", default=[0.0, 0.5],
+    parser.add_argument("--train-lookalikes", type=_planting, nargs="+", default=[(0.0, ()), (0.5, ())],
+                        metavar="SHARE[:KINDS]",
                         help="the training losses with each of these shares of planted look-alikes "
-                             "(asentmax train --lookalikes; default 0 and 0.5)")
+                             "(asentmax train --lookalikes), of the kinds after a colon (--lookalike-kinds, "
+                             "comma-separated; default every kind), e.g. 0.1:value (default: 0 0.5)")
     parser.add_argument("--panels", type=int, default=6,
                         help="collisions.png shows the first this many evaluations (default 6)")
     parser.add_argument("--out", type=Path, required=True, help="collisions.md, .json and .png go here")
@@ -254,14 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     except RunError as error:
         print(f"mqmtar_collisions: error: {error}", file=sys.stderr)
         return 2
-    if any(not 0 <= share <= 1 for share in args.train_lookalikes):
-        parser.error("--train-lookalikes takes shares in [0, 1], got "
-                     + " ".join(map(str, args.train_lookalikes)))
     losses = None
     if args.train_samples > 0:
         losses = {"samples": args.train_samples, "rows": [
-            {"lookalikes": share, **rule_losses(MQMTARTask(lookalikes=share), args.train_samples, seed=0)}
-            for share in args.train_lookalikes]}
+            {"lookalikes": share, "lookalike_kinds": list(kinds),
+             **rule_losses(_planting_task(share, kinds), args.train_samples, seed=0)}
+            for share, kinds in args.train_lookalikes]}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "collisions.json", {"command": command, "training_losses": losses, "evaluations": [
         {"label": label, "rows": rows} for label, rows in results]})

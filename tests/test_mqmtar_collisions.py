@@ -136,20 +136,27 @@ def test_end_to_end_on_a_tiny_run(tmp_path):
              "--no-progress"]
     assert asentmax(train) == 0
     assert asentmax(["eval", str(run), "--multipliers", "1", "2", "--samples", "3", "--no-progress"]) == 0
-    out = ["--out", str(tmp_path / "out"), "--train-samples", "400", "--train-lookalikes", "0", "1"]
+    out = ["--out", str(tmp_path / "out"), "--train-samples", "400", "--train-lookalikes", "0", "1",
+           "1:value", "1:first,second"]
     assert collisions.main([str(run), *out]) == 0
     result = json.loads((tmp_path / "out" / "collisions.json").read_text())
-    without, planted = result["training_losses"]["rows"]
+    without, planted, value, one_token = result["training_losses"]["rows"]
     assert (without["lookalikes"], planted["lookalikes"]) == (0, 1)
+    assert (planted["lookalike_kinds"], value["lookalike_kinds"]) == ([], ["value"])
     assert planted["word"] > 100 * without["word"]
+    # value look-alikes cost the word rule alone, one-token look-alikes every rule but the word's
+    assert value["word"] > 2 * planted["word"] and value["first token"] < 2 * without["first token"]
+    assert one_token["word"] < 2 * without["word"] + 1e-4
+    assert one_token["first token"] > planted["first token"]
     (evaluation,) = result["evaluations"]
     observed = [100 * row["exact_match"] for row in json.loads((run / "eval.json").read_text())["rows"]]
     assert [row["observed"] for row in evaluation["rows"]] == observed
     table = (tmp_path / "out" / "collisions.md").read_text()
-    assert "| tiny |" in table and "\n| 0 | " in table and "\n| 1 | " in table
+    assert "| tiny |" in table and "\n| 0 | " in table and "\n| 1 | " in table and "\n| 1 (value) | " in table
     assert (tmp_path / "out" / "collisions.png").stat().st_size > 0
-    with pytest.raises(SystemExit):
-        collisions.main([str(run), "--out", str(tmp_path / "out"), "--train-lookalikes", "1.5"])
+    for bad in ("1.5", "x", "0.1:word", "0.1:value,value"):
+        with pytest.raises(SystemExit):
+            collisions.main([str(run), "--out", str(tmp_path / "out"), "--train-lookalikes", bad])
 
 
 @pytest.mark.parametrize("lookalikes", [0.0, 1.0])
