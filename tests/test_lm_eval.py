@@ -229,7 +229,7 @@ def test_batched_needle_generation_equals_one_at_a_time(data, preset):
 def test_needle_completions_replayed_from_cuda_graphs_equal_eager_ones(data):
     """On CUDA (run on the H200; `asentmax lm eval --cuda-graphs auto` decodes so there): retrieval_accuracy
     with cuda_graph=True completes each needle prompt as eager decoding does (ASEntmax, fp32: the same fused
-    kernels either way), one graph recorded per prompt."""
+    kernels either way)."""
     tokenizer, documents = data
     builder = NeedleBuilder(tokenizer, np.concatenate(documents))
     torch.manual_seed(0)
