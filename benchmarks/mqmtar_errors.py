@@ -26,7 +26,7 @@ those) under --out.
 share of the samples one queried key has a look-alike, a key sharing one of its tokens or its word as another
 pair's value), a probe of whether a model tells them apart at short lengths, where the paper's samples hold
 almost none (at 1,024x 4 in 10 samples ask a key whose word is also a value:
-results/paper/mqmtar/collisions.md).
+results/paper/mqmtar/collisions.md); `--lookalike-kinds value` (or first, second) plants those kinds only.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from asentmax.eval import EvalConfig, plan_evaluation
 from asentmax.runs import RunError, format_multiplier, write_json, write_text
 from asentmax.tasks import make_eval_set
 from asentmax.tasks.base import BOS, EOS, SEP
-from asentmax.tasks.mqmtar import COLON
+from asentmax.tasks.mqmtar import COLON, MQMTARTask
 from asentmax.tasks.scoring import autocast, shape_batches
 
 CLASSES = ("correct", "other_value", "half", "other")
@@ -197,10 +197,11 @@ def plan_analysis(run_dir: Path, config: EvalConfig, out: Path):
     return plan
 
 
-def analyse(plan, out: Path, command: str, lookalikes: float = 0.0) -> dict:
+def analyse(plan, out: Path, command: str, lookalikes: float = 0.0, lookalike_kinds: tuple[str, ...] = ()
+            ) -> dict:
     """Classify every answer of the plan's test sets (asentmax eval's, by its seed; with `lookalikes` > 0
-    drawn with that share of planted look-alikes) at each length; writes mqmtar_errors.json and .md under
-    `out` and returns the result."""
+    drawn with that share of planted look-alikes, of `lookalike_kinds`, by default every kind) at each length;
+    writes mqmtar_errors.json and .md under `out` and returns the result."""
     from asentmax.nn import Transformer
     from asentmax.tasks import get_task
 
@@ -208,7 +209,10 @@ def analyse(plan, out: Path, command: str, lookalikes: float = 0.0) -> dict:
     model = Transformer(plan.model_config)
     model.load_state_dict(plan.model_state)
     model.to(plan.device).eval()
-    task = get_task("mqmtar", layout=plan.task.layout, lookalikes=lookalikes) if lookalikes else plan.task
+    task = plan.task
+    if lookalikes:
+        kinds = {"lookalike_kinds": lookalike_kinds} if lookalike_kinds else {}
+        task = get_task("mqmtar", layout=plan.task.layout, lookalikes=lookalikes, **kinds)
     rows = []
     for length in plan.lengths:
         examples = make_eval_set(task, length, config.samples, config.seed)
@@ -225,7 +229,9 @@ def analyse(plan, out: Path, command: str, lookalikes: float = 0.0) -> dict:
               + f" of {counts['n']} answers", file=sys.stderr, flush=True)
     result = {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
               "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
-              "seed": config.seed, "lookalikes": lookalikes, "device": plan.header["device"], "rows": rows}
+              "seed": config.seed, "lookalikes": lookalikes,
+              "lookalike_kinds": list(task.lookalike_kinds) if lookalikes else [],
+              "device": plan.header["device"], "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "mqmtar_errors.json", result)
     write_text(out / "mqmtar_errors.md", markdown(result))
@@ -237,8 +243,9 @@ def markdown(result: dict) -> str:
     head = [f"## MQMTAR answer errors of {result['run_dir']} ({result['checkpoint']} checkpoint, step "
             f"{result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", ""]
     if result.get("lookalikes"):
-        head += [f"Test sets with planted look-alikes in {100 * result['lookalikes']:g} % of the samples "
-                 "(not `asentmax eval`'s).", ""]
+        kinds = ", ".join(result.get("lookalike_kinds") or ())
+        head += [f"Test sets with planted look-alikes ({kinds}) in {100 * result['lookalikes']:g} % of the "
+                 "samples (not `asentmax eval`'s).", ""]
     lengths = [length_markdown(row, result["id_length"]) for row in result["rows"]]
     return "\n".join(head) + "\n" + "\n".join(lengths)
 
@@ -257,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookalikes", type=float, default=0.0,
                         help="share of test samples with a planted look-alike of a queried key (default 0: "
                              "asentmax eval's test sets)")
+    parser.add_argument("--lookalike-kinds", nargs="+", default=[],
+                        help="with --lookalikes: the kinds planted, among first, second and value (default: "
+                             "every kind)")
     parser.add_argument("--out", type=Path, required=True, help="mqmtar_errors.json and .md go here")
     command = "PYTHONPATH=src python benchmarks/mqmtar_errors.py " + shlex.join(argv)
     try:
@@ -267,10 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_analysis(args.run_dir, config, args.out)
         if not 0 <= args.lookalikes <= 1:
             raise ValueError(f"--lookalikes must be a share in [0, 1], got {args.lookalikes}")
+        if args.lookalike_kinds:
+            if not args.lookalikes:
+                raise ValueError("--lookalike-kinds: only with --lookalikes (a share of samples above 0)")
+            MQMTARTask(lookalike_kinds=tuple(args.lookalike_kinds))  # ValueError for a kind it does not have
     except (UsageError, ValueError) as error:  # RunError is a ValueError
         print(f"mqmtar_errors: error: {error}", file=sys.stderr)
         return 2
-    analyse(plan, args.out, command, args.lookalikes)
+    analyse(plan, args.out, command, args.lookalikes, tuple(args.lookalike_kinds))
     print(f"wrote {args.out / 'mqmtar_errors.json'} and {args.out / 'mqmtar_errors.md'}")
     return 0
 

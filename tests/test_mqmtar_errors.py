@@ -231,9 +231,23 @@ def test_lookalike_probe_draws_planted_test_sets(tmp_path, capsys, one_thread):
     flagged = {field: sum(g["n"] for g in row["by"][field] if g["value"])
                for field in ("key_has_lookalike", "key_is_a_value")}
     assert flagged["key_has_lookalike"] + flagged["key_is_a_value"] >= 8  # each sample's query, at least
-    assert "planted look-alikes in 100 % of the samples" in (out / "mqmtar_errors.md").read_text()
+    assert "planted look-alikes (first, second, value) in 100 % of the samples" in (
+        out / "mqmtar_errors.md").read_text()
+    assert errors.main([str(run), "--samples", "8", "--device", "cpu", "--lookalikes", "1",
+                        "--lookalike-kinds", "value", "--out", str(out)]) == 0
+    result = json.loads((out / "mqmtar_errors.json").read_text())
+    assert result["lookalike_kinds"] == ["value"]
+    (row,) = result["rows"]
+    assert sum(g["n"] for g in row["by"]["key_is_a_value"] if g["value"]) >= 8  # each sample's, at least
+    assert "planted look-alikes (value) in 100 %" in (out / "mqmtar_errors.md").read_text()
     capsys.readouterr()
     assert errors.main([str(run), "--samples", "2", "--device", "cpu", "--lookalikes", "2",
                         "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "mqmtar_errors: error: --lookalikes must be a share in [0, 1], got 2.0"
+    for flags, message in ((["--lookalike-kinds", "value"], "--lookalike-kinds: only with --lookalikes"),
+                           (["--lookalikes", "1", "--lookalike-kinds", "word"], "lookalike_kinds must be")):
+        assert errors.main([str(run), "--samples", "2", "--device", "cpu", *flags,
+                            "--out", str(tmp_path / "bad")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err
