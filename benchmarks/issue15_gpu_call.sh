@@ -10,9 +10,12 @@
 #     look-alikes only, `--lookalike-kinds value`), their evaluations, then the base's weights packed into
 #     $OUT (benchmarks/carry_checkpoint.py: 3 parts of 15 MB and a hash, to start later second phases
 #     without retraining);
-#   bash benchmarks/issue15_gpu_call.sh speed    # about 2.5 minutes, if the session has the time:
-#     the preset's first 2,000 steps with and without --deterministic true side by side, alone on the GPU
-#     (their steps per second: the flag's cost).
+#   bash benchmarks/issue15_gpu_call.sh after    # about 4 minutes, if the session has the time (chained at
+#     once: it reads phases' checkpoints): benchmarks/mqmtar_errors.py on the base and the three second phases
+#     at 1x with a value look-alike planted in every test sample (`--lookalikes 1 --lookalike-kinds value`:
+#     does the model tell the key from its word written as a value?), then the preset's first 2,000 steps
+#     with and without --deterministic true side by side, alone on the GPU (their steps per second: the
+#     flag's cost).
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
 # test's log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out), PLAN
 # (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags dry-runs this on
@@ -21,7 +24,7 @@ set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
 plan=${PLAN:-benchmarks/plans/issue15_b128.json}
-part=${1:?base, phases or speed}
+part=${1:?base, phases or after}
 mkdir -p "$out" runs/plan runs/speed
 plan_call() {  # plan_call LOG ARGS...: device_plan.py on $plan, its output also in runs/plan/LOG
   local log=$1
@@ -40,10 +43,16 @@ case $part in
       mqmtar_asentmax_preset_then_value_lookalikes0.1
     python benchmarks/carry_checkpoint.py pack runs/plan/mqmtar_asentmax_preset "$out" 2>&1 \
       | tee -a runs/plan/call_phases.log ;;
-  speed)
+  after)
+    for run in mqmtar_asentmax_preset mqmtar_asentmax_preset_then_lr2e-5 \
+        mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1; do
+      timeout 60 python benchmarks/mqmtar_errors.py "runs/plan/$run" --samples 200 --lookalikes 1 \
+        --lookalike-kinds value --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 2 \
+        | tee -a runs/plan/call_after.log
+    done
     plan_call call_speed.log --work runs/speed --seconds 130 --runs mqmtar_asentmax_speed_deterministic \
       mqmtar_asentmax_speed_default ;;
-  *) echo "unknown part $part: base, phases or speed" >&2; exit 2 ;;
+  *) echo "unknown part $part: base, phases or after" >&2; exit 2 ;;
 esac
 tar -czf "$out/issue15_$part.tgz" --exclude="*.pt" runs/plan runs/speed
 echo "wrote $out/issue15_$part.tgz"
