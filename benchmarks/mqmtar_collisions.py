@@ -243,6 +243,8 @@ def _planting(text: str) -> tuple[float, tuple[str, ...]]:
     kinds = tuple(kinds_text.split(",")) if kinds_text else ()
     if not 0 <= share <= 1:
         raise argparse.ArgumentTypeError(f"a share in [0, 1] (then :KINDS), got {text!r}")
+    if kinds and not share:
+        raise argparse.ArgumentTypeError(f"kinds only with a share above 0, got {text!r}")
     try:
         _planting_task(share, kinds)
     except ValueError as error:

@@ -154,7 +154,7 @@ def test_end_to_end_on_a_tiny_run(tmp_path):
     table = (tmp_path / "out" / "collisions.md").read_text()
     assert "| tiny |" in table and "\n| 0 | " in table and "\n| 1 | " in table and "\n| 1 (value) | " in table
     assert (tmp_path / "out" / "collisions.png").stat().st_size > 0
-    for bad in ("1.5", "x", "0.1:word", "0.1:value,value"):
+    for bad in ("1.5", "x", "0.1:word", "0.1:value,value", "0:value"):
         with pytest.raises(SystemExit):
             collisions.main([str(run), "--out", str(tmp_path / "out"), "--train-lookalikes", bad])
 
