@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from asentmax.eval import (
+    answer_accuracy,
     answer_dispersion,
     evaluate,
     greedy_accuracy,
@@ -111,6 +112,64 @@ def test_evaluate_rows_per_length_with_interval():
     for row in rows:
         assert (row["ci_low"], row["ci_high"]) == pytest.approx(wilson_interval(row["n_exact"], n))
         assert row["ci_low"] <= row["exact_match"] <= row["ci_high"]
+
+
+class ExactTagger(torch.nn.Module):
+    """The exact answer of a tagging task computed from the input tokens alone (2-back: the token two
+    positions back; local count: the run count), with no generate(), so a test that reaches decoding fails.
+    Sources in `wrong_at` get a wrong label at the given source index."""
+
+    def __init__(self, task, wrong_at=None):
+        super().__init__()
+        self.task, self.wrong_at = task, dict(wrong_at or {})
+
+    def labels(self, source):
+        if self.task.name == "two_back":
+            labels = [source[i - 2] if i >= 2 else 4 for i in range(len(source))]  # 4: NONE
+        else:
+            labels, count = [], 0
+            for i, symbol in enumerate(source):
+                count = count + 1 if i and symbol == source[i - 1] else 0
+                labels.append(self.task.first_count + count)
+        if tuple(source) in self.wrong_at:
+            i = self.wrong_at[tuple(source)]
+            labels[i] = _wrong(labels[i], self.task)
+        return labels
+
+    def forward(self, input_ids):
+        logits = torch.zeros(*input_ids.shape, self.task.vocab_size)
+        for b, row in enumerate(input_ids.tolist()):
+            source = [t for t in row[1:] if t != 0]  # after BOS, before the right padding
+            for i, label in enumerate(self.labels(source)):
+                logits[b, 1 + i, label] = 1.0
+        return logits
+
+
+@pytest.mark.parametrize("name", ["two_back", "local_count"])
+def test_a_tagging_task_is_scored_on_its_labels_without_decoding(name):
+    task = get_task(name)
+    lengths, n, seed = [17, 64, 300], 6, 5
+    rows = evaluate(ExactTagger(task), task, lengths, samples=n, seed=seed, device="cpu", batch_size=4)
+    assert [(r["n_exact"], r["token_accuracy"]) for r in rows] == [(n, 1.0)] * 3
+    examples = make_eval_set(task, 64, n, seed)
+    wrong_at = {tuple(examples[0].source): 0, tuple(examples[3].source): 63}  # first and last token
+    scores = answer_accuracy(ExactTagger(task, wrong_at), task, examples, device="cpu", batch_size=4)
+    assert scores["n_exact"] == n - 2 and scores["token_accuracy"] == pytest.approx(1 - 2 / (64 * n))
+    assert scores == {**teacher_forced_accuracy(ExactTagger(task, wrong_at), task, examples, device="cpu"),
+                      "n": n, "n_exact": n - 2}
+
+
+def test_a_real_model_evaluates_a_tagging_task_as_its_validation_scores_it():
+    task = get_task("two_back")
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=task.vocab_size, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                                    attention="asentmax", position="nape"))
+    model.eval()
+    examples = make_eval_set(task, 40, 8, 0)
+    scores = answer_accuracy(model, task, examples, device="cpu", batch_size=3)
+    assert scores["token_accuracy"] == pytest.approx(
+        teacher_forced_accuracy(model, task, examples, device="cpu")["token_accuracy"])
+    assert 0 < scores["token_accuracy"] < 1  # an untrained model: some labels right by chance, not all
 
 
 def _score_test_bounds(k, n, confidence):

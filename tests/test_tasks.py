@@ -52,7 +52,40 @@ def test_vocab_size_independent_of_length(name):
     assert max(long.source + long.target) < task.vocab_size == get_task(name).vocab_size
 
 
-@pytest.mark.parametrize("name", TASK_NAMES)
+SEQUENCE_TASKS = [name for name in TASK_NAMES if not get_task(name).tagging]
+TAGGING_TASKS = [name for name in TASK_NAMES if get_task(name).tagging]
+
+
+def test_the_paper_codes_token_classification_tasks_are_the_tagging_ones():
+    """Local count and 2-back are token classification in the paper's code (TokenClassificationFromFiles in
+    synthetic/configs/data/local_count.yaml and nback.yaml); every other task is source -> target."""
+    assert sorted(TAGGING_TASKS) == ["local_count", "two_back"]
+
+
+@pytest.mark.parametrize("name", TAGGING_TASKS)
+def test_tagging_layout(name):
+    task = get_task(name)
+    example = task.sample(17, np.random.default_rng(2))
+    inputs, labels = task.inputs_and_labels(example)
+    assert inputs == [BOS, *example.source]  # no <sep>, no target tokens among the inputs
+    assert labels == [-100, *example.target]  # source token i is labelled with target[i] at its own position
+    with pytest.raises(ValueError, match="labels its source tokens one by one"):
+        task.encode(example)
+    with pytest.raises(ValueError, match="one target token per source token"):
+        task.inputs_and_labels(Example(source=example.source, target=example.target[:-1]))
+
+
+@pytest.mark.parametrize("name", SEQUENCE_TASKS)
+def test_inputs_and_labels_of_a_sequence_task_are_the_next_tokens_of_encode(name):
+    task = get_task(name)
+    example = task.sample(max(17, task.min_length), np.random.default_rng(3))
+    tokens, mask = task.encode(example)
+    inputs, labels = task.inputs_and_labels(example)
+    assert inputs == tokens[:-1]
+    assert labels == [tokens[i + 1] if mask[i] else -100 for i in range(len(tokens) - 1)]
+
+
+@pytest.mark.parametrize("name", SEQUENCE_TASKS)
 def test_encode_layout_and_mask(name):
     task = get_task(name)
     example = task.sample(max(17, task.min_length), np.random.default_rng(2))

@@ -179,10 +179,29 @@ def test_local_count_answers(n_symbols, min_run, max_run):
         assert all(min_run <= n <= max_run for n in lengths[:-1]) and lengths[-1] <= max_run
 
 
-def test_local_count_run_lengths_cover_the_range():
+def test_local_count_defaults_are_the_paper_codes():
+    """The paper code's LocalCount as its README runs it (--vocab_size 16 --max_reps 48): 16 symbols, every
+    run length in 2..48, counts up to 47."""
     task = get_task("local_count")
-    lengths = runs(task.sample(5000, np.random.default_rng(0)).source)[:-1]
-    assert set(lengths) == set(range(2, 13))
+    example = task.sample(20000, np.random.default_rng(0))
+    assert len(set(example.source)) == 16
+    assert set(runs(example.source)[:-1]) == set(range(2, 49))
+    assert max(example.target) - task.first_count == 47
+
+
+def test_two_back_default_vocabulary_is_the_paper_codes():
+    """The paper code's NBack with --vocab_size 16: 15 symbols in the sources, plus the none token."""
+    task = get_task("two_back")
+    example = task.sample(5000, np.random.default_rng(0))
+    assert len(set(example.source)) == 15 and task.vocab_size == FIRST_SYMBOL + 16
+
+
+def test_flipflop_default_write_rate_is_the_paper_codes():
+    """The paper code's FlipFlop as its configs train it (data `10M_wprob-0_1`): writes and ignores only."""
+    source = get_task("flipflop").sample(20001, np.random.default_rng(0)).source
+    instructions = source[2:-1:2]  # after the first (forced) write
+    assert abs(instructions.count(FIRST_SYMBOL) / len(instructions) - 0.1) < 0.01
+    assert instructions.count(FIRST_SYMBOL + 2) == 0
 
 
 def test_two_back_answers():

@@ -83,6 +83,20 @@ def test_collate_scores_target_and_eos_only():
         assert batch.labels[row, scored].tolist() == [*example.target, 3]
 
 
+def test_collate_labels_each_source_token_of_a_tagging_task():
+    task = get_task("two_back")
+    rng = np.random.default_rng(0)
+    examples = [task.sample(n, rng) for n in (3, 9, 1)]
+    batch = collate(task, examples)
+    assert batch.input_ids.shape == (3, 1 + 9)
+    for row, example in enumerate(examples):
+        n = 1 + len(example.source)
+        assert batch.input_ids[row, :n].tolist() == [1, *example.source]  # BOS then the source, no SEP
+        assert (batch.input_ids[row, n:] == 0).all()
+        assert batch.labels[row, 0] == IGNORE_INDEX and (batch.labels[row, n:] == IGNORE_INDEX).all()
+        assert batch.labels[row, 1:n].tolist() == example.target  # position of source[i] -> target[i]
+
+
 def test_training_batches_are_deterministic_and_distinct_per_rank_and_step():
     task = get_task("copy")
     buckets = length_buckets(4, 12, 3)

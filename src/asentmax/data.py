@@ -2,7 +2,8 @@
 
 A sequence is `<bos> source <sep> target <eos>`; the model reads tokens[:-1] and is scored on the
 next token only where the task's target_mask is True (target tokens and EOS), so the loss is taken on
-target tokens only. Batches are padded on the right with PAD; with causal attention a right pad is
+target tokens only (a tagging task's `<bos> source` is scored at each source token on its label:
+Task.inputs_and_labels). Batches are padded on the right with PAD; with causal attention a right pad is
 never visible to a real token, so training needs no attention mask.
 
 Training batches are a pure function of (seed, rank, step): every step draws from its own
@@ -47,21 +48,17 @@ class Batch:
 
 
 def collate(task, examples) -> Batch:
-    """Encode `examples` with `task.encode` and pad them into one next-token-prediction batch."""
+    """Lay `examples` out with `task.inputs_and_labels` (model inputs, the label of each input position) and
+    pad them on the right into one batch."""
     if not examples:
         raise ValueError("collate needs at least one example")
-    encoded = [task.encode(example) for example in examples]
-    width = max(len(tokens) for tokens, _ in encoded) - 1
-    input_ids = torch.full((len(encoded), width), PAD_ID, dtype=torch.long)
-    labels = torch.full((len(encoded), width), IGNORE_INDEX, dtype=torch.long)
-    for row, (tokens, target_mask) in enumerate(encoded):
-        if len(tokens) != len(target_mask):
-            raise ValueError(f"task {task.name!r}: {len(tokens)} tokens but {len(target_mask)} mask entries")
-        n = len(tokens) - 1
-        tokens_t = torch.tensor(tokens, dtype=torch.long)
-        scored = torch.tensor(target_mask[:-1], dtype=torch.bool)
-        input_ids[row, :n] = tokens_t[:-1]
-        labels[row, :n] = torch.where(scored, tokens_t[1:], torch.full_like(tokens_t[1:], IGNORE_INDEX))
+    laid_out = [task.inputs_and_labels(example) for example in examples]
+    width = max(len(inputs) for inputs, _ in laid_out)
+    input_ids = torch.full((len(laid_out), width), PAD_ID, dtype=torch.long)
+    labels = torch.full((len(laid_out), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (inputs, row_labels) in enumerate(laid_out):
+        input_ids[row, :len(inputs)] = torch.tensor(inputs, dtype=torch.long)
+        labels[row, :len(inputs)] = torch.tensor(row_labels, dtype=torch.long)
     return Batch(input_ids, labels)
 
 

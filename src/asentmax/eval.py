@@ -10,6 +10,8 @@ per-token accuracy is over the same tokens. Exact match comes with a Wilson conf
 whose answers copy source tokens (Copy, Reverse, MQMTAR's values: Task.answer_sources) the answer tokens are
 also scored by the tenth of the source they copy from ("source_tenth_accuracy"), which shows whether a long
 context fails everywhere or where its answers sit far from the query (the start of the source, say).
+A tagging task (Task.tagging: local count, 2-back) has nothing to decode: its labels are the argmax of one
+forward pass over `<bos> source` (answer_accuracy), as the paper's code scores its token classification.
 
 `plan_evaluation` then `run_evaluation` (the two: `evaluate_run`) drive `asentmax eval`, built for runs a
 person waits for (warnings and notes go to `note`, stderr by default as `asentmax train`'s; each length's
@@ -71,7 +73,7 @@ from asentmax.runs import (
     write_json,
     write_text,
 )
-from asentmax.tasks.scoring import autocast, shape_batches
+from asentmax.tasks.scoring import autocast, shape_batches, teacher_forced_counts
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
@@ -214,6 +216,21 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
     return scores
 
 
+def answer_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
+                    max_batch_tokens: int = 32768, on_batch=None, cuda_graph: bool = False) -> dict:
+    """The test scores of `examples` (keys as greedy_accuracy's): greedy decoding, or for a tagging task
+    (Task.tagging) the argmax label at every source token of one forward pass, which is all its answer is."""
+    if not task.tagging:
+        return greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
+                               batch_size=batch_size, max_batch_tokens=max_batch_tokens, on_batch=on_batch,
+                               cuda_graph=cuda_graph)
+    exact, correct, total = teacher_forced_counts(model, task, examples, device=device,
+                                                  autocast_dtype=autocast_dtype, batch_size=batch_size,
+                                                  max_batch_tokens=max_batch_tokens, on_batch=on_batch)
+    return {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
+            "token_accuracy": correct / total}
+
+
 def _count_by_source_part(task, examples, hits, part_correct, part_total) -> bool:
     """Add each answer token's hit (hits: (B, >= len(target))) to the part of the source it copies from
     (len(part_total) equal parts); False, counting nothing, for a task whose answers copy no source token."""
@@ -317,7 +334,7 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
         length_task, examples = examples_for_length(task, length, samples, seed, tables)
         with tqdm(total=samples, desc=f"length {length}", unit="sample", disable=not progress,
                   leave=False) as bar:
-            scores = greedy_accuracy(model, length_task, examples, device=device,
+            scores = answer_accuracy(model, length_task, examples, device=device,
                                      autocast_dtype=autocast_dtype, batch_size=batch_size,
                                      max_batch_tokens=max_batch_tokens, on_batch=bar.update,
                                      cuda_graph=cuda_graph)

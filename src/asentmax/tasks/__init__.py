@@ -10,8 +10,12 @@ symbols from 4 up. Default vocabularies (fixed, independent of the length) and s
 | reverse     | 36    | length       | the source reversed                             | sequence.py   |
 | sort        | 36    | length       | the source sorted                               | sequence.py   |
 | flipflop    | 9     | length       | one bit: the last written bit                   | flipflop.py   |
-| local_count | 48    | length       | per position, the 0-based count within its run  | local_count.py|
-| two_back    | 37    | length       | per position, the token two steps earlier       | two_back.py   |
+| local_count | 68    | length       | per position, the 0-based count within its run  | local_count.py|
+| two_back    | 20    | length       | per position, the token two steps earlier       | two_back.py   |
+
+Local count and 2-back are tagging tasks (Task.tagging, as the paper's code trains them: token
+classification): the model reads `<bos> source` and predicts target[i] at source token i, so their answers
+are scored off one forward pass, never generated (Task.inputs_and_labels lays out either kind).
 
 For MQMTAR `length` is the paper's L, the pairs-and-blanks context (P S <= L tokens with layout
 "stretches", the paper's code's); the 4 queries follow it. `task.source_length(length)` returns the exact

@@ -6,9 +6,15 @@ A task draws an `Example` (source ids, target ids) of a given length from a seed
     <bos> source <sep> target <eos>
 
 and marks the positions where the next-token loss is taken (those whose NEXT token is a target
-token or <eos>). Special ids are shared by all tasks (PAD=0, BOS=1, SEP=2, EOS=3); each task's own
-symbols start at FIRST_SYMBOL=4. A task's vocabulary never depends on the length, so a model
-trained at length 64 can be evaluated at 64k.
+token or <eos>). A tagging task (`Task.tagging`: local count and 2-back, which the paper's code trains as
+token classification) has one target token per source token instead and is read as
+
+    <bos> source        with the label of source token i predicted at its own position
+
+so its answers are never generated: one forward pass scores them. `inputs_and_labels` gives either
+layout as model inputs and per-position labels (IGNORE_INDEX where no loss is taken). Special ids are
+shared by all tasks (PAD=0, BOS=1, SEP=2, EOS=3); each task's own symbols start at FIRST_SYMBOL=4. A
+task's vocabulary never depends on the length, so a model trained at length 64 can be evaluated at 64k.
 
 `length` is the sample's source length, the paper's "length" (training lengths uniform in
 [32, 64], ID = 64, k-times = 64 k). `Task.source_length(length)` gives the exact `len(source)`:
@@ -21,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from asentmax.data import IGNORE_INDEX
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
 FIRST_SYMBOL = 4
@@ -68,6 +76,10 @@ class Task:
     # The lengths `asentmax eval` tests by default, as multiples of the 1x length: the columns of the task's
     # table in arXiv:2506.16640, section 4 (MQMTAR's 1x..1024x for the tasks the paper has no table of).
     eval_multipliers: tuple[float, ...] = (1, 2, 4, 16, 64, 256, 1024)
+    # True: the target labels the source token by token (len(target) == len(source)), predicted at each
+    # source token's own position (`inputs_and_labels`), as the paper's code trains its token-classification
+    # tasks; scored by one forward pass (asentmax.eval), never generated.
+    tagging: bool = False
 
     def __init__(self, symbol_names: list[str]):
         self.symbol_names = list(symbol_names)
@@ -115,11 +127,31 @@ class Task:
 
     def encode(self, example: Example) -> tuple[list[int], list[bool]]:
         """tokens = [BOS] + source + [SEP] + target + [EOS]; target_mask[i] is True where tokens[i+1]
-        is a target token or EOS (the positions where the next-token loss is taken)."""
+        is a target token or EOS (the positions where the next-token loss is taken). A tagging task has no
+        such layout (ValueError): see inputs_and_labels."""
+        if self.tagging:
+            raise ValueError(f"task {self.name!r} labels its source tokens one by one (Task.tagging): "
+                             "use inputs_and_labels")
         tokens = [BOS, *example.source, SEP, *example.target, EOS]
         first_loss_position = len(example.source) + 1  # the SEP position predicts target[0] (or EOS)
         mask = [first_loss_position <= i < len(tokens) - 1 for i in range(len(tokens))]
         return tokens, mask
+
+    def inputs_and_labels(self, example: Example) -> tuple[list[int], list[int]]:
+        """The model's input tokens and the label of every input position (IGNORE_INDEX where no loss is
+        taken): tokens[:-1] of `encode` and the next token where its target_mask is True; for a tagging task
+        [BOS] + source and, at each source token, its target token."""
+        if self.tagging:
+            if len(example.target) != len(example.source):
+                raise ValueError(f"task {self.name!r}: a tagging example needs one target token per source "
+                                 f"token, got {len(example.source)} and {len(example.target)}")
+            return [BOS, *example.source], [IGNORE_INDEX, *example.target]
+        tokens, mask = self.encode(example)
+        if len(tokens) != len(mask):
+            raise ValueError(f"task {self.name!r}: {len(tokens)} tokens but {len(mask)} mask entries")
+        labels = [token if scored else IGNORE_INDEX
+                  for token, scored in zip(tokens[1:], mask[:-1], strict=True)]
+        return tokens[:-1], labels
 
     def decode_tokens(self, ids) -> str:
         """Space-separated human-readable names of token ids (for printing, not for parsing)."""

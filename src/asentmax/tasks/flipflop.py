@@ -6,9 +6,11 @@ Vocabulary (fixed, 9 ids): 4 specials, then `w`=4 (write), `i`=5 (ignore), `r`=6
 
 Source (exactly `length` tokens, minimum 3): m = (length - 1) // 2 pairs (instruction, bit), then
 a final lone `r` (the query). The first pair is always a write; each later instruction is write with
-probability p_write (0.1), read with probability p_read, ignore otherwise; bits are uniform. The
-default p_read = 0 is the paper's variant (write / ignore pairs, then the read); p_read > 0 adds reads
-inside the sequence as in Liu et al.'s language, each followed by the correct (stored) bit. When
+probability p_write, read with probability p_read, ignore otherwise; bits are uniform. The defaults
+are the paper's variant as its code trains it (scripts/generate_data.py `FlipFlop`; the data directory
+of synthetic/configs/data/flip_flop.yaml is `10M_wprob-0_1`, though the code's README shows
+`--write_prob 0.8`): write / ignore pairs with p_write = 0.1, then the read. p_read > 0 adds reads inside
+the sequence as in Liu et al.'s language, each followed by the correct (stored) bit. When
 `length` is even, one extra uniform noise bit (no instruction, never read) precedes the pairs, so that
 every length is exact. Target: one bit, the last written bit at the final `r`.
 

@@ -1,12 +1,18 @@
 """Local count (docs/method.md section 6): for every position, the 0-based count of that position within
 the current run of equal symbols.
 
-Vocabulary (fixed): 4 specials, `n_symbols` (32) input symbols named s0.., then `max_run` (12)
+Vocabulary (fixed): 4 specials, `n_symbols` (16) input symbols named s0.., then `max_run` (48)
 count tokens named c0..c{max_run-1}. Source: exactly `length` symbols made of runs whose lengths
-are uniform in [min_run, max_run] = [2, 12], each run's symbol uniform among those different from the
-previous run's symbol (so neighbouring runs never merge); the last run is cut at `length`.
+are uniform in [min_run, max_run] = [2, 48], each run's symbol uniform among those different from the
+previous run's symbol (so neighbouring runs never merge); the last run is cut at `length`. The defaults
+are the paper code's (scripts/generate_data.py `LocalCount`; its configs read `10M-tr-64-128_V-16_reps-48`,
+its README runs `--vocab_size 16 --max_reps 48`), which draws whole runs and so lets a sample's length
+vary around the one asked for; the code trains at lengths 64-128 (`--seq_len 96 --vary_len 32`):
+`asentmax train --task local_count --min-length 64 --max-length 128`.
 Target: `length` count tokens, target[i] = c_k with k = the number of positions before i in the run
 that contains i. Counts never exceed max_run - 1, so the vocabulary is the same at every length.
+A tagging task (Task.tagging), as the paper's code trains it (synthetic/configs/data/local_count.yaml:
+token classification): the model reads `<bos> source` and predicts target[i] at source token i.
 
 Example: `s1 s1 s0 s0 s0 s3 s3` -> `c0 c1 c0 c1 c2 c0 c1`.
 """
@@ -21,9 +27,10 @@ from asentmax.tasks.base import FIRST_SYMBOL, Task
 class LocalCountTask(Task):
     name = "local_count"
     train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
+    tagging = True  # the paper's code trains it as token classification (TokenClassificationFromFiles)
     min_length = 1
 
-    def __init__(self, n_symbols: int = 32, min_run: int = 2, max_run: int = 12):
+    def __init__(self, n_symbols: int = 16, min_run: int = 2, max_run: int = 48):
         if not isinstance(n_symbols, int) or n_symbols < 2:
             raise ValueError(f"task 'local_count': n_symbols must be an int >= 2, got {n_symbols!r}")
         if not (isinstance(min_run, int) and isinstance(max_run, int) and 1 <= min_run <= max_run):

@@ -4,8 +4,9 @@
 `teacher_forced_accuracy` takes one forward pass per batch and scores the argmax next token at every
 position the training loss covers (target tokens and EOS). Its exact match equals that of greedy
 decoding (greedy decoding is right at every step iff every teacher-forced argmax is right), so training
-validates with it; `asentmax.eval` decodes greedily with the KV cache and shares `shape_batches` and
-`autocast` with this file.
+validates with it. `asentmax.eval` decodes greedily with the KV cache and shares `shape_batches` and
+`autocast` with this file; a tagging task (Task.tagging) has nothing to decode, so its test is
+`teacher_forced_counts` too.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def shape_batches(examples, key, max_batch: int, max_tokens: int):
 
 
 @torch.no_grad()
-def teacher_forced_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                            max_batch_tokens: int = 32768) -> dict:
-    """Exact match and per-token accuracy of the argmax next token at every scored position (target + EOS)."""
+def teacher_forced_counts(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
+                          max_batch_tokens: int = 32768, on_batch=None) -> tuple[int, int, int]:
+    """(examples right at every scored position, scored positions right, scored positions) of the argmax
+    at every position the loss covers (Task.inputs_and_labels). `on_batch(n)` (optional) is called after
+    each batch with the number of examples it held."""
     exact, correct, total = 0, 0, 0
     key = lambda e: (len(e.source) + len(e.target) + 2,)
     for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
@@ -48,4 +51,13 @@ def teacher_forced_accuracy(model, task, examples, *, device, autocast_dtype=Non
         exact += int((hits.sum(1) == scored.sum(1)).sum())
         correct += int(hits.sum())
         total += int(scored.sum())
+        if on_batch is not None:
+            on_batch(len(indices))
+    return exact, correct, total
+
+
+def teacher_forced_accuracy(model, task, examples, **options) -> dict:
+    """Exact match and per-token accuracy of the argmax at every scored position (target + EOS; a tagging
+    task's labels); options as teacher_forced_counts."""
+    exact, correct, total = teacher_forced_counts(model, task, examples, **options)
     return {"exact_match": exact / len(examples), "token_accuracy": correct / total}
