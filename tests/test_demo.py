@@ -31,9 +31,9 @@ def test_demo_pipeline_writes_table_plots_and_summary_and_publishes(tmp_path, mo
     for name in ("demo.md", "compare.md", "accuracy.png"):
         assert (output / name).stat().st_size > 0
     for method in demo.DEMO_METHODS:
-        evaluation = json.loads((output / f"sort_{method}" / "eval.json").read_text())
+        evaluation = json.loads((output / f"{demo.DEMO_TASK}_{method}" / "eval.json").read_text())
         assert [row["length"] for row in evaluation["rows"]] == [16, 24]
-        assert (output / f"sort_{method}" / "checkpoint.pt").is_file()
+        assert (output / f"{demo.DEMO_TASK}_{method}" / "checkpoint.pt").is_file()
     # published: everything but the checkpoints, and README's table rewritten from the published files
     published = checkout / demo.PUBLISHED_DIR
     assert sorted(p.relative_to(published) for p in published.rglob("*") if p.is_file()) == sorted(
@@ -62,7 +62,7 @@ def test_readme_demo_table_is_the_committed_result():
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(),
                     reason="needs a git checkout")
 def test_default_demo_output_is_ignored_by_git():
-    probe = f"{demo.DEFAULT_OUTPUT}/sort_softmax/eval.json"
+    probe = f"{demo.DEFAULT_OUTPUT}/{demo.DEMO_TASK}_softmax/eval.json"
     result = subprocess.run(["git", "check-ignore", "-q", probe], cwd=ROOT, timeout=30)
     assert result.returncode == 0, f"{probe} is not ignored by git"
 

@@ -81,3 +81,19 @@ def test_the_table_gives_each_rows_training_and_test_samples():
     assert lines[0].startswith("| task | method | source | samples | test n | ID | 4x | 16x |")
     rows = {line.split(" | ")[2]: line.split(" | ")[3:5] for line in lines[2:6]}
     assert rows == {"ours (a1)": ["8.19M", "40-100"], "paper": ["50M", "1,000"], "ours (s1)": ["-", "7"]}
+
+
+def test_the_table_says_how_a_tagging_task_was_scored():
+    from asentmax.report import comparison_table
+
+    def run(name, task):
+        result = evaluated(name, "asentmax", 0.9)
+        result.update(task=task, workload={"task": task})
+        for row in result["rows"]:
+            row["n"] = 10
+        return result
+
+    sequence_only = comparison_table([run("a1", "mqmtar")])
+    mixed = comparison_table([run("a1", "mqmtar"), run("t1", "two_back")])
+    assert "Exact match % of greedy decoding;" in sequence_only and "argmax label" not in sequence_only
+    assert "Exact match % of greedy decoding (two_back: of the argmax label at every source token" in mixed

@@ -32,7 +32,7 @@ from asentmax.runs import (
     saved_layout,
     write_json,
 )
-from asentmax.tasks.registry import eval_multipliers
+from asentmax.tasks.registry import eval_multipliers, get_task
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes); the multipliers
@@ -153,7 +153,10 @@ def comparison_table(results: list[dict]) -> str:
                          f"{_samples(PAPER_SAMPLES.get(result['task']))} | {PAPER_TEST_SAMPLES:,} | "
                          + " | ".join(cells) + " |")
     ids = sorted({r["id_length"] for r in results})
-    note = (f"\nExact match % of greedy decoding; ID = length {', '.join(map(str, ids))} for our runs, "
+    tagged = sorted({r["task"] for r in results if get_task(r["task"]).tagging})
+    scored = (f" ({', '.join(tagged)}: of the argmax label at every source token, one forward pass)"
+              if tagged else "")
+    note = (f"\nExact match % of greedy decoding{scored}; ID = length {', '.join(map(str, ids))} for our runs, "
             "64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured); samples: training samples seen "
             "(step x batch size of the tested checkpoint, plus those of its --init-from weights); test n: "
             "test samples per length.\n")
