@@ -156,10 +156,10 @@ def comparison_table(results: list[dict]) -> str:
     tagged = sorted({r["task"] for r in results if get_task(r["task"]).tagging})
     scored = (f" ({', '.join(tagged)}: of the argmax label at every source token, one forward pass)"
               if tagged else "")
-    note = (f"\nExact match % of greedy decoding{scored}; ID = length {', '.join(map(str, ids))} for our "
-            "runs, 64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured); samples: training samples seen "
-            "(step x batch size of the tested checkpoint, plus those of its --init-from weights); test n: "
-            "test samples per length.\n")
+    note = (f"\nExact match % of greedy decoding{scored}; ID = length {', '.join(map(str, ids))} "
+            "for our runs, 64 in the paper (arXiv:2506.16640, NAPE; '-' = not measured); samples: "
+            "training samples seen (step x batch size of the tested checkpoint, plus those of its "
+            "--init-from weights); test n: test samples per length.\n")
     for result in results:
         if result.get("pending_lengths"):
             note += (f"{run_name(result)}: evaluation unfinished, lengths "
