@@ -25,6 +25,7 @@ class TwoBackTask(Task):
     name = "two_back"
     train_preset = {"lr": 1e-3, "steps": 5000}  # no model preset: the paper gives none
     tagging = True  # the paper's code trains it as token classification (TokenClassificationFromFiles)
+    eval_multipliers = (1, 2, 4, 8, 16, 32, 64)  # its code's test sets: lengths 64-4096 for training at 32-64
     min_length = 1
 
     def __init__(self, n_symbols: int = 15):
