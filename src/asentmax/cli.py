@@ -476,7 +476,7 @@ def _run_compare(args) -> None:
 def _demo_parser(sub):
     from asentmax.demo import DEFAULT_OUTPUT, PUBLISHED_DIR
 
-    p = sub.add_parser("demo", help="train softmax and ASEntmax on CPU and compare them (~5 min)",
+    p = sub.add_parser("demo", help="train softmax and ASEntmax on CPU and compare them (~2 min)",
                        description="The `make demo` run: see asentmax.demo. Writes to an ignored directory "
                                    "unless told otherwise; --publish also refreshes the committed evidence.")
     p.add_argument("--output-dir", type=Path, default=Path(DEFAULT_OUTPUT), help=f"default: {DEFAULT_OUTPUT}")
