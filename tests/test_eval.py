@@ -521,3 +521,16 @@ def test_cuda_graph_eval_is_refused_without_cuda(tiny_run, capsys):
     assert main(["eval", str(tiny_run), "--device", "cpu", "--multipliers", "1", "--samples", "2",
                  "--dispersion-samples", "0", "--no-progress", "--output", str(out.with_suffix(""))]) == 0
     assert json.loads(out.read_text())["cuda_graph"] is False
+
+
+def test_a_run_whose_task_outgrew_its_model_is_refused_in_one_line(tiny_run, capsys, monkeypatch):
+    """A task whose vocabulary grew after the run trained (local count's did when it took the paper code's
+    runs of up to 48) would index past the model's embedding: one line, exit code 2."""
+    from asentmax.cli import main
+    from asentmax.tasks.sequence import ReverseTask
+
+    monkeypatch.setattr(ReverseTask, "vocab_size", property(lambda task: 99, lambda task, value: None),
+                        raising=False)  # a data descriptor: Task.__init__ cannot set it
+    assert main(["eval", str(tiny_run), "--samples", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "its model reads 36 token ids, task 'reverse' now has 99" in err and len(err.splitlines()) == 1
