@@ -137,6 +137,7 @@ class ExactTagger(torch.nn.Module):
         return labels
 
     def forward(self, input_ids):
+        self.shapes = [*getattr(self, "shapes", []), tuple(input_ids.shape)]
         logits = torch.zeros(*input_ids.shape, self.task.vocab_size)
         for b, row in enumerate(input_ids.tolist()):
             source = [t for t in row[1:] if t != 0]  # after BOS, before the right padding
@@ -157,6 +158,9 @@ def test_a_tagging_task_is_scored_on_its_labels_without_decoding(name):
     assert scores["n_exact"] == n - 2 and scores["token_accuracy"] == pytest.approx(1 - 2 / (64 * n))
     assert scores == {**teacher_forced_accuracy(ExactTagger(task, wrong_at), task, examples, device="cpu"),
                       "n": n, "n_exact": n - 2}
+    budgeted = ExactTagger(task)  # the token budget counts the input's 65 tokens: two rows fit in 130
+    answer_accuracy(budgeted, task, examples, device="cpu", max_batch_tokens=130)
+    assert set(budgeted.shapes) == {(2, 65)}
 
 
 def test_a_real_model_evaluates_a_tagging_task_as_its_validation_scores_it():

@@ -41,7 +41,7 @@ def teacher_forced_counts(model, task, examples, *, device, autocast_dtype=None,
     at every position the loss covers (Task.inputs_and_labels). `on_batch(n)` (optional) is called after
     each batch with the number of examples it held."""
     exact, correct, total = 0, 0, 0
-    key = lambda e: (len(e.source) + len(e.target) + 2,)
+    key = lambda e: (len(e.source) + (1 if task.tagging else len(e.target) + 2),)  # ~ the input width
     for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
         batch = collate(task, [examples[i] for i in indices]).to(device)
         with autocast(device, autocast_dtype):
