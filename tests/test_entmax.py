@@ -90,6 +90,35 @@ def test_input_is_left_unchanged(alpha, scale, dtype):
     assert torch.equal(z, before)
 
 
+def _near_uniform_and_peaked_rows(seed):
+    """Rows of 400: every third near-uniform (most entries in the support), the others peaked (a few)."""
+    z = rows(12, 400, 10.0, seed=seed)
+    z[::3] *= 0.01
+    return z
+
+
+@pytest.mark.parametrize("alpha", [1.5, 2.0, 1.25, "per row"])
+def test_rows_too_dense_to_compact_are_solved_apart_from_the_rest(alpha, monkeypatch):
+    """One call with near-uniform and peaked rows: the dense rows alone take the full-length solve (the others
+    are compacted), and every row still matches the fp64 oracles, in fp64 and in fp32."""
+    import asentmax.ops.entmax as entmax_module
+
+    z = _near_uniform_and_peaked_rows(seed=4)
+    alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0] * 2, dtype=torch.float64)[:, None]
+    full_rows, real = [], entmax_module._solve_full_rows
+    monkeypatch.setattr(entmax_module, "_solve_full_rows",
+                        lambda x, *args: full_rows.extend(x.tolist()) or real(x, *args))
+    got = entmax(z, alphas if alpha == "per row" else alpha)
+    solved_in_full = {i for i in range(z.shape[0]) if z[i].tolist() in full_rows}
+    assert solved_in_full and solved_in_full <= {0, 3, 6, 9}  # near-uniform rows only, never all rows
+    for i in range(z.shape[0]):
+        a = alphas[i, 0].item() if alpha == "per row" else alpha
+        expected = sorted_closed_form(z[i : i + 1], a) if a in (1.5, 2.0) else bisection(z[i : i + 1], a)
+        torch.testing.assert_close(got[i : i + 1], expected, rtol=0, atol=1e-12)
+        if alpha != "per row":
+            torch.testing.assert_close(entmax(z.float(), a)[i : i + 1].double(), expected, rtol=0, atol=2e-6)
+
+
 def test_per_row_alpha_equals_rowwise_calls():
     z = rows(6, 300, 1.0, seed=2)
     alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0], dtype=torch.float64)

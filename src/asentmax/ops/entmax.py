@@ -22,7 +22,9 @@ How tau is found on the torch path (asentmax.ops._entmax_solver does the root fi
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
     [-1, 0) and only entries with z > m - 1/(alpha - 1) can be in the support. No row is sorted.
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
-    they are few; otherwise Newton passes over the full rows raise the lower bound until they are.
+    they are few; otherwise Newton passes over the full rows raise the lower bound until they are. Rows
+    whose candidates are still more than half the row are solved over their full length, apart from the
+    rest, which are compacted (attention mixes near-uniform heads and sharp ones in one call).
   * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
     2; for alpha > 2 a correction below tau's resolution, solved in the shifted variable s - tau, keeps
     the digits of entries at the edge of the support); for alphas other than 1.5 and 2, p is divided by
@@ -226,6 +228,21 @@ def _raise_lower_bound(x, m, alpha, marks):
     return t, kmax
 
 
+def _solve_compacted(x, m, out, alpha64, t_lower):
+    """Rows of at most half their length in candidates (marked in out): p into out; tau - (alpha - 1) m."""
+    t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
+    out.zero_().view(-1).index_copy_(0, flat_index, p)
+    return t
+
+
+def _solve_full_rows(x, m, out, alpha64, t_lower):
+    """Rows with many candidates, solved over their whole length: p into out; tau - (alpha - 1) m."""
+    s = x.to(torch.float64, copy=True).sub_(m.double()).mul_(alpha64 - 1.0)
+    t, delta = solve_threshold(s, alpha64, t_lower.double())
+    out.copy_(_normalise(_probs_from(s, t, delta, alpha64), alpha64))
+    return t + delta
+
+
 def _forward_2d(x, alpha, out):
     """x (R, n) fp32/fp64 contiguous; alpha float or (R, 1); out an (R, n) buffer of x's dtype.
 
@@ -244,14 +261,20 @@ def _forward_2d(x, alpha, out):
         m = m.masked_fill(bad, 0.0)
     t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
-    if kmax <= 0.5 * n:  # out holds the candidate marks
-        t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
-        out.zero_().view(-1).index_copy_(0, flat_index, p)
-    else:
-        s = x.to(torch.float64, copy=True).sub_(m.double()).mul_(alpha64 - 1.0)
-        t, delta = solve_threshold(s, alpha64, t_lower.double())
-        out.copy_(_normalise(_probs_from(s, t, delta, alpha64), alpha64))
-        t = t + delta
+    dense = out.sum(1) > 0.5 * n if kmax > 0.5 * n else None  # out holds the candidate marks
+    if dense is None:
+        t = _solve_compacted(x, m, out, alpha64, t_lower)
+    elif bool(dense.all()):
+        t = _solve_full_rows(x, m, out, alpha64, t_lower)
+    else:  # each kind of row on its own path; alpha per row follows its rows
+        t = torch.empty(m.shape, dtype=torch.float64, device=x.device)
+        for rows, solve in ((dense.nonzero().squeeze(1), _solve_full_rows),
+                            ((~dense).nonzero().squeeze(1), _solve_compacted)):
+            part = out.index_select(0, rows)
+            alpha_part = alpha64 if isinstance(alpha64, float) else alpha64.index_select(0, rows)
+            t[rows] = solve(x.index_select(0, rows), m.index_select(0, rows), part, alpha_part,
+                            t_lower.index_select(0, rows))
+            out[rows] = part
     tau = t.to(x.dtype) + a * m
     if any_bad:
         out.masked_fill_(empty_rows, 0.0).masked_fill_(nan_rows, float("nan"))
