@@ -1,0 +1,110 @@
+"""CPU time of asentmax.ops.entmax on attention-like rows: this working tree and a git revision, side by side.
+
+Attention mixes heads whose rows are near-uniform (most entries inside the entmax support) with heads whose
+rows are peaked (a few entries), in one call. Inputs here: (rows, n) fp32 logits, standard normal times 10,
+with every third row scaled by 0.01 (near-uniform); the same seed for both sides. Each side runs in its own
+child process (the revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed
+forward calls, median; the two sides alternate for `--rounds` rounds and the table gives the median of each
+side's medians and their ratio. Writes OUT.json and OUT.md.
+
+    .venv/bin/python benchmarks/bench_entmax_rows_cpu.py --base REV --out results/entmax_rows_cpu
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ((16320, 1020), (4096, 4096))
+ALPHAS = (1.5, 1.25)
+
+CHILD = """
+import statistics, sys, time, torch
+from asentmax.ops.entmax import entmax
+rows, n, alpha, calls = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(int(sys.argv[5]))
+g = torch.Generator().manual_seed(0)
+x = 10 * torch.randn(rows, n, generator=g)
+x[::3] *= 0.01
+with torch.no_grad():
+    entmax(x, alpha)
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        entmax(x, alpha)
+        times.append(time.perf_counter() - start)
+print(statistics.median(times))
+"""
+
+
+def child_median(src: Path, shape, alpha, calls, threads) -> float:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(shape[0]), str(shape[1]), str(alpha), str(calls),
+                          str(threads)], env=env, capture_output=True, text=True, check=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", required=True, help="git revision to compare against")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
+    parser.add_argument("--calls", type=int, default=5, help="timed calls per round")
+    parser.add_argument("--out", default="results/entmax_rows_cpu", help="output path without extension")
+    args = parser.parse_args()
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    git = ["git", "-C", str(ROOT)]
+    base = subprocess.run([*git, "rev-parse", "--short", args.base], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        worktree = Path(tmp) / "base"
+        subprocess.run([*git, "worktree", "add", "--detach", str(worktree), base], check=True,
+                       capture_output=True)
+        try:
+            for shape in SHAPES:
+                for alpha in ALPHAS:
+                    sides = {"base": [], "this tree": []}
+                    for _ in range(args.rounds):
+                        for side, src in (("base", worktree / "src"), ("this tree", ROOT / "src")):
+                            sides[side].append(child_median(src, shape, alpha, args.calls, threads))
+                    base_ms, new_ms = (1e3 * statistics.median(sides[k]) for k in ("base", "this tree"))
+                    records.append({"shape": list(shape), "alpha": alpha, "base_ms": round(base_ms, 1),
+                                    "this_tree_ms": round(new_ms, 1), "speedup": round(base_ms / new_ms, 2)})
+                    print(f"{shape} alpha {alpha}: base {base_ms:.1f} ms, this tree {new_ms:.1f} ms "
+                          f"({base_ms / new_ms:.2f}x)", flush=True)
+        finally:
+            subprocess.run([*git, "worktree", "remove", "--force", str(worktree)], check=False,
+                           capture_output=True)
+    meta = {"command": " ".join([".venv/bin/python", "benchmarks/bench_entmax_rows_cpu.py", *sys.argv[1:]]),
+            "base": base, "this_tree": f"{head} + working tree", "threads": threads,
+            "cpu": platform.processor() or platform.machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": args.rounds,
+            "calls": args.calls}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+    lines = ["# asentmax.ops.entmax on attention-like rows (CPU): this tree against a revision\n",
+             f"Command: `{meta['command']}`\n",
+             f"{meta['threads']} threads, {meta['cpu']}, {meta['date']}; base {base}, this tree "
+             f"{meta['this_tree']}. "
+             "Inputs: fp32 standard normal x 10, every third row x 0.01 (near-uniform), forward only. Each "
+             f"side in its own process, {args.calls} timed calls a round, {args.rounds} alternating rounds: "
+             "the median of each side's round medians.\n",
+             "| shape | alpha | base ms | this tree ms | speed-up |", "|---|---|---|---|---|"]
+    lines += [f"| {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['base_ms']:.1f} "
+              f"| {r['this_tree_ms']:.1f} | {r['speedup']:.2f}x |" for r in records]
+    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}.json and {args.out}.md")
+
+
+if __name__ == "__main__":
+    main()
