@@ -4,8 +4,9 @@ Attention mixes heads whose rows are near-uniform (most entries inside the entma
 rows are peaked (a few entries), in one call. Inputs here: (rows, n) fp32 logits, standard normal times 10,
 with every third row scaled by 0.01 (near-uniform); the same seed for both sides. Each side runs in its own
 child process (the revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed
-forward calls, median; the two sides alternate for `--rounds` rounds and the table gives the median of each
-side's medians and their ratio. Writes OUT.json and OUT.md.
+calls (forward, and forward + backward against a fixed random gradient), median; the two sides alternate
+for `--rounds` rounds and the table gives the median of each side's medians and their ratio. Writes
+OUT.json and OUT.md.
 
     .venv/bin/python benchmarks/bench_entmax_rows_cpu.py --base REV --out results/entmax_rows_cpu
 """
@@ -24,30 +25,41 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((16320, 1020), (4096, 4096))
 ALPHAS = (1.5, 1.25)
+MODES = ("fwd", "fwd+bwd")
 
 CHILD = """
 import statistics, sys, time, torch
 from asentmax.ops.entmax import entmax
 rows, n, alpha, calls = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(int(sys.argv[5]))
+backward = sys.argv[6] == "fwd+bwd"
 g = torch.Generator().manual_seed(0)
 x = 10 * torch.randn(rows, n, generator=g)
 x[::3] *= 0.01
-with torch.no_grad():
-    entmax(x, alpha)
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        entmax(x, alpha)
-        times.append(time.perf_counter() - start)
+grad = torch.randn(rows, n, generator=g)
+
+def call():
+    if backward:
+        entmax(x.detach().requires_grad_(True), alpha).backward(grad)
+    else:
+        with torch.no_grad():
+            entmax(x, alpha)
+
+call()
+times = []
+for _ in range(calls):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
 print(statistics.median(times))
 """
 
 
-def child_median(src: Path, shape, alpha, calls, threads) -> float:
+def child_median(src: Path, shape, alpha, mode, calls, threads) -> float:
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(shape[0]), str(shape[1]), str(alpha), str(calls),
-                          str(threads)], env=env, capture_output=True, text=True, check=True, timeout=600)
+                          str(threads), mode], env=env, capture_output=True, text=True, check=True,
+                         timeout=600)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -71,17 +83,17 @@ def main():
         subprocess.run([*git, "worktree", "add", "--detach", str(worktree), base], check=True,
                        capture_output=True)
         try:
-            for shape in SHAPES:
-                for alpha in ALPHAS:
-                    sides = {"base": [], "this tree": []}
-                    for _ in range(args.rounds):
-                        for side, src in (("base", worktree / "src"), ("this tree", ROOT / "src")):
-                            sides[side].append(child_median(src, shape, alpha, args.calls, threads))
-                    base_ms, new_ms = (1e3 * statistics.median(sides[k]) for k in ("base", "this tree"))
-                    records.append({"shape": list(shape), "alpha": alpha, "base_ms": round(base_ms, 1),
-                                    "this_tree_ms": round(new_ms, 1), "speedup": round(base_ms / new_ms, 2)})
-                    print(f"{shape} alpha {alpha}: base {base_ms:.1f} ms, this tree {new_ms:.1f} ms "
-                          f"({base_ms / new_ms:.2f}x)", flush=True)
+            for mode, shape, alpha in ((m, s, a) for m in MODES for s in SHAPES for a in ALPHAS):
+                sides = {"base": [], "this tree": []}
+                for _ in range(args.rounds):
+                    for side, src in (("base", worktree / "src"), ("this tree", ROOT / "src")):
+                        sides[side].append(child_median(src, shape, alpha, mode, args.calls, threads))
+                base_ms, new_ms = (1e3 * statistics.median(sides[k]) for k in ("base", "this tree"))
+                records.append({"mode": mode, "shape": list(shape), "alpha": alpha,
+                                "base_ms": round(base_ms, 1), "this_tree_ms": round(new_ms, 1),
+                                "speedup": round(base_ms / new_ms, 2)})
+                print(f"{mode} {shape} alpha {alpha}: base {base_ms:.1f} ms, this tree {new_ms:.1f} ms "
+                      f"({base_ms / new_ms:.2f}x)", flush=True)
         finally:
             subprocess.run([*git, "worktree", "remove", "--force", str(worktree)], check=False,
                            capture_output=True)
@@ -96,11 +108,11 @@ def main():
              f"Command: `{meta['command']}`\n",
              f"{meta['threads']} threads, {meta['cpu']}, {meta['date']}; base {base}, this tree "
              f"{meta['this_tree']}. "
-             "Inputs: fp32 standard normal x 10, every third row x 0.01 (near-uniform), forward only. Each "
+             "Inputs: fp32 standard normal x 10, every third row x 0.01 (near-uniform). Each "
              f"side in its own process, {args.calls} timed calls a round, {args.rounds} alternating rounds: "
              "the median of each side's round medians.\n",
-             "| shape | alpha | base ms | this tree ms | speed-up |", "|---|---|---|---|---|"]
-    lines += [f"| {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['base_ms']:.1f} "
+             "| mode | shape | alpha | base ms | this tree ms | speed-up |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['base_ms']:.1f} "
               f"| {r['this_tree_ms']:.1f} | {r['speedup']:.2f}x |" for r in records]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}.json and {args.out}.md")

@@ -82,6 +82,30 @@ def test_grads_match_autograd_through_newton_oracle(alpha, scale):
     torch.testing.assert_close(da, da_ref, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.parametrize("alpha", [1.3, 1.5, 2.0, "per row"])
+def test_grads_of_near_uniform_and_peaked_rows_in_one_call(alpha, monkeypatch):
+    """Rows with large supports (every third: near-uniform) and small ones in one call: each kind takes its
+    own backward path (full length, compacted), and dx and dalpha match autograd through the oracle."""
+    import asentmax.ops.entmax as entmax_module
+
+    x = logits(9, 300, seed=8, scale=3.0).detach()
+    x[::3] *= 0.002
+    x.requires_grad_(True)
+    alphas = [1.3, 1.5, 2.0] * 3
+    a = (torch.tensor(alphas, dtype=torch.float64)[:, None] if alpha == "per row"
+         else torch.tensor(alpha, dtype=torch.float64)).requires_grad_(True)
+    g = torch.randn(9, 300, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    calls, real = [], entmax_module._vjp_rows
+    monkeypatch.setattr(entmax_module, "_vjp_rows",
+                        lambda p, *args: calls.append(p.shape[0]) or real(p, *args))
+    dx, da = torch.autograd.grad((entmax(x, a) * g).sum(), (x, a))
+    assert sorted(calls) == [3, 6]  # the three near-uniform rows, then the six peaked ones
+    rows_alpha = a if alpha == "per row" else a.expand(9, 1)
+    dx_ref, da_ref = torch.autograd.grad((bisection_entmax(x, rows_alpha) * g).sum(), (x, a))
+    torch.testing.assert_close(dx, dx_ref, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(da, da_ref, rtol=1e-9, atol=1e-10)
+
+
 @pytest.mark.parametrize("scale", [0.05, 3.0])
 @pytest.mark.parametrize("alpha", [1.5, 2.0, 1.3])
 def test_gradients_finite_with_masked_entries_and_rows(alpha, scale):

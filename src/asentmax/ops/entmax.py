@@ -391,8 +391,24 @@ def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional
                        need_alpha: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dalpha (R, 1), zeros unless need_alpha) of the torch path: entmax_vjp on the support of each row
     (NaN counts as support), compacted into an (R, k) matrix when k (the largest support) is at most
-    _COMPACT_FRACTION of a row, as the forward compacts its candidates."""
+    _COMPACT_FRACTION of a row, as the forward compacts its candidates; where only some rows have supports
+    that large, those rows and the others each take their own path."""
     alpha = alpha if alpha_rows is None else alpha_rows
+    n_rows, n = p.shape
+    dense = (p != 0).sum(1) > _COMPACT_FRACTION * n if p.numel() else None
+    if dense is None or bool(dense.all()) or not bool(dense.any()):
+        return _vjp_rows(p, grad, alpha, need_alpha)
+    dx = torch.empty_like(p)
+    dalpha = torch.zeros_like(p[:, :1])
+    for rows in (dense.nonzero().squeeze(1), (~dense).nonzero().squeeze(1)):
+        alpha_part = alpha if isinstance(alpha, float) else alpha.index_select(0, rows)
+        dx[rows], dalpha[rows] = _vjp_rows(p.index_select(0, rows), grad.index_select(0, rows), alpha_part,
+                                           need_alpha)
+    return dx, dalpha
+
+
+def _vjp_rows(p, grad, alpha, need_alpha):
+    """_torch_backward_op's (dx, dalpha) for rows that all take one path: compacted or full length."""
     n_rows, n = p.shape
     support = (p != 0).view(-1)
     flat_index, slots, _, k = _compaction(support, n_rows, n) if p.numel() else (None, None, None, n)
