@@ -198,12 +198,13 @@ def _raise_lower_bound(x, m, alpha, marks):
     phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only for integer k.
     The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
     Stops when the candidates {s > t} are few enough to compact, or a pass fails to halve them.
-    Returns t (R, 1), the largest candidate count, and marks (R, n) = 1.0 at the candidates."""
+    Returns t (R, 1) and the candidate count of each row (R,), and marks (R, n) = 1.0 at the candidates."""
     n = x.shape[1]
     a = alpha - 1.0
     t = torch.full_like(m, -1.0)
     torch.gt(x, _below(m - 1.0 / a), out=marks)
-    kmax = float(marks.sum(1).max())
+    counts = marks.sum(1)
+    kmax = float(counts.max())
     k = _surrogate_power(1.0 / a)
     scratch = None  # a second (R, n) buffer, allocated (page faults) only where power_sums needs one
     previous = math.inf  # the candidate count before the last pass
@@ -224,8 +225,9 @@ def _raise_lower_bound(x, m, alpha, marks):
         # a hair below the iterate, against fp32 rounding (|t| <= 1)
         t = torch.where(t_new > t, t_new - 1e-4 * (t_new - t) - 1e-6, t)
         torch.gt(x, _below(m + t / a), out=marks)
-        previous, kmax = kmax, float(marks.sum(1).max())
-    return t, kmax
+        counts = marks.sum(1)
+        previous, kmax = kmax, float(counts.max())
+    return t, counts
 
 
 def _solve_compacted(x, m, out, alpha64, t_lower):
@@ -259,9 +261,9 @@ def _forward_2d(x, alpha, out):
     if any_bad:
         x = x.masked_fill(bad, 0.0)
         m = m.masked_fill(bad, 0.0)
-    t_lower, kmax = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
+    t_lower, counts = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
-    dense = out.sum(1) > 0.5 * n if kmax > 0.5 * n else None  # out holds the candidate marks
+    dense = counts > 0.5 * n if float(counts.max()) > 0.5 * n else None  # out holds the candidate marks
     if dense is None:
         t = _solve_compacted(x, m, out, alpha64, t_lower)
     elif bool(dense.all()):
@@ -395,23 +397,25 @@ def _torch_backward_op(p: torch.Tensor, grad: torch.Tensor, alpha_rows: Optional
     that large, those rows and the others each take their own path."""
     alpha = alpha if alpha_rows is None else alpha_rows
     n_rows, n = p.shape
-    dense = (p != 0).sum(1) > _COMPACT_FRACTION * n if p.numel() else None
+    support = p != 0
+    dense = support.sum(1) > _COMPACT_FRACTION * n if p.numel() else None
     if dense is None or bool(dense.all()) or not bool(dense.any()):
-        return _vjp_rows(p, grad, alpha, need_alpha)
+        return _vjp_rows(p, grad, alpha, need_alpha, support)
     dx = torch.empty_like(p)
     dalpha = torch.zeros_like(p[:, :1])
     for rows in (dense.nonzero().squeeze(1), (~dense).nonzero().squeeze(1)):
         alpha_part = alpha if isinstance(alpha, float) else alpha.index_select(0, rows)
         dx[rows], dalpha[rows] = _vjp_rows(p.index_select(0, rows), grad.index_select(0, rows), alpha_part,
-                                           need_alpha)
+                                           need_alpha, support.index_select(0, rows))
     return dx, dalpha
 
 
-def _vjp_rows(p, grad, alpha, need_alpha):
-    """_torch_backward_op's (dx, dalpha) for rows that all take one path: compacted or full length."""
+def _vjp_rows(p, grad, alpha, need_alpha, support):
+    """_torch_backward_op's (dx, dalpha) for rows that all take one path, compacted or full length; support
+    (R, n) bool is p != 0."""
     n_rows, n = p.shape
-    support = (p != 0).view(-1)
-    flat_index, slots, _, k = _compaction(support, n_rows, n) if p.numel() else (None, None, None, n)
+    flat_index, slots, _, k = (_compaction(support.view(-1), n_rows, n) if p.numel()
+                               else (None, None, None, n))
     if p.numel() == 0 or k > _COMPACT_FRACTION * n:  # gathering costs more than it saves
         dx, dalpha = entmax_vjp(p, grad, alpha, need_alpha)
     else:
