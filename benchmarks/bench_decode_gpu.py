@@ -7,7 +7,9 @@ host is slower than the GPU) of
 - launcher: `entmax_attention_decode` called directly (without the public call's checks), which takes the
   one-launch kernel of asentmax/ops/triton/attention_decode_short.py for caches of <= SHORT_CACHE keys
   (multi-head or grouped, a program per query head) and the split-over-keys kernels of attention_decode.py
-  with chunks of SPLIT_CHUNK keys for longer ones (path: short / split; takes_short_path);
+  with chunks of SPLIT_CHUNK keys for longer ones (path: short / split; takes_short_path); the GPU times
+  below replay a captured CUDA graph, where the launcher follows its graph rule instead (graph path; the
+  split path's chunks and threshold launch by attention_decode.split_chunk and output_solves);
 - previous launcher: the ninth session's rule, on today's kernels: grouped caches of more than 65536 keys x
   head dim on the split path, whose chunks were the largest of 1024, 512, 256, 128 keys giving >= 256
   programs (previous_chunk);
@@ -163,7 +165,8 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if takes_short_path(cache) else "split",
+                   path="short" if takes_short_path(cache, h // hkv, False) else "split",
+                   graph_path="short" if takes_short_path(cache, h // hkv, True) else "split",
                    ours_ms=timed(ours), launcher_ms=timed(launcher),
                    previous_launcher_ms=timed(previous_launcher), sdpa_ms=timed(sdpa),
                    launcher_gpu_ms=gpu_ms(launcher), sdpa_gpu_ms=gpu_ms(sdpa),
@@ -203,7 +206,9 @@ def markdown(report):
              "entmax_attention call; launcher = entmax_attention_decode alone, which takes the one-launch "
              f"kernel (path short, a program per query head) for caches of up to {info['short_cache']} keys, "
              f"multi-head or grouped, the split kernels (chunks of {info['split_chunk']} keys) for longer "
-             "ones; previous launcher = the ninth session's rule (grouped caches of more than 65536 keys x "
+             "ones (path), under CUDA-graph capture, as in every GPU ms column, its graph rule (graph path: "
+             "grouped caches from 1,024 keys split, chunks of 256-1,024 keys giving 256 programs); "
+             "previous launcher = the ninth session's rule (grouped caches of more than 65536 keys x "
              "head dim split, chunks of 128-1024 keys giving >= 256 programs), on the same kernels; short / "
              "split = each launcher forced (split 256: chunks of 256 keys; no-solve: the thresholds in "
              "their own launch); per head / packed (GQA) = the launcher's path with one program per query "
@@ -211,15 +216,17 @@ def markdown(report):
              "replays after an L2 flush, less the flushes: no host time); host us = the host time of a call "
              "(a loop of calls timed before the GPU is waited for). softmax |diff| = "
              "max |ours(alpha=1) - SDPA|.", "",
-             "| B | H | Hkv | q_len | D | cache | path | ours ms | launcher ms | previous launcher ms "
+             "| B | H | Hkv | q_len | D | cache | path | graph path | ours ms | launcher ms "
+             "| previous launcher ms "
              "| short ms | split ms | split 256 ms | split no-solve ms | per head ms | packed ms | SDPA ms "
              "| launcher GPU ms | short GPU ms | split GPU ms | SDPA GPU ms | ours host us "
              "| launcher host us | ours/SDPA | launcher/SDPA | previous/SDPA | launcher/SDPA GPU "
              "| softmax abs diff |",
-             "|---" * 27 + "|"]
+             "|---" * 28 + "|"]
     for r in report["rows"]:
         lines.append(f"| {r['B']} | {r['H']} | {r['Hkv']} | {r['q_len']} | {r['D']} | {r['cache']} | "
-                     f"{r['path']} | {r['ours_ms']:.4f} | {r['launcher_ms']:.4f} | "
+                     f"{r['path']} | {r.get('graph_path', '-')} | {r['ours_ms']:.4f} | "
+                     f"{r['launcher_ms']:.4f} | "
                      f"{r['previous_launcher_ms']:.4f} | {ms(r, 'short_ms')} | {ms(r, 'split_ms')} | "
                      f"{ms(r, 'split256_ms')} | {ms(r, 'split_no_solve_ms')} | "
                      f"{ms(r, 'per_head_ms')} | {ms(r, 'packed_ms')} | {r['sdpa_ms']:.4f} | "

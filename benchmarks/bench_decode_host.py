@@ -187,7 +187,8 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha, host_us):
         with tritons_launches():
             public_triton_us, launcher_triton_us = host_us(public), host_us(launcher)
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if takes_short_path(cache) else "split", launches=len(launches),
+                   path="short" if takes_short_path(cache, h // hkv, False) else "split",
+                   launches=len(launches),
                    sdpa_us=host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != h)),
                    public_us=host_us(public), public_triton_us=public_triton_us,
                    launcher_us=host_us(launcher), launcher_triton_us=launcher_triton_us,

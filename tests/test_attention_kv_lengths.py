@@ -104,7 +104,7 @@ def test_decoding_kernels_take_kv_lengths(monkeypatch, path, n_k, alpha, causal,
     pytest.importorskip("triton")
     from asentmax.ops.triton import attention_decode
 
-    monkeypatch.setattr(attention_decode, "takes_short_path", lambda n: path == "short")
+    monkeypatch.setattr(attention_decode, "takes_short_path", lambda *shape: path == "short")
     monkeypatch.setattr(attention_decode, "SPLIT_CHUNK", 128)
     if path == "split-threshold":
         monkeypatch.setattr(attention_decode, "SOLVE_SCORES", 0)

@@ -361,6 +361,74 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim,
     assert grids == grid
 
 
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, grid", [
+    # grouped, 4K keys: 32 packs x 8 chunks of 512 = 256 programs; a pack's 4 x 4096 scores: threshold launch
+    (8, 16, 4, 1, 4096, 64, {"_decode_scores": (8, 32), "_decode_threshold": (128,),
+                             "_decode_output": (8, 32)}),
+    # one sequence: 8 packs never reach 256 programs, so the smallest chunks (256 keys)
+    (1, 32, 8, 1, 4096, 128, {"_decode_scores": (16, 8), "_decode_threshold": (32,),
+                              "_decode_output": (16, 8)}),
+    (1, 32, 8, 1, 1024, 128, {"_decode_scores": (4, 8), "_decode_threshold": (32,),
+                              "_decode_output": (4, 8)}),
+    (8, 16, 4, 1, 2048, 128, {"_decode_scores": (8, 32), "_decode_threshold": (128,),
+                              "_decode_output": (8, 32)}),
+    (8, 32, 4, 1, 4096, 128, {"_decode_scores": (8, 32), "_decode_threshold": (256,),
+                              "_decode_output": (8, 32)}),  # packs of 8
+    # a pack of 2 rows x 1024 keys = GRAPH_SOLVE_SCORES: the output kernel solves (no threshold launch)
+    (1, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 4), "_decode_output": (4, 4)}),
+    # multi-head: 128 packs x 4 chunks of 1024 already reach 256 programs; up to SHORT_CACHE one launch
+    (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_threshold": (128,),
+                              "_decode_output": (4, 128)}),
+    (8, 16, 16, 1, 2048, 64, {"_decode_short": (128,)}),
+    (8, 16, 4, 1, 1023, 64, {"_decode_short": (128,)}),  # grouped below GRAPH_SPLIT_CACHE: one launch
+])
+def test_decode_launch_grids_graphed(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
+    """Under CUDA-graph capture (graphed_launch replaced) the launcher's second rule: grouped caches from
+    GRAPH_SPLIT_CACHE keys split, in the largest chunks of GRAPH_CHUNKS that give GRAPH_PROGRAMS = 256
+    programs (else 256 keys), the thresholds in their own launch unless a pack's rows x padded cache are at
+    most GRAPH_SOLVE_SCORES = 2048."""
+    from asentmax.ops.triton import attention_decode, attention_decode_short
+
+    grids = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            grids[self.name] = grid
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(attention_decode, "graphed_launch", lambda q: True)
+    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
+        monkeypatch.setattr(attention_decode, name, Recorder(name))
+    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
+    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
+                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    assert grids == grid
+
+
+# the launcher's rule under CUDA-graph capture (graphed_launch replaced), at interpreter sizes: grouped caches
+# from 1,024 keys split in chunks of 256 (few packs), thresholds in their own launch or solved by the output
+# kernel (a pack of <= 2048 scores); multi-head caches past SHORT_CACHE likewise
+GRAPHED_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
+    (1.5, True, 2, 4, 2, 1, 1100, 32, torch.float32, ALL),  # packs of 2 x 1280 scores: threshold launch
+    (2.0, False, 1, 2, 1, 1, 1024, 16, torch.float32, ("alibi_slopes", "q_scale")),  # 2 x 1024: solved
+    (1.0, True, 1, 4, 1, 4, 1500, 16, torch.float32, ALL),  # softmax, 16 rows a pack
+    (1.25, True, 1, 2, 2, 1, 2100, 16, torch.float32, ("key_padding_mask",)),  # multi-head, 9 chunks
+]
+
+
+@interpreter
+@pytest.mark.parametrize("case", GRAPHED_CASES, ids=case_id)
+def test_decode_graphed_rule_matches_reference(monkeypatch, case):
+    from asentmax.ops.triton import attention_decode
+
+    monkeypatch.setattr(attention_decode, "graphed_launch", lambda q: True)
+    check_decode(case)
+
+
 @interpreter
 @pytest.mark.parametrize("n_k", [1000, 4100])
 def test_decode_rows_sum_to_one(n_k):
@@ -375,15 +443,20 @@ def test_decode_rows_sum_to_one(n_k):
     assert (out[empty] == 0).all()
 
 
-@pytest.mark.parametrize("kv_heads, n_k, dim, path", [
-    (2, 1, 64, "short"), (2, 2048, 64, "short"), (2, 2049, 64, "split"), (2, 40000, 64, "split"),
-    (1, 1, 64, "short"), (1, 1024, 128, "short"), (1, 2048, 128, "short"), (1, 2049, 128, "split")])
-def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, dim, path):
+@pytest.mark.parametrize("kv_heads, n_k, dim, graphed, path", [
+    (2, 1, 64, False, "short"), (2, 2048, 64, False, "short"), (2, 2049, 64, False, "split"),
+    (2, 40000, 64, False, "split"), (1, 1, 64, False, "short"), (1, 1024, 128, False, "short"),
+    (1, 2048, 128, False, "short"), (1, 2049, 128, False, "split"),
+    (2, 2048, 64, True, "short"), (2, 2049, 64, True, "split"), (1, 1023, 64, True, "short"),
+    (1, 1024, 128, True, "split"), (1, 2048, 64, True, "split")])
+def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, dim, graphed, path):
     """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys, for
-    multi-head and grouped caches (here 2 query heads on one KV head) at any head dim."""
+    multi-head and grouped caches (here 2 query heads on one KV head) at any head dim; under CUDA-graph
+    capture (graphed_launch replaced) grouped caches of GRAPH_SPLIT_CACHE = 1024 keys or more split too."""
     from asentmax.ops.triton import attention_decode
 
-    assert attention_decode.SHORT_CACHE == 2048
+    assert attention_decode.SHORT_CACHE == 2048 and attention_decode.GRAPH_SPLIT_CACHE == 1024
+    monkeypatch.setattr(attention_decode, "graphed_launch", lambda q: graphed)
     taken = []
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
@@ -492,3 +565,37 @@ def test_decode_split_sum_race_free_gpu(n_k, chunk):
         outs = [entmax_attention_decode_split(q, k, v, **options)[0] for _ in range(30)]
     assert torch.isfinite(outs[0]).all()
     assert all(torch.equal(out, outs[0]) for out in outs[1:])
+
+
+@pytest.mark.gpu
+@on_cuda
+@pytest.mark.parametrize("batch, heads, kv_heads, n_k, dim", [
+    (8, 16, 4, 4096, 64), (1, 32, 8, 1024, 128), (8, 16, 4, 2048, 128), (8, 16, 16, 4096, 64)])
+def test_decode_in_cuda_graph_gpu(monkeypatch, batch, heads, kv_heads, n_k, dim):
+    """A decoding call captured into a CUDA graph takes the launcher's graph rule (split_chunk sees the
+    capture) and its replay matches the fp64 reference as closely as the direct call does."""
+    from asentmax.ops.triton import attention_decode
+
+    seen = []
+    chunk_rule = attention_decode.split_chunk
+    monkeypatch.setattr(attention_decode, "split_chunk",
+                        lambda *args: seen.append(args[-1]) or chunk_rule(*args))
+    q, k, v, options = inputs(batch, heads, kv_heads, 1, n_k, dim, torch.bfloat16, device="cuda")
+    options = dict(alpha=1.5, causal=False, alibi_slopes=options["alibi_slopes"])
+    with torch.no_grad():
+        direct = entmax_attention(q, k, v, backend="triton", **options)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            entmax_attention(q, k, v, backend="triton", **options)  # warm-up: compile outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = entmax_attention(q, k, v, backend="triton", **options)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = entmax_attention(q.double(), k.double(), v.double(), backend="reference", **options)
+    assert seen[-1] is True
+    direct_err = (direct.double() - ref).abs().max().item()
+    graphed_err = (graphed.double() - ref).abs().max().item()
+    assert graphed_err <= 2 * direct_err + FLOOR[torch.bfloat16], (graphed_err, direct_err)

@@ -25,7 +25,8 @@ With per-row lengths (kv_lengths: a static cache's buffers, filled up to a count
 covers the whole buffer, and the chunks past a row's length are neither scored, solved over nor read.
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
 tensors and these three launches (two when the output kernel solves). Caches of at most SHORT_CACHE keys
-take the one-launch kernel of attention_decode_short.py instead (entmax_attention_decode, the launcher).
+take the one-launch kernel of attention_decode_short.py instead, except grouped ones under CUDA-graph capture
+(entmax_attention_decode, the launcher, gives both rules).
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
@@ -231,12 +232,46 @@ def _decode_output(
 SPLIT_CHUNK = 1024  # keys a program, a multiple of _BLOCK_N
 SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
 SOLVE_PROGRAMS = 256  # and at most this many times that over all output programs (2 a SM of an H200)
+# Under CUDA-graph capture (graphed_launch): the configuration fastest in GPU time (entmax_attention_decode).
+GRAPH_SPLIT_CACHE = 1024  # grouped caches of at least this many keys take the split path
+GRAPH_CHUNKS = (1024, 512, 256)  # the largest that gives GRAPH_PROGRAMS programs, else the smallest
+GRAPH_PROGRAMS = 256
+GRAPH_SOLVE_SCORES = 2048  # most scores of a pack an output program solves itself
 
 
-def takes_short_path(n_k):
+def graphed_launch(q):
+    """True while q's CUDA stream is being captured into a CUDA graph: the launches are then replayed
+    without their host time, so the launcher picks the configuration fastest in GPU time."""
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def takes_short_path(n_k, group, graphed):
     """True where entmax_attention_decode takes the one-launch kernel: caches of at most SHORT_CACHE keys,
-    multi-head or grouped (see entmax_attention_decode)."""
+    multi-head or grouped, except grouped caches of at least GRAPH_SPLIT_CACHE keys under graph capture."""
+    if graphed and group > 1 and n_k >= GRAPH_SPLIT_CACHE:
+        return False
     return n_k <= SHORT_CACHE
+
+
+def split_chunk(n_k, n_packs, graphed):
+    """Keys a program of the split path: SPLIT_CHUNK, or under graph capture the largest of GRAPH_CHUNKS
+    whose chunks x packs reach GRAPH_PROGRAMS programs (else the smallest)."""
+    if not graphed:
+        return SPLIT_CHUNK
+    for chunk in GRAPH_CHUNKS:
+        if cdiv(n_k, chunk) * n_packs >= GRAPH_PROGRAMS:
+            return chunk
+    return GRAPH_CHUNKS[-1]
+
+
+def output_solves(pack_scores, n_programs, graphed):
+    """Whether the split path's output programs find the thresholds themselves (one launch less, each
+    program re-reading its pack's `pack_scores` scores on every pass) instead of _decode_threshold's launch:
+    at most SOLVE_SCORES a program and SOLVE_PROGRAMS x that over all programs, or under graph capture, where
+    the saved launch costs no host time, at most GRAPH_SOLVE_SCORES a program."""
+    if graphed:
+        return pack_scores <= GRAPH_SOLVE_SCORES
+    return pack_scores <= SOLVE_SCORES and n_programs * pack_scores <= SOLVE_SCORES * SOLVE_PROGRAMS
 
 
 def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_scale, kpm, tol, max_iter,
@@ -244,20 +279,30 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
     """Forward only, for Nq <= MAX_QUERIES. Arguments as attention_fwd.entmax_attention_fwd.
 
     Returns out (B, H, Nq, D) in q.dtype, tau (B, H, Nq) fp32 in s units, support (B, H, Nq) int32.
-    Caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of attention_decode_short.py (a
-    program per query head, grouped or not); longer ones the split over the keys (a program per chunk of
-    SPLIT_CHUNK = 1024 keys and pack of query heads sharing a KV head, heads_per_program). One rule for
-    multi-head and grouped caches, by measurement on the H200 (results/decode_gpu.md: both paths and each
-    option forced in one run, ninth and seventh sessions; B 8, H 16, Hkv 4 unless said): at 1K keys the
-    split path took 0.090 ms where the one-launch kernel took 0.036 (head dim 128) and 0.040 against 0.029
-    (B 1, H 32, Hkv 8); at 2K the one-launch kernel won 3 of the 4 comparisons of the two runs with chunks
-    of 1024 (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10 (0.058-0.117 against
-    0.089-0.401; not at head dim 64 in the ninth run, 0.087 against 0.064, and level at 128 in the seventh,
-    0.117 against 0.114). The split path's smaller
-    chunks for grouped caches (128-512 keys, to reach 256 programs) were never faster than chunks of 1024 in
-    the ninth run's ten grouped rows, 2.7x and 1.4x slower at head dim 128 with 2K and 4K keys.
+    Two rules, by what a call costs:
+
+    - Called directly (each launch pays tens of microseconds of host time, which at these sizes is most of a
+      call): the fewest launches. Caches of at most SHORT_CACHE = 2048 keys take the one-launch kernel of
+      attention_decode_short.py (a program per query head, grouped or not); longer ones the split over the
+      keys in chunks of SPLIT_CHUNK = 1024, the output kernel solving the thresholds where output_solves
+      allows. By measurement on the H200 (results/decode_gpu.md, ninth and seventh sessions; B 8, H 16,
+      Hkv 4 unless said): at 1K keys the split path took 0.090 ms where the one-launch kernel took 0.036
+      (head dim 128) and 0.040 against 0.029 (B 1, H 32, Hkv 8); at 2K the one-launch kernel won 3 of the 4
+      comparisons (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10.
+    - Under CUDA-graph capture (graphed_launch: asentmax eval and lm eval replay their decoding steps as
+      graphs), where only GPU time counts: grouped caches of at least GRAPH_SPLIT_CACHE = 1024 keys take
+      the split path too, in chunks of split_chunk (enough programs to fill the GPU), with the thresholds
+      in their own launch unless a pack holds at most GRAPH_SOLVE_SCORES scores. From the split-path sweep
+      on an H100 (results/session29_gpu/decode/tune_decode.md, GPU time, bf16, Nq 1): with the thresholds
+      in their own launch and this rule's chunks, 0.029 / 0.045 ms at 4K keys (B 8, H 16, Hkv 4, head dim
+      64 / 128) where the direct rule's configuration took 0.054 / 0.066; 0.021 against 0.052 ms for
+      B 1, H 32, Hkv 8 at 4K and 0.016 against 0.019 at 1K; 0.021 / 0.030 against the one-launch kernel's
+      0.025 / 0.033 at 2K; level with it (0.016 / 0.020) at 1K for B 8. Solving in the output kernel was
+      slower wherever a pack held 4,096 scores or more (0.050 against 0.030 ms at 4K, chunks of 1024) and
+      faster only with 1,024 (0.013 against 0.014 ms, B 1 at 1K with packs of one head).
     """
-    if takes_short_path(k.shape[2]):
+    graphed = graphed_launch(q)
+    if takes_short_path(k.shape[2], q.shape[1] // k.shape[1], graphed):
         launcher = entmax_attention_decode_short
     else:
         launcher = entmax_attention_decode_split
@@ -270,19 +315,22 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
                                   num_warps=None):
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
-    program (a multiple of 64, default SPLIT_CHUNK = 1024: a grid of (cdiv(Nk, chunk), B * H / pack)).
+    program (a multiple of 64, default split_chunk: SPLIT_CHUNK = 1024 called directly, a grid of
+    (cdiv(Nk, chunk), B * H / pack)).
 
     `solve` has the output kernel find the thresholds instead of a launch of _decode_threshold: one launch
     less (a Triton launch costs tens of microseconds of host time: in results/decode_gpu.md the split path's
     four launches took 0.045-0.15 ms at 1K caches where the one-launch kernel took 0.02-0.05 ms), paid by
-    every output program re-reading its pack's scores on each threshold pass. Default: when that is at most
-    SOLVE_SCORES = 16384 scores (64 KB) a program and SOLVE_PROGRAMS = 256 x that over all programs: the
-    pack's next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the programs <= 2^22. So grouped
-    caches of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and multi-head ones up to 4K (B = 8,
-    H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head caches of 8K keys and more, keep
-    the threshold launch. Tuning knobs: `block_n` keys a K or V tile in the scores and output kernels (a power
-    of two >= 16 dividing the chunk; default 64) and `num_warps` of those two kernels (default 4; a solving
-    output kernel takes threshold_tile's); the threshold kernel always takes threshold_tile's.
+    every output program re-reading its pack's scores on each threshold pass. Default (output_solves), called
+    directly: when that is at most SOLVE_SCORES = 16384 scores (64 KB) a program and SOLVE_PROGRAMS = 256 x
+    that over all programs: the pack's next_power_of_2(pack * Nq) rows x padded cache <= 16384 and times the
+    programs <= 2^22. So grouped caches of up to 4K keys with groups of 4 at Nq = 1 (B = 8, Hkv = 4) and
+    multi-head ones up to 4K (B = 8, H = 16, Nq = 1) solve in the output kernel; 16 rows at 4K, or multi-head
+    caches of 8K keys and more, keep the threshold launch. Under graph capture chunks and solving follow
+    entmax_attention_decode's second rule. Tuning knobs: `block_n` keys a K or V tile in the scores and
+    output kernels (a power of two >= 16 dividing the chunk; default 64) and `num_warps` of those two kernels
+    (default 4; a solving output kernel takes threshold_tile's); the threshold kernel always takes
+    threshold_tile's.
     """
     if block_n is None:
         block_n = _BLOCK_N
@@ -296,8 +344,9 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         pack = heads_per_program(group, n_q)
     n_k = k.shape[2]
     n_packs = batch * heads // pack
+    graphed = graphed_launch(q)
     if chunk is None:
-        chunk = SPLIT_CHUNK
+        chunk = split_chunk(n_k, n_packs, graphed)
     if chunk % block_n:
         raise ValueError(f"chunk ({chunk}) must be a multiple of block_n ({block_n})")
     n_chunks = cdiv(n_k, chunk)
@@ -326,8 +375,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     rows = next_power_of_2(pack * n_q)
     solve_tile, solve_warps = threshold_tile(rows * s_stride)
     if solve is None:  # each output program re-reads its pack's scores every pass: bound that traffic
-        solve = (rows * s_stride <= SOLVE_SCORES
-                 and n_chunks * n_packs * rows * s_stride <= SOLVE_SCORES * SOLVE_PROGRAMS)
+        solve = output_solves(rows * s_stride, n_chunks * n_packs, graphed)
     if not solve:
         row_block, row_warps = threshold_tile(s_stride)  # a row of <= 4096 scores in registers, else streamed
         _decode_threshold[(n_rows,)](
