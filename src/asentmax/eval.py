@@ -533,7 +533,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     refusal = fresh_tables_refusal(task_name) if config.tables == "fresh" else None
     if refusal is not None:
         raise RunError(refusal)
-    if model_config.vocab_size < task.vocab_size:  # the task's vocabulary grew since the run trained
+    if model_config.vocab_size != task.vocab_size:  # the task's samples changed since the run trained
         raise RunError(f"{checkpoint_path}: its model reads {model_config.vocab_size} token ids, task "
                        f"{task_name!r} now has {task.vocab_size} (its samples changed since: retrain it)")
     saved_workload = checkpoint.get("workload")
