@@ -253,7 +253,7 @@ def _planting(text: str) -> tuple[float, tuple[str, ...]]:
 
 
 def _planting_task(share: float, kinds: tuple[str, ...]) -> MQMTARTask:
-    return MQMTARTask(lookalikes=share, **({"lookalike_kinds": kinds} if kinds else {}))
+    return MQMTARTask(lookalikes=share, lookalike_kinds=kinds)
 
 
 def _share_label(row: dict) -> str:

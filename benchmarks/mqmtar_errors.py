@@ -211,8 +211,8 @@ def analyse(plan, out: Path, command: str, lookalikes: float = 0.0, lookalike_ki
     model.to(plan.device).eval()
     task = plan.task
     if lookalikes:
-        kinds = {"lookalike_kinds": lookalike_kinds} if lookalike_kinds else {}
-        task = get_task("mqmtar", layout=plan.task.layout, lookalikes=lookalikes, **kinds)
+        task = get_task("mqmtar", layout=plan.task.layout, lookalikes=lookalikes,
+                        lookalike_kinds=lookalike_kinds)
     rows = []
     for length in plan.lengths:
         examples = make_eval_set(task, length, config.samples, config.seed)

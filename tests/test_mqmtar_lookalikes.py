@@ -14,7 +14,7 @@ import torch
 
 from asentmax.tasks import get_task, make_eval_set
 from asentmax.tasks.device_sampling import DeviceBatchSampler
-from asentmax.tasks.mqmtar import COLON, QUERY
+from asentmax.tasks.mqmtar import COLON, QUERY, MQMTARTask
 from asentmax.tasks.workload import TaskWorkload
 from test_device_sampling import assert_same_law, decode_rows
 from test_mqmtar_collisions import brute_force
@@ -141,6 +141,7 @@ def test_the_workload_plants_in_training_batches_only(tmp_path):
     saved = json.loads(json.dumps(value_only.to_dict()))  # as config.json holds it
     assert TaskWorkload.from_dict(saved).training_task.lookalike_kinds == ("value",)
     assert workload.training_task.lookalike_kinds == ("first", "second", "value")  # none given: every kind
+    assert MQMTARTask(lookalikes=0.1, lookalike_kinds=()).lookalike_kinds == ("first", "second", "value")
 
 
 @pytest.mark.parametrize("options, message", [

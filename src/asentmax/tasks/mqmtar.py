@@ -33,18 +33,18 @@ with replacement from the sample's pairs:
 Thus ID = 64 gives P = 8 pairs and 1024x a 65,536-token context (random) or 61,166 (stretches).
 The minimum length is 6 (one block).
 
-Look-alikes (`lookalikes`, a training-data option; 0, the paper's samples, by default). Long contexts hold,
-by chance, keys that share one token with a queried key (about P / 256 for each token) and, in 4 of 10
-samples at 1024x, the queried word as another pair's value; the training lengths almost never do (a value
-look-alike in about 1 of 3,600 samples). With `lookalikes` r, each sample is given, with probability r, one
-planted look-alike of one of its queried keys (the query, the other pair and the kind each uniform, the kind
-over `lookalike_kinds`, by default all of LOOKALIKE_KINDS): that pair's key replaced by a word sharing the
-queried key's first token ("first") or its second token ("second"; the other token uniform over the 255 other
-symbols; not planted if the word is another key of the sample), or that pair's value replaced by the queried
-key's word ("value"). What the models that fail at long lengths confuse is exactly these
-(results/paper/mqmtar/collisions.md: the best runs tell keys apart by both tokens and confuse only the
-value look-alikes, which `lookalike_kinds=("value",)` plants alone); the tests (`asentmax eval`, validation)
-always draw the paper's samples.
+Look-alikes (`lookalikes`, a training-data option; 0, the paper's samples, by default). Long contexts hold, by
+chance, keys that share one token with a queried key (about P / 256 for each token) and, in 4 of 10 samples at
+1024x, the queried word as another pair's value; the training lengths almost never do (a value look-alike in
+about 1 of 3,600 samples). With `lookalikes` r, each sample is given, with probability r, one planted
+look-alike of one of its queried keys (the query, the other pair and the kind each uniform, the kind over
+`lookalike_kinds`, by default or when empty all of LOOKALIKE_KINDS): that pair's key replaced by a word
+sharing the queried key's first token ("first") or its second token ("second"; the other token uniform over
+the 255 other symbols; not planted if the word is another key of the sample), or that pair's value replaced by
+the queried key's word ("value"). What the models that fail at long lengths confuse is exactly these
+(results/paper/mqmtar/collisions.md: the best runs tell keys apart by both tokens and confuse only the value
+look-alikes, which `lookalike_kinds=("value",)` plants alone); the tests (`asentmax eval`, validation) always
+draw the paper's samples.
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ class MQMTARTask(Task):
                 or not 0 <= lookalikes <= 1):
             raise ValueError(f"task 'mqmtar': lookalikes must be a share in [0, 1], got {lookalikes!r}")
         kinds = tuple(lookalike_kinds) if isinstance(lookalike_kinds, (tuple, list)) else None
+        if kinds == ():  # none named: every kind
+            kinds = LOOKALIKE_KINDS
         if (not kinds or len(set(kinds)) != len(kinds)
                 or not all(isinstance(kind, str) and kind in LOOKALIKE_KINDS for kind in kinds)):
             raise ValueError(f"task 'mqmtar': lookalike_kinds must be distinct kinds among "

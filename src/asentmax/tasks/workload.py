@@ -88,8 +88,8 @@ class TaskWorkload:
             if "lookalikes" not in task_options(self.task):
                 raise ValueError(f"--lookalikes: task {self.task!r} has no keys to plant look-alikes of "
                                  "(mqmtar has)")
-            kinds = {"lookalike_kinds": self.lookalike_kinds} if self.lookalike_kinds else {}
-            self.training_task = get_task(self.task, layout=self.layout, lookalikes=self.lookalikes, **kinds)
+            self.training_task = get_task(self.task, layout=self.layout, lookalikes=self.lookalikes,
+                                          lookalike_kinds=self.lookalike_kinds)
         if not 1 <= self.min_length <= self.max_length:
             raise ValueError(f"need 1 <= min-length <= max-length, got {self.min_length}, {self.max_length}")
         for name in ("length_buckets", "val_samples"):
