@@ -28,7 +28,7 @@ from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction, native_specialize_impl
 
-from asentmax.ops.triton import attention_common
+from asentmax.ops.triton import attention_common, attention_decode
 from asentmax.ops.triton.attention_bwd import entmax_attention_bwd
 from asentmax.ops.triton.attention_common import forward_blocks, kernel_blocks, mode_of
 from asentmax.ops.triton.attention_decode import entmax_attention_decode
@@ -93,19 +93,27 @@ def launch_decode_chunks(alpha, dim, batch=8, heads=16):
     the split path (packs of 4 heads, chunks of 1024 keys, 4 or 16 rows), and a multi-head one of 4K keys,
     solving the thresholds in the output kernel or not; the one-launch kernel's tuned tiles (1K keys) in
     fp16 and fp32 (whose tiles hold half as many keys: the shared memory limit); and a static cache's steps
-    (kv_lengths read on the device) on the one-launch kernel and both split variants."""
+    (kv_lengths read on the device) on the one-launch kernel and both split variants. Each case under both
+    of the launcher's rules: called directly, and under CUDA-graph capture (graphed_launch replaced: the split
+    path from 1K grouped keys, chunks of 256-1024, the thresholds in their own launch)."""
     cases = [(n_q, kv_heads, cache, torch.bfloat16, False) for n_q, kv_heads, cache in (
         (1, 4, 1024), (1, 4, 2048), (1, 4, 4096), (4, 4, 4096), (1, heads, 4096))]
     cases += [(1, 4, 1024, torch.float16, False), (4, 4, 1024, torch.float32, False)]
     cases += [(n_q, 4, cache, torch.bfloat16, True) for n_q, cache in ((1, 1024), (1, 4096), (4, 4096))]
-    for n_q, kv_heads, cache, dtype, with_lengths in cases:
-        # zeros: the launches are recorded, not run, and bf16 randn of these sizes takes seconds on a CPU
-        q = torch.zeros(batch, heads, n_q, dim, dtype=dtype)
-        k_cache, v_cache = (torch.zeros(batch, kv_heads, cache, dim, dtype=dtype) for _ in range(2))
-        lengths = torch.full((batch,), cache - 100, dtype=torch.int32) if with_lengths else None
-        entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5,
-                                causal=False, slopes=None, q_scale=None, kpm=None, tol=3e-2, max_iter=40,
-                                lengths=lengths)
+    direct_rule = attention_decode.graphed_launch
+    try:
+        for graphed in (False, True):
+            attention_decode.graphed_launch = lambda q, graphed=graphed: graphed
+            for n_q, kv_heads, cache, dtype, with_lengths in cases:
+                # zeros: the launches are recorded, not run (bf16 randn of these sizes takes seconds on a CPU)
+                q = torch.zeros(batch, heads, n_q, dim, dtype=dtype)
+                k_cache, v_cache = (torch.zeros(batch, kv_heads, cache, dim, dtype=dtype) for _ in range(2))
+                lengths = torch.full((batch,), cache - 100, dtype=torch.int32) if with_lengths else None
+                entmax_attention_decode(q, k_cache, v_cache, mode=mode_of(alpha), alpha=alpha,
+                                        scale=dim ** -0.5, causal=False, slopes=None, q_scale=None, kpm=None,
+                                        tol=3e-2, max_iter=40, lengths=lengths)
+    finally:
+        attention_decode.graphed_launch = direct_rule
 
 
 def forward_backward(q, k, v, options, write_support=True):

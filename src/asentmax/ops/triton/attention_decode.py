@@ -83,10 +83,7 @@ def _decode_scores(
     k_base = K + b * skb + (first_head // group) * skh
     s_rows = Work + rows[:, None] * s_stride
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    scored = True
-    if HAS_LENGTHS:
-        scored = pid_c * CHUNK < n_keys
-    if scored:
+    if pid_c * CHUNK < n_keys:  # always true without HAS_LENGTHS: the grid covers cdiv(n_k, CHUNK) chunks
         for start in range(0, CHUNK, BLOCK_N):
             offs_n = pid_c * CHUNK + start + tl.arange(0, BLOCK_N)
             m = tl.maximum(m, stored_score_tile(q, k_base, skn, offs_n, offs_d, d_in, s_mult, pos_m, slope,
@@ -203,10 +200,7 @@ def _decode_output(
     v_base = V + b * svb + ((pid_p % n_packs) * pack // group) * svh
     s_rows = Work + rows[:, None] * s_stride
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    scored = True
-    if HAS_LENGTHS:
-        scored = pid_c * CHUNK < n_keys
-    if scored:
+    if pid_c * CHUNK < n_keys:  # as in _decode_scores: a chunk past the row's filled keys reads no V
         for start in range(0, CHUNK, BLOCK_N):
             acc = weighted_values_tile(acc, s_rows, pid_c * CHUNK + start + tl.arange(0, BLOCK_N), row_in,
                                        tau, v_base, svn, offs_d, d_in, n_keys, inv_am1, MODE, DOT_PRECISION)
