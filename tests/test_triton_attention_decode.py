@@ -315,6 +315,30 @@ def test_heads_per_program(group, n_q, pack):
     assert heads_per_program(group, n_q) == pack
 
 
+def launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim):
+    """{kernel name: grid} of the launches entmax_attention_decode makes for these shapes (kernels replaced
+    by recorders: nothing runs)."""
+    from asentmax.ops.triton import attention_decode, attention_decode_short
+
+    grids = {}
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            grids[self.name] = grid
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
+    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
+        monkeypatch.setattr(attention_decode, name, Recorder(name))
+    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
+    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
+                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
+    return grids
+
+
 @pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, grid", [
     (3, 8, 8, 1, 100, 64, {"_decode_short": (24,)}),  # MHA, short cache: a program per query head
     (3, 8, 8, 1, 3000, 64, {"_decode_scores": (3, 24), "_decode_output": (3, 24)}),  # 3 chunks x 24 packs
@@ -340,25 +364,7 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim,
     (chunk of SPLIT_CHUNK = 1024 keys, batch, pack of query heads sharing a KV head), so each KV head is read
     once per pack, and a threshold program per query row, except where the output kernel solves them (no
     _decode_threshold launch): a pack's rows x padded cache <= 16384 scores, times the programs <= 2^22."""
-    from asentmax.ops.triton import attention_decode, attention_decode_short
-
-    grids = {}
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            grids[self.name] = grid
-            return lambda *args, **kwargs: None
-
-    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
-    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
-        monkeypatch.setattr(attention_decode, name, Recorder(name))
-    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
-    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
-                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
-    assert grids == grid
+    assert launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim) == grid
 
 
 @pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, grid", [
@@ -387,26 +393,10 @@ def test_decode_launch_grids_graphed(monkeypatch, batch, heads, kv_heads, n_q, n
     GRAPH_SPLIT_CACHE keys split, in the largest chunks of GRAPH_CHUNKS that give GRAPH_PROGRAMS = 256
     programs (else 256 keys), the thresholds in their own launch unless a pack's rows x padded cache are at
     most GRAPH_SOLVE_SCORES = 2048."""
-    from asentmax.ops.triton import attention_decode, attention_decode_short
-
-    grids = {}
-
-    class Recorder:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            grids[self.name] = grid
-            return lambda *args, **kwargs: None
+    from asentmax.ops.triton import attention_decode
 
     monkeypatch.setattr(attention_decode, "graphed_launch", lambda q: True)
-    monkeypatch.setattr(attention_decode_short, "_decode_short", Recorder("_decode_short"))
-    for name in ("_decode_scores", "_decode_threshold", "_decode_output"):
-        monkeypatch.setattr(attention_decode, name, Recorder(name))
-    q, k = torch.zeros(batch, heads, n_q, dim), torch.zeros(batch, kv_heads, n_k, dim)
-    attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
-                                             q_scale=None, kpm=None, tol=1e-3, max_iter=40)
-    assert grids == grid
+    assert launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim) == grid
 
 
 # the launcher's rule under CUDA-graph capture (graphed_launch replaced), at interpreter sizes: grouped caches
