@@ -2,7 +2,9 @@
 
 Attention mixes heads whose rows are near-uniform (most entries inside the entmax support) with heads whose
 rows are peaked (a few entries), in one call. Inputs here: (rows, n) fp32 logits, standard normal times 10,
-with every third row scaled by 0.01 (near-uniform); the same seed for both sides. Each side runs in its own
+with every third row scaled by 0.01 (near-uniform: `mixed`), or each row scaled by its own 10^u, u uniform in
+[-2, 1], so that the rows' candidate counts spread from a few to all (`spread`, as a trained model's heads
+do: results/entmax_classes_cpu.md); the same seed for both sides. Each side runs in its own
 child process (the revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed
 calls (forward, and forward + backward against a fixed random gradient), median; the two sides alternate
 for `--rounds` rounds and the table gives the median of each side's medians and their ratio. Writes
@@ -24,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((16320, 1020), (4096, 4096))
+INPUTS = ("mixed", "spread")
 ALPHAS = (1.5, 1.25)
 MODES = ("fwd", "fwd+bwd")
 
@@ -35,7 +38,10 @@ torch.set_num_threads(int(sys.argv[5]))
 backward = sys.argv[6] == "fwd+bwd"
 g = torch.Generator().manual_seed(0)
 x = 10 * torch.randn(rows, n, generator=g)
-x[::3] *= 0.01
+if sys.argv[7] == "mixed":
+    x[::3] *= 0.01
+else:
+    x *= 10.0 ** (3 * torch.rand(rows, 1, generator=g) - 3)
 grad = torch.randn(rows, n, generator=g)
 
 def call():
@@ -55,10 +61,10 @@ print(statistics.median(times))
 """
 
 
-def child_median(src: Path, shape, alpha, mode, calls, threads) -> float:
+def child_median(src: Path, shape, alpha, mode, calls, threads, inputs) -> float:
     env = {**os.environ, "PYTHONPATH": str(src)}
     out = subprocess.run([sys.executable, "-c", CHILD, str(shape[0]), str(shape[1]), str(alpha), str(calls),
-                          str(threads), mode], env=env, capture_output=True, text=True, check=True,
+                          str(threads), mode, inputs], env=env, capture_output=True, text=True, check=True,
                          timeout=600)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -70,6 +76,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per side")
     parser.add_argument("--calls", type=int, default=5, help="timed calls per round")
     parser.add_argument("--out", default="results/entmax_rows_cpu", help="output path without extension")
+    parser.add_argument("--inputs", nargs="+", choices=INPUTS, default=list(INPUTS), help="input kinds")
     args = parser.parse_args()
     threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     git = ["git", "-C", str(ROOT)]
@@ -83,17 +90,19 @@ def main():
         subprocess.run([*git, "worktree", "add", "--detach", str(worktree), base], check=True,
                        capture_output=True)
         try:
-            for mode, shape, alpha in ((m, s, a) for m in MODES for s in SHAPES for a in ALPHAS):
+            cases = [(i, m, s, a) for i in args.inputs for m in MODES for s in SHAPES for a in ALPHAS]
+            for inputs, mode, shape, alpha in cases:
                 sides = {"base": [], "this tree": []}
                 for _ in range(args.rounds):
                     for side, src in (("base", worktree / "src"), ("this tree", ROOT / "src")):
-                        sides[side].append(child_median(src, shape, alpha, mode, args.calls, threads))
+                        sides[side].append(child_median(src, shape, alpha, mode, args.calls, threads,
+                                                        inputs))
                 base_ms, new_ms = (1e3 * statistics.median(sides[k]) for k in ("base", "this tree"))
-                records.append({"mode": mode, "shape": list(shape), "alpha": alpha,
+                records.append({"inputs": inputs, "mode": mode, "shape": list(shape), "alpha": alpha,
                                 "base_ms": round(base_ms, 1), "this_tree_ms": round(new_ms, 1),
                                 "speedup": round(base_ms / new_ms, 2)})
-                print(f"{mode} {shape} alpha {alpha}: base {base_ms:.1f} ms, this tree {new_ms:.1f} ms "
-                      f"({base_ms / new_ms:.2f}x)", flush=True)
+                print(f"{inputs} {mode} {shape} alpha {alpha}: base {base_ms:.1f} ms, this tree "
+                      f"{new_ms:.1f} ms ({base_ms / new_ms:.2f}x)", flush=True)
         finally:
             subprocess.run([*git, "worktree", "remove", "--force", str(worktree)], check=False,
                            capture_output=True)
@@ -108,12 +117,14 @@ def main():
              f"Command: `{meta['command']}`\n",
              f"{meta['threads']} threads, {meta['cpu']}, {meta['date']}; base {base}, this tree "
              f"{meta['this_tree']}. "
-             "Inputs: fp32 standard normal x 10, every third row x 0.01 (near-uniform). Each "
+             "Inputs: fp32 standard normal x 10; mixed: every third row x 0.01 (near-uniform); spread: each "
+             "row x 10^u, u uniform in [-2, 1]. Each "
              f"side in its own process, {args.calls} timed calls a round, {args.rounds} alternating rounds: "
              "the median of each side's round medians.\n",
-             "| mode | shape | alpha | base ms | this tree ms | speed-up |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} | {r['base_ms']:.1f} "
-              f"| {r['this_tree_ms']:.1f} | {r['speedup']:.2f}x |" for r in records]
+             "| inputs | mode | shape | alpha | base ms | this tree ms | speed-up |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['inputs']} | {r['mode']} | {r['shape'][0]}x{r['shape'][1]} | {r['alpha']} "
+              f"| {r['base_ms']:.1f} | {r['this_tree_ms']:.1f} | {r['speedup']:.2f}x |" for r in records]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}.json and {args.out}.md")
 

@@ -119,6 +119,52 @@ def test_rows_too_dense_to_compact_are_solved_apart_from_the_rest(alpha, monkeyp
             torch.testing.assert_close(entmax(z.float(), a)[i : i + 1].double(), expected, rtol=0, atol=2e-6)
 
 
+def _rows_of_spread_candidates(seed):
+    """Rows of 1,000 whose candidate counts spread over every compaction class: each row scaled by its own
+    10^u (u from -1.5 to 1): a few candidates up to about half the row."""
+    z = rows(40, 1000, 1.0, seed=seed)
+    return z * 10.0 ** torch.linspace(-1.5, 1.0, 40, dtype=torch.float64)[:, None]
+
+
+@pytest.mark.parametrize("alpha", [1.5, 1.25, 3.0, "per row"])
+def test_rows_of_every_candidate_count_match_the_oracles(alpha, monkeypatch):
+    """Compacted rows are solved in classes by candidate count (_CLASS_WIDTHS), each at its own width; with
+    the merge threshold lowered every class here is solved apart, and every row still matches the fp64
+    oracles (the classes' results land in their own rows)."""
+    import asentmax.ops.entmax as entmax_module
+
+    monkeypatch.setattr(entmax_module, "_CLASS_MIN_SAVING", 0)
+    widths, real = [], entmax_module.solve_threshold
+    monkeypatch.setattr(entmax_module, "solve_threshold",
+                        lambda s, *args: widths.append(s.shape[1]) or real(s, *args))
+    z = _rows_of_spread_candidates(seed=5)
+    alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0, 1.3, 1.6] * 5, dtype=torch.float64)[:, None]
+    got = entmax(z, alphas if alpha == "per row" else alpha)
+    assert len(widths) >= 3 and len(set(widths)) == len(widths), widths  # several classes, one solve each
+    for i in range(z.shape[0]):
+        a = alphas[i, 0].item() if alpha == "per row" else alpha
+        expected = sorted_closed_form(z[i : i + 1], a) if a in (1.5, 2.0) else bisection(z[i : i + 1], a)
+        torch.testing.assert_close(got[i : i + 1], expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("counts, n_classes", [([3] * 10000 + [500] * 10, 2), ([3] * 10 + [500] * 10, 1),
+                                               ([3] * 2000 + [40] * 2000 + [200] * 2000 + [900], 3),
+                                               ([7], 1)])
+def test_compaction_classes_split_only_where_padding_costs(counts, n_classes):
+    """A class joins the next wider one when padding it there costs fewer than _CLASS_MIN_SAVING entries:
+    10,000 rows of 3 candidates are not padded to 500, 10 rows are; 2,000 rows of 3 join those of 40 (74K
+    entries of padding), which stay apart from those of 200 (640K)."""
+    from asentmax.ops.entmax import _compact_classes
+
+    counts = torch.tensor(counts)
+    classes = _compact_classes(counts)
+    assert len(classes) == n_classes
+    members = torch.cat([m for m, _ in classes])
+    assert sorted(members.tolist()) == list(range(counts.numel()))  # every row in exactly one class
+    for m, width in classes:
+        assert width == int(counts[m].max())
+
+
 def test_per_row_alpha_equals_rowwise_calls():
     z = rows(6, 300, 1.0, seed=2)
     alphas = torch.tensor([1.1, 1.25, 1.5, 1.75, 2.0, 3.0], dtype=torch.float64)

@@ -24,7 +24,8 @@ How tau is found on the torch path (asentmax.ops._entmax_solver does the root fi
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
     they are few; otherwise Newton passes over the full rows raise the lower bound until they are. Rows
     whose candidates are still more than half the row are solved over their full length, apart from the
-    rest, which are compacted (attention mixes near-uniform heads and sharp ones in one call).
+    rest, which are compacted (attention mixes near-uniform heads and sharp ones in one call), each class
+    of rows by candidate count (up to 16, 64, 256, then the rest) at its own width.
   * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
     2; for alpha > 2 a correction below tau's resolution, solved in the shifted variable s - tau, keeps
     the digits of entries at the edge of the support); for alphas other than 1.5 and 2, p is divided by
@@ -67,6 +68,10 @@ ALPHA_MAX = 10.0
 BACKENDS = ("auto", "reference", "triton")
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
+# Compacted rows are solved in classes by candidate count (at most 16, 64, 256, then the rest), each class at
+# its own width: attention mixes heads of a few candidates with broad ones in one call.
+_CLASS_WIDTHS = (16, 64, 256)
+_CLASS_MIN_SAVING = 1 << 17  # entries of padding a class must save (about 1 ms of solving on one core)
 
 
 def _check_inputs(x, alpha, dim):
@@ -143,20 +148,59 @@ def _compaction(flat_marks, n_rows, n):
     return flat_index, slots, counts, k
 
 
-def _compact_solve(x, m, marks, alpha, t_lower):
-    """Solve on the candidates (marks != 0) gathered into a (R, k) fp64 matrix padded with -inf.
+def _compact_classes(counts):
+    """[(members, width)]: the positions in `counts` (candidates per row) of each class of rows solved
+    together, and the width of its compact matrix (its largest count, at least 1). Classes: counts up to each
+    of _CLASS_WIDTHS, then the rest, so that a row of a few candidates is not padded to the width of a broad
+    one; a class whose padding to the next width would cost fewer than _CLASS_MIN_SAVING entries joins it
+    (each class costs a solve of its own)."""
+    bucket = torch.bucketize(counts, torch.tensor(_CLASS_WIDTHS, device=counts.device))
+    classes, pending = [], None
+    for index in torch.unique(bucket).tolist():  # ascending widths
+        members = (bucket == index).nonzero().squeeze(1)
+        width = max(int(counts.index_select(0, members).max()), 1)
+        if pending is not None:
+            if pending[0].numel() * (width - pending[1]) < _CLASS_MIN_SAVING:
+                members = torch.cat([pending[0], members])
+            else:
+                classes.append(pending)
+        pending = (members, width)
+    return classes + [pending]
 
-    Returns tau - (alpha - 1) m (R, 1), the flat indices of the candidates, and p at them (x's dtype).
-    A row without candidates (NaN or all -inf) gets a single 0 entry; its result is overwritten."""
+
+def _compact_solve(x, m, marks, alpha, t_lower, rows):
+    """Solve rows `rows` of x on their candidates (marks != 0; every other row's marks are 0), each class of
+    _compact_classes gathered into a (class rows, width) fp64 matrix padded with -inf.
+
+    Returns tau - (alpha - 1) m (len(rows), 1), the flat indices of the candidates in x (row-major) and p at
+    them (x's dtype). A row without candidates (NaN or all -inf) gets a single 0 entry; its result is
+    overwritten."""
     n_rows, n = x.shape
-    flat_index, slots, counts, k = _compaction(marks.view(-1).bool(), n_rows, n)  # bool: 4x fewer bytes
-    s = torch.full((n_rows, k), float("-inf"), dtype=torch.float64, device=x.device)
-    s.view(-1).index_copy_(0, slots, x.view(-1).index_select(0, flat_index).double())
-    s[:, 0].masked_fill_(counts == 0, 0.0)
-    s.sub_(m.double()).mul_(alpha - 1.0)
-    t, delta = solve_threshold(s, alpha, t_lower.double())
-    p = _normalise(_probs_from(s, t, delta, alpha), alpha).view(-1).index_select(0, slots).to(x.dtype)
-    return t + delta, flat_index, p
+    flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # bool: 4x fewer bytes
+    counts = torch.bincount(torch.div(flat_index, n, rounding_mode="floor"), minlength=n_rows)
+    first = torch.cumsum(counts, 0) - counts  # where each row's candidates start in flat_index
+    row_counts = counts.index_select(0, rows)
+    t = torch.empty((rows.numel(), 1), dtype=torch.float64, device=x.device)
+    p = torch.empty(flat_index.numel(), dtype=x.dtype, device=x.device)
+    for members, width in _compact_classes(row_counts):
+        class_rows, c = rows.index_select(0, members), row_counts.index_select(0, members)
+        total = int(c.sum())
+        offset = torch.arange(total, device=x.device) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c,
+                                                                                 output_size=total)
+        which = torch.repeat_interleave(first.index_select(0, class_rows), c, output_size=total) + offset
+        slots = torch.repeat_interleave(torch.arange(members.numel(), device=x.device) * width, c,
+                                        output_size=total) + offset
+        s = torch.full((members.numel(), width), float("-inf"), dtype=torch.float64, device=x.device)
+        values = x.view(-1).index_select(0, flat_index.index_select(0, which))
+        s.view(-1).index_copy_(0, slots, values.double())
+        s[:, 0].masked_fill_(c == 0, 0.0)
+        a = alpha if isinstance(alpha, float) else alpha.index_select(0, class_rows)
+        s.sub_(m.index_select(0, class_rows).double()).mul_(a - 1.0)
+        t_class, delta = solve_threshold(s, a, t_lower.index_select(0, class_rows).double())
+        p_class = _normalise(_probs_from(s, t_class, delta, a), a).view(-1).index_select(0, slots)
+        p.index_copy_(0, which, p_class.to(x.dtype))
+        t.index_copy_(0, members, t_class + delta)
+    return t, flat_index, p
 
 
 def _probs_from(s, t, delta, alpha):
@@ -230,28 +274,20 @@ def _raise_lower_bound(x, m, alpha, marks):
     return t, counts
 
 
-def _solve_compacted(x, m, out, alpha64, t_lower):
-    """Rows of at most half their length in candidates (marked in out): p into out; tau - (alpha - 1) m."""
-    t, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower)
-    out.zero_().view(-1).index_copy_(0, flat_index, p)
-    return t
-
-
-def _solve_full_rows(x, m, out, alpha64, t_lower):
-    """Rows with many candidates, solved over their whole length: p into out; tau - (alpha - 1) m."""
+def _solve_full_rows(x, m, alpha64, t_lower):
+    """Rows with many candidates, solved over their whole length: tau - (alpha - 1) m and p (fp64)."""
     s = x.to(torch.float64, copy=True).sub_(m.double()).mul_(alpha64 - 1.0)
     t, delta = solve_threshold(s, alpha64, t_lower.double())
-    out.copy_(_normalise(_probs_from(s, t, delta, alpha64), alpha64))
-    return t + delta
+    return t + delta, _normalise(_probs_from(s, t, delta, alpha64), alpha64)
 
 
 def _forward_2d(x, alpha, out):
     """x (R, n) fp32/fp64 contiguous; alpha float or (R, 1); out an (R, n) buffer of x's dtype.
 
     Returns p (in out) and tau (R, 1) in absolute units (p = [(alpha - 1) x - tau]_+^(1/(alpha-1)))."""
-    n = x.shape[1]
+    n_rows, n = x.shape
     if x.numel() == 0:  # no rows, or rows of length 0 (empty: tau = +inf)
-        return out, torch.full((x.shape[0], 1), float("inf"), dtype=x.dtype, device=x.device)
+        return out, torch.full((n_rows, 1), float("inf"), dtype=x.dtype, device=x.device)
     a = alpha - 1.0
     m = x.amax(dim=1, keepdim=True)
     nan_rows = torch.isnan(m) | (m == float("inf"))  # NaN in gives NaN out (as softmax does for +inf)
@@ -263,20 +299,25 @@ def _forward_2d(x, alpha, out):
         m = m.masked_fill(bad, 0.0)
     t_lower, counts = _raise_lower_bound(x, m.masked_fill(bad, float("inf")) if any_bad else m, alpha, out)
     alpha64 = alpha if isinstance(alpha, float) else alpha.double()
-    dense = counts > 0.5 * n if float(counts.max()) > 0.5 * n else None  # out holds the candidate marks
-    if dense is None:
-        t = _solve_compacted(x, m, out, alpha64, t_lower)
-    elif bool(dense.all()):
-        t = _solve_full_rows(x, m, out, alpha64, t_lower)
-    else:  # each kind of row on its own path; alpha per row follows its rows
+    dense = counts > 0.5 * n  # out holds the candidate marks
+    n_dense = int(dense.sum())
+    if n_dense == n_rows:
+        t, p = _solve_full_rows(x, m, alpha64, t_lower)
+        out.copy_(p)
+    else:  # rows with more candidates than half their length over their whole length, the rest compacted
         t = torch.empty(m.shape, dtype=torch.float64, device=x.device)
-        for rows, solve in ((dense.nonzero().squeeze(1), _solve_full_rows),
-                            ((~dense).nonzero().squeeze(1), _solve_compacted)):
-            part = out.index_select(0, rows)
-            alpha_part = alpha64 if isinstance(alpha64, float) else alpha64.index_select(0, rows)
-            t[rows] = solve(x.index_select(0, rows), m.index_select(0, rows), part, alpha_part,
-                            t_lower.index_select(0, rows))
-            out[rows] = part
+        dense_rows = dense.nonzero().squeeze(1)
+        out.index_fill_(0, dense_rows, 0.0)  # their marks: only the other rows are compacted
+        sparse_rows = (~dense).nonzero().squeeze(1)
+        t_sparse, flat_index, p = _compact_solve(x, m, out, alpha64, t_lower, sparse_rows)
+        t.index_copy_(0, sparse_rows, t_sparse)
+        out.zero_().view(-1).index_copy_(0, flat_index, p)
+        if n_dense:
+            alpha_dense = alpha64 if isinstance(alpha64, float) else alpha64.index_select(0, dense_rows)
+            t_dense, p_dense = _solve_full_rows(x.index_select(0, dense_rows), m.index_select(0, dense_rows),
+                                                alpha_dense, t_lower.index_select(0, dense_rows))
+            t.index_copy_(0, dense_rows, t_dense)
+            out.index_copy_(0, dense_rows, p_dense.to(out.dtype))
     tau = t.to(x.dtype) + a * m
     if any_bad:
         out.masked_fill_(empty_rows, 0.0).masked_fill_(nan_rows, float("nan"))
