@@ -18,7 +18,11 @@
 #   bash benchmarks/decode_gpu_call.sh kernels      # about 7 minutes:
 #     the split-path sweep of tune_decode_gpu.py (first: never run on a GPU), then the one-launch one (its
 #     cases of results/tune_decode.md, after the twenty-second session's threshold-pass change), then
-#     bench_decode_gpu.py: kernel-level decoding against SDPA (host and GPU time).
+#     bench_decode_gpu.py: kernel-level decoding against SDPA (host and GPU time);
+#   bash benchmarks/decode_gpu_call.sh graph_rule   # about 3 minutes:
+#     the launcher's rule under CUDA-graph capture (thirtieth session, from the kernels part's sweep, not yet
+#     timed): its GPU tests (a captured call against the fp64 reference), then bench_decode_gpu.py, whose GPU
+#     columns replay captured graphs (its "graph path" column).
 # Everything of a call goes into ONE file, $OUT/decode_<part>.tgz (logs, tables, json), within the device's
 # 8 files. Environment: OUT (default ./decode_call_out), TUNE_SECONDS (the sweep's budget, 180).
 set -u
@@ -54,7 +58,7 @@ for d in range(40):
     (out / f"doc{d}.txt").write_text(" ".join(rng.choice(words) for _ in range(12000)) + "\n")
 PY
 }
-part=${1:?checks, eval_graphs, lm_graphs or kernels}
+part=${1:?checks, eval_graphs, lm_graphs, kernels or graph_rule}
 nvidia-smi --query-gpu=name,driver_version --format=csv > "$work/gpu.txt" 2>&1
 case $part in
   checks)
@@ -76,7 +80,10 @@ case $part in
     step tune 240 python benchmarks/tune_decode_gpu.py --paths split short --seconds "${TUNE_SECONDS:-180}" \
       --out "$work/tune"
     step bench_decode 200 python benchmarks/bench_decode_gpu.py --out "$work/decode" ;;
-  *) echo "unknown part $part: checks, eval_graphs, lm_graphs or kernels" >&2; exit 2 ;;
+  graph_rule)
+    step tests 120 python -m pytest -q -m gpu tests/test_triton_attention_decode.py -k "graph or gpu" -rfE
+    step bench_decode 200 python benchmarks/bench_decode_gpu.py --out "$work/decode" ;;
+  *) echo "unknown part $part: checks, eval_graphs, lm_graphs, kernels or graph_rule" >&2; exit 2 ;;
 esac
 tar -czf "$out/decode_$part.tgz" --exclude="*.pt" -C "$work" .
 echo "wrote $out/decode_$part.tgz"
