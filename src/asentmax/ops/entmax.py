@@ -134,16 +134,23 @@ def _normalise(p, alpha):
     return p.div_(torch.where(total > 0, total, 1.0))
 
 
+def _marked(flat_marks, n_rows, n):
+    """The marked entries of an (n_rows, n) matrix, row-major: (flat_index: their positions, rows: their
+    rows, counts: marks per row, first: where each row's marks start in flat_index)."""
+    flat_index = flat_marks.nonzero().squeeze(1)
+    rows = torch.div(flat_index, n, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=n_rows)
+    return flat_index, rows, counts, torch.cumsum(counts, 0) - counts
+
+
 def _compaction(flat_marks, n_rows, n):
     """Where the marked entries of an (n_rows, n) matrix go in an (n_rows, k) one, k = most marks in a row.
 
     Returns (flat_index: their positions, slots: their positions in the compact matrix, counts per row, k)."""
-    flat_index = flat_marks.nonzero().squeeze(1)
-    rows = torch.div(flat_index, n, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=n_rows)
+    flat_index, rows, counts, first = _marked(flat_marks, n_rows, n)
     k = max(int(counts.max()), 1) if n_rows else 1
     # the i-th mark (row-major) goes to slot i - (marks before its row) of its row
-    shift = torch.arange(n_rows, device=flat_marks.device) * k - (torch.cumsum(counts, 0) - counts)
+    shift = torch.arange(n_rows, device=flat_marks.device) * k - first
     slots = shift.index_select(0, rows).add_(torch.arange(flat_index.numel(), device=flat_marks.device))
     return flat_index, slots, counts, k
 
@@ -176,9 +183,7 @@ def _compact_solve(x, m, marks, alpha, t_lower, rows):
     them (x's dtype). A row without candidates (NaN or all -inf) gets a single 0 entry; its result is
     overwritten."""
     n_rows, n = x.shape
-    flat_index = marks.view(-1).bool().nonzero().squeeze(1)  # bool: 4x fewer bytes
-    counts = torch.bincount(torch.div(flat_index, n, rounding_mode="floor"), minlength=n_rows)
-    first = torch.cumsum(counts, 0) - counts  # where each row's candidates start in flat_index
+    flat_index, _, counts, first = _marked(marks.view(-1).bool(), n_rows, n)  # bool: 4x fewer bytes
     row_counts = counts.index_select(0, rows)
     t = torch.empty((rows.numel(), 1), dtype=torch.float64, device=x.device)
     p = torch.empty(flat_index.numel(), dtype=x.dtype, device=x.device)
