@@ -3,11 +3,12 @@
 Attention mixes heads whose rows are near-uniform (most entries inside the entmax support) with heads whose
 rows are peaked (a few entries), in one call. Inputs here: (rows, n) fp32 logits, standard normal times 10,
 with every third row scaled by 0.01 (near-uniform: `mixed`), or each row scaled by its own 10^u, u uniform in
-[-2, 1], so that the rows' candidate counts spread from a few to all (`spread`, as a trained model's heads
-do: results/entmax_classes_cpu.md); the same seed for both sides. Each side runs in its own
-child process (the revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed
-calls (forward, and forward + backward against a fixed random gradient), median; the two sides alternate
-for `--rounds` rounds and the table gives the median of each side's medians and their ratio. Writes
+[-2, 1], so that the rows' candidate counts spread from a few to all (`spread`, as a trained model's heads do:
+results/entmax_classes_cpu.md), or every row scaled by 0.02 (`moderate`: standard deviation 0.2, a fifth to a
+third of each row in the support: results/entmax_pass_shrink_cpu.md); the same seed for both sides. Each side
+runs in its own child process (the revision from a temporary `git worktree`), a few calls to warm up, then
+`--calls` timed calls (forward, and forward + backward against a fixed random gradient), median; the two sides
+alternate for `--rounds` rounds and the table gives the median of each side's medians and their ratio. Writes
 OUT.json and OUT.md.
 
     .venv/bin/python benchmarks/bench_entmax_rows_cpu.py --base REV --out results/entmax_rows_cpu
@@ -26,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((16320, 1020), (4096, 4096))
-INPUTS = ("mixed", "spread")
+INPUTS = ("mixed", "spread", "moderate")
 ALPHAS = (1.5, 1.25)
 MODES = ("fwd", "fwd+bwd")
 
@@ -40,6 +41,8 @@ g = torch.Generator().manual_seed(0)
 x = 10 * torch.randn(rows, n, generator=g)
 if sys.argv[7] == "mixed":
     x[::3] *= 0.01
+elif sys.argv[7] == "moderate":
+    x *= 0.02
 else:
     x *= 10.0 ** (3 * torch.rand(rows, 1, generator=g) - 3)
 grad = torch.randn(rows, n, generator=g)
@@ -118,7 +121,7 @@ def main():
              f"{meta['threads']} threads, {meta['cpu']}, {meta['date']}; base {base}, this tree "
              f"{meta['this_tree']}. "
              "Inputs: fp32 standard normal x 10; mixed: every third row x 0.01 (near-uniform); spread: each "
-             "row x 10^u, u uniform in [-2, 1]. Each "
+             "row x 10^u, u uniform in [-2, 1]; moderate: every row x 0.02. Each "
              f"side in its own process, {args.calls} timed calls a round, {args.rounds} alternating rounds: "
              "the median of each side's round medians.\n",
              "| inputs | mode | shape | alpha | base ms | this tree ms | speed-up |",

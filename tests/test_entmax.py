@@ -91,9 +91,10 @@ def test_input_is_left_unchanged(alpha, scale, dtype):
 
 
 def _near_uniform_and_peaked_rows(seed):
-    """Rows of 400: every third near-uniform (most entries in the support), the others peaked (a few)."""
+    """Rows of 400: every third near-uniform (for alpha <= 2 nearly every entry in the support, so it stays
+    denser than half its length however far the lower bound rises), the others peaked (a few)."""
     z = rows(12, 400, 10.0, seed=seed)
-    z[::3] *= 0.01
+    z[::3] *= 1e-4
     return z
 
 
@@ -117,6 +118,21 @@ def test_rows_too_dense_to_compact_are_solved_apart_from_the_rest(alpha, monkeyp
         torch.testing.assert_close(got[i : i + 1], expected, rtol=0, atol=1e-12)
         if alpha != "per row":
             torch.testing.assert_close(entmax(z.float(), a)[i : i + 1].double(), expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("alpha, scale", [(1.5, 0.3), (1.5, 0.1), (2.0, 0.1)])
+def test_lower_bound_passes_go_on_while_they_shrink_the_candidates(alpha, scale):
+    """Rows of moderate spread at 1,020 entries, where the first pass leaves a third to a half of the row as
+    candidates, several times the true support. The passes go on while each removes a quarter, so the rows
+    compact near their support (or below the compaction fraction), not at half their length."""
+    import asentmax.ops.entmax as entmax_module
+
+    x = rows(64, 1020, scale, seed=5).float()
+    m = x.amax(dim=1, keepdim=True)
+    t, counts = entmax_module._raise_lower_bound(x, m, alpha, torch.empty_like(x))
+    support = (entmax(x.double(), alpha) > 0).sum(1)
+    assert (counts >= support).all()  # still a lower bound: every support entry is a candidate
+    assert counts.max() <= max(1.25 * support.max(), entmax_module._COMPACT_FRACTION * x.shape[1])
 
 
 def _rows_of_spread_candidates(seed):

@@ -22,10 +22,11 @@ How tau is found on the torch path (asentmax.ops._entmax_solver does the root fi
   * Work relative to the row maximum m: s = (alpha - 1)(z - m) <= 0, so tau - (alpha - 1) m lies in
     [-1, 0) and only entries with z > m - 1/(alpha - 1) can be in the support. No row is sorted.
   * Candidates are compacted into a small (rows, k) fp64 matrix (k = most candidates in a row) when
-    they are few; otherwise Newton passes over the full rows raise the lower bound until they are. Rows
-    whose candidates are still more than half the row are solved over their full length, apart from the
-    rest, which are compacted (attention mixes near-uniform heads and sharp ones in one call), each class
-    of rows by candidate count (up to 16, 64, 256, then the rest) at its own width.
+    they are few; otherwise Newton passes over the full rows raise the lower bound until they are, or
+    until a pass removes fewer than a quarter of them. Rows whose candidates are still more than half the
+    row are solved over their full length, apart from the rest, which are compacted (attention mixes
+    near-uniform heads and sharp ones in one call), each class of rows by candidate count (up to 16, 64,
+    256, then the rest) at its own width.
   * The solver finds tau to working precision in fp64 (closed forms on the support for alpha = 1.5 and
     2; for alpha > 2 a correction below tau's resolution, solved in the shifted variable s - tau, keeps
     the digits of entries at the edge of the support); for alphas other than 1.5 and 2, p is divided by
@@ -68,6 +69,10 @@ ALPHA_MAX = 10.0
 BACKENDS = ("auto", "reference", "triton")
 # A row is compacted when its candidates fill at most this fraction of the longest row.
 _COMPACT_FRACTION = 0.125
+# The lower-bound passes go on while a pass leaves fewer than this fraction of the most candidates in a row
+# (a pass costs a few fp32 sweeps of the rows; compacting rows to near half their length costs more than the
+# sweeps that shrink them further: results/entmax_pass_shrink_cpu.md).
+_PASS_SHRINK = 0.75
 # Compacted rows are solved in classes by candidate count (at most 16, 64, 256, then the rest), each class at
 # its own width: attention mixes heads of a few candidates with broad ones in one call.
 _CLASS_WIDTHS = (16, 64, 256)
@@ -246,7 +251,8 @@ def _raise_lower_bound(x, m, alpha, marks):
     root of the surrogate sum d^k = 1 (k from _surrogate_power) is a lower bound of tau; Newton on its
     phi = (sum d^k)^(1/k) - 1 from below stays below it and needs multiplications only for integer k.
     The passes work on x directly: d = (alpha - 1) [x - m - t/(alpha-1)]_+.
-    Stops when the candidates {s > t} are few enough to compact, or a pass fails to halve them.
+    Stops when the candidates {s > t} are few enough to compact, or a pass leaves more than _PASS_SHRINK
+    of them.
     Returns t (R, 1) and the candidate count of each row (R,), and marks (R, n) = 1.0 at the candidates."""
     n = x.shape[1]
     a = alpha - 1.0
@@ -257,7 +263,7 @@ def _raise_lower_bound(x, m, alpha, marks):
     k = _surrogate_power(1.0 / a)
     scratch = None  # a second (R, n) buffer, allocated (page faults) only where power_sums needs one
     previous = math.inf  # the candidate count before the last pass
-    while kmax > _COMPACT_FRACTION * n and kmax < 0.5 * previous:
+    while kmax > _COMPACT_FRACTION * n and kmax < _PASS_SHRINK * previous:
         d = torch.sub(x, m + t / a, out=marks).clamp_(min=0)  # [s - t]_+ / (alpha - 1)
         if isinstance(k, int) and k == 4:
             # F exactly, and D = sum d^3 <= |d| |d^2| (Cauchy-Schwarz): two norms instead of two
