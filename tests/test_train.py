@@ -250,11 +250,15 @@ def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
     assert not [p for p in os.listdir(tmp_path / "run") if ".tmp" in p]  # atomic write left no temp file
 
 
-def test_mismatched_vocab_is_refused(tmp_path):
+@pytest.mark.parametrize("change", [-1, 1])
+def test_mismatched_vocab_is_refused(tmp_path, change):
+    """A model vocabulary smaller or larger than the task's: evaluation would refuse the run, so training
+    does too."""
+    vocab_size = get_task(tiny_workload().task).vocab_size + change
     with pytest.raises(ValueError, match="vocab_size"):
         train(tiny_workload(), tiny_train(),
-              ModelConfig(vocab_size=5, d_model=16, n_layers=1, n_heads=2, d_ff=16), tmp_path / "run",
-              progress=False)
+              ModelConfig(vocab_size=vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=16),
+              tmp_path / "run", progress=False)
 
 
 # ---- DDP ----
