@@ -127,8 +127,8 @@ class TaskWorkload:
         return ModelConfig(vocab_size=self.task_object.vocab_size, **overrides)
 
     def check_model(self, model_config) -> None:
-        """The model reads exactly the task's token ids: `asentmax eval` takes a vocabulary that differs
-        from the task's for a sign that the task's samples changed since the run trained, and refuses it."""
+        """The model's vocabulary must be the task's: `asentmax eval` reads a difference as a sign that the
+        task's samples changed since the run trained and refuses the run, so training refuses it too."""
         if model_config.vocab_size != self.task_object.vocab_size:
             raise ValueError(f"model vocab_size {model_config.vocab_size} != task vocab_size "
                              f"{self.task_object.vocab_size}")
