@@ -2,14 +2,16 @@
 
 Attention mixes heads whose rows are near-uniform (most entries inside the entmax support) with heads whose
 rows are peaked (a few entries), in one call. Inputs here: (rows, n) fp32 logits, standard normal times 10,
-with every third row scaled by 0.01 (near-uniform: `mixed`), or each row scaled by its own 10^u, u uniform in
-[-2, 1], so that the rows' candidate counts spread from a few to all (`spread`, as a trained model's heads do:
-results/entmax_classes_cpu.md), or every row scaled by 0.02 (`moderate`: standard deviation 0.2; at alpha 1.5
-14-23 % of a row of 1,020 entries in the support and 6-9 % of 4,096, at alpha 1.25 96-100 %:
-results/entmax_pass_shrink_cpu.md); the same seed for both sides. Each side runs in its own child process (the
-revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed calls (forward, and
-forward + backward against a fixed random gradient), median; the two sides alternate for `--rounds` rounds and
-the table gives the median of each side's medians and their ratio. Writes OUT.json and OUT.md.
+with every third row scaled by 0.01 (near-uniform, standard deviation 0.1: `mixed`; in the support at alpha
+1.5 40-49 % of a row of 1,020 entries and 17-21 % of 4,096, at alpha 1.25 all), or each row scaled by its own
+10^u, u uniform in [-2, 1], so that the rows' candidate counts spread from a few to all (`spread`, as a
+trained model's heads do: results/entmax_classes_cpu.md), or every row scaled by 0.02 (`moderate`: standard
+deviation 0.2; at alpha 1.5 14-23 % of a row of 1,020 entries in the support and 6-9 % of 4,096, at alpha 1.25
+96-100 %: results/entmax_pass_shrink_cpu.md); the same seed for both sides. Each side runs in its own child
+process (the revision from a temporary `git worktree`), a few calls to warm up, then `--calls` timed calls
+(forward, and forward + backward against a fixed random gradient), median; the two sides alternate for
+`--rounds` rounds and the table gives the median of each side's medians and their ratio. Writes OUT.json and
+OUT.md.
 
     .venv/bin/python benchmarks/bench_entmax_rows_cpu.py --base REV --out results/entmax_rows_cpu
 """
