@@ -387,16 +387,17 @@ alphas = st.sampled_from([1.1, 1.5, 1.7, 2.0, 2.6])
 @settings(max_examples=60, deadline=None)
 @given(values=finite_rows, alpha=alphas)
 def test_simplex_and_exact_zeros(values, alpha):
-    """p sums to 1, is exactly 0 where (alpha - 1) z <= tau and positive where it is above. tau comes back in
-    absolute units, rounded to its own precision (at |tau| = 29 a unit of the last place is 3.6e-15), so an
-    entry within 2 units of the last place of tau may fall on either side: [29, 30 - 4e-15] at alpha 2 has
-    p = 1.8e-15 at 29, where tau rounds to 29.0."""
+    """p sums to 1, is exactly 0 where (alpha - 1) z <= tau and positive where it is above. The solve works
+    on (alpha - 1)(z - max z) and tau comes back in absolute units, each rounded to its own precision, so an
+    entry within 2 units of the last place of the larger of |tau| and (alpha - 1) max |z| may fall on either
+    side: [29, 30 - 4e-15] at alpha 2 has p = 1.8e-15 at 29, where tau rounds to 29.0; [1, 1e-91] at alpha 2
+    has p = 0 at 1e-91 (exactly 5e-92), since 1e-91 - 1 rounds to -1."""
     z = torch.tensor([values], dtype=torch.float64)
     p = entmax(z, alpha)
     assert (p >= 0).all()
     assert abs(p.sum().item() - 1) < 1e-12
     tau = entmax_threshold(z, alpha)
-    resolution = 2 * torch.finfo(torch.float64).eps * tau.abs()
+    resolution = 2 * torch.finfo(torch.float64).eps * torch.maximum(tau.abs(), (alpha - 1) * z.abs().max())
     assert (p[(alpha - 1) * z <= tau - resolution] == 0).all()
     assert (p[(alpha - 1) * z > tau + resolution] > 0).all()
 
