@@ -195,11 +195,11 @@ def _compact_solve(x, m, marks, alpha, t_lower, rows):
     for members, width in _compact_classes(row_counts):
         class_rows, c = rows.index_select(0, members), row_counts.index_select(0, members)
         total = int(c.sum())
-        offset = torch.arange(total, device=x.device) - torch.repeat_interleave(torch.cumsum(c, 0) - c, c,
-                                                                                 output_size=total)
-        which = torch.repeat_interleave(first.index_select(0, class_rows), c, output_size=total) + offset
-        slots = torch.repeat_interleave(torch.arange(members.numel(), device=x.device) * width, c,
-                                        output_size=total) + offset
+        # each candidate's row in the class, and its place among that row's candidates
+        owner = torch.repeat_interleave(torch.arange(members.numel(), device=x.device), c, output_size=total)
+        offset = torch.arange(total, device=x.device) - (torch.cumsum(c, 0) - c).index_select(0, owner)
+        which = first.index_select(0, class_rows).index_select(0, owner) + offset
+        slots = owner * width + offset
         s = torch.full((members.numel(), width), float("-inf"), dtype=torch.float64, device=x.device)
         values = x.view(-1).index_select(0, flat_index.index_select(0, which))
         s.view(-1).index_copy_(0, slots, values.double())
