@@ -122,9 +122,10 @@ def test_rows_too_dense_to_compact_are_solved_apart_from_the_rest(alpha, monkeyp
 
 @pytest.mark.parametrize("alpha, scale", [(1.5, 0.3), (1.5, 0.1), (2.0, 0.1)])
 def test_lower_bound_passes_go_on_while_they_shrink_the_candidates(alpha, scale):
-    """Rows of moderate spread at 1,020 entries, where the first pass leaves a third to a half of the row as
-    candidates, several times the true support. The passes go on while each removes a quarter, so the rows
-    compact near their support (or below the compaction fraction), not at half their length."""
+    """Rows of moderate spread at 1,020 entries, where the first pass leaves half to three quarters of the row
+    as candidates (530-752 of 1,020), several times the true support. The passes go on while each removes a
+    quarter, so the rows compact near their support (or below the compaction fraction), not at half their
+    length."""
     import asentmax.ops.entmax as entmax_module
 
     x = rows(64, 1020, scale, seed=5).float()
