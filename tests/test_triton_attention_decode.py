@@ -374,14 +374,18 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim,
     # one sequence: 8 packs never reach 256 programs, so the smallest chunks (256 keys)
     (1, 32, 8, 1, 4096, 128, {"_decode_scores": (16, 8), "_decode_threshold": (32,),
                               "_decode_output": (16, 8)}),
-    (1, 32, 8, 1, 1024, 128, {"_decode_scores": (4, 8), "_decode_threshold": (32,),
-                              "_decode_output": (4, 8)}),
+    # one sequence at 1K: packs of 4 would give 4 chunks x 8 packs = 32 < GRAPH_PACKED_PROGRAMS programs, so
+    # a head a program (32 x 4 chunks of 256), and its 1 x 1024 scores are solved by the output kernel
+    (1, 32, 8, 1, 1024, 128, {"_decode_scores": (4, 32), "_decode_output": (4, 32)}),
     (8, 16, 4, 1, 2048, 128, {"_decode_scores": (8, 32), "_decode_threshold": (128,),
                               "_decode_output": (8, 32)}),
     (8, 32, 4, 1, 4096, 128, {"_decode_scores": (8, 32), "_decode_threshold": (256,),
                               "_decode_output": (8, 32)}),  # packs of 8
     # a pack of 2 rows x 1024 keys = GRAPH_SOLVE_SCORES: the output kernel solves (no threshold launch)
-    (1, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 4), "_decode_output": (4, 4)}),
+    (8, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 32), "_decode_output": (4, 32)}),
+    # 16 packs of 2 x 4 chunks = 64 = GRAPH_PACKED_PROGRAMS: packed; 8 packs x 4 = 32: a head a program
+    (4, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 16), "_decode_output": (4, 16)}),
+    (2, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 16), "_decode_output": (4, 16)}),
     # multi-head: 128 packs x 4 chunks of 1024 already reach 256 programs; up to SHORT_CACHE one launch
     (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_threshold": (128,),
                               "_decode_output": (4, 128)}),
@@ -391,7 +395,8 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim,
 def test_decode_launch_grids_graphed(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
     """Under CUDA-graph capture (graphed_launch replaced) the launcher's second rule: grouped caches from
     GRAPH_SPLIT_CACHE keys split, in the largest chunks of GRAPH_CHUNKS that give GRAPH_PROGRAMS = 256
-    programs (else 256 keys), the thresholds in their own launch unless a pack's rows x padded cache are at
+    programs (else 256 keys), a head a program where packs would give fewer than GRAPH_PACKED_PROGRAMS = 64
+    programs in chunks of 256, the thresholds in their own launch unless a pack's rows x padded cache are at
     most GRAPH_SOLVE_SCORES = 2048."""
     from asentmax.ops.triton import attention_decode
 
@@ -400,11 +405,13 @@ def test_decode_launch_grids_graphed(monkeypatch, batch, heads, kv_heads, n_q, n
 
 
 # the launcher's rule under CUDA-graph capture (graphed_launch replaced), at interpreter sizes: grouped caches
-# from 1,024 keys split in chunks of 256 (few packs), thresholds in their own launch or solved by the output
-# kernel (a pack of <= 2048 scores); multi-head caches past SHORT_CACHE likewise
+# from 1,024 keys split in chunks of 256 (few packs), in packs of heads or (too few of them) a head a program,
+# thresholds in their own launch or solved by the output kernel (a pack of <= 2048 scores); multi-head caches
+# past SHORT_CACHE likewise
 GRAPHED_CASES = [  # (alpha, causal, B, H, Hkv, Nq, Nk, D, dtype, extras)
-    (1.5, True, 2, 4, 2, 1, 1100, 32, torch.float32, ALL),  # packs of 2 x 1280 scores: threshold launch
-    (2.0, False, 1, 2, 1, 1, 1024, 16, torch.float32, ("alibi_slopes", "q_scale")),  # 2 x 1024: solved
+    (1.5, True, 4, 8, 4, 1, 1100, 32, torch.float32, ALL),  # 16 packs of 2 x 1280 scores: threshold launch
+    (1.5, True, 2, 4, 2, 1, 1100, 32, torch.float32, ALL),  # packs of 2 too few: a head a program, solved
+    (2.0, False, 2, 8, 4, 1, 1024, 16, torch.float32, ("alibi_slopes", "q_scale")),  # a head a program
     (1.0, True, 1, 4, 1, 4, 1500, 16, torch.float32, ALL),  # softmax, 16 rows a pack
     (1.25, True, 1, 2, 2, 1, 2100, 16, torch.float32, ("key_padding_mask",)),  # multi-head, 9 chunks
 ]

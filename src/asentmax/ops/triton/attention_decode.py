@@ -231,6 +231,7 @@ GRAPH_SPLIT_CACHE = 1024  # grouped caches of at least this many keys take the s
 GRAPH_CHUNKS = (1024, 512, 256)  # the largest that gives GRAPH_PROGRAMS programs, else the smallest
 GRAPH_PROGRAMS = 256
 GRAPH_SOLVE_SCORES = 2048  # most scores of a pack an output program solves itself
+GRAPH_PACKED_PROGRAMS = 64  # fewer packed programs than this even in the smallest chunks: a head a program
 
 
 def graphed_launch(q):
@@ -245,6 +246,16 @@ def takes_short_path(n_k, group, graphed):
     if graphed and group > 1 and n_k >= GRAPH_SPLIT_CACHE:
         return False
     return n_k <= SHORT_CACHE
+
+
+def split_pack(batch, heads, group, n_q, n_k, graphed):
+    """Query heads a program of the split path: heads_per_program, or under graph capture one where packs of
+    heads_per_program would give fewer than GRAPH_PACKED_PROGRAMS programs even in chunks of the smallest of
+    GRAPH_CHUNKS (a single sequence's short cache: too few programs to fill the GPU)."""
+    pack = heads_per_program(group, n_q)
+    if graphed and cdiv(n_k, GRAPH_CHUNKS[-1]) * (batch * heads // pack) < GRAPH_PACKED_PROGRAMS:
+        return 1
+    return pack
 
 
 def split_chunk(n_k, n_packs, graphed):
@@ -285,15 +296,21 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
       comparisons (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10.
     - Under CUDA-graph capture (graphed_launch: asentmax eval and lm eval replay their decoding steps as
       graphs), where only GPU time counts: grouped caches of at least GRAPH_SPLIT_CACHE = 1024 keys take
-      the split path too, in chunks of split_chunk (enough programs to fill the GPU), with the thresholds
-      in their own launch unless a pack holds at most GRAPH_SOLVE_SCORES scores. From the split-path sweep
+      the split path too, in chunks of split_chunk (enough programs to fill the GPU), a program per query
+      head where packs would leave too few programs (split_pack), with the thresholds in their own launch
+      unless a pack holds at most GRAPH_SOLVE_SCORES scores. From the split-path sweep
       on an H100 (results/session29_gpu/decode/tune_decode.md, GPU time, bf16, Nq 1): with the thresholds
       in their own launch and this rule's chunks, 0.029 / 0.045 ms at 4K keys (B 8, H 16, Hkv 4, head dim
       64 / 128) where the direct rule's configuration took 0.054 / 0.066; 0.021 against 0.052 ms for
       B 1, H 32, Hkv 8 at 4K and 0.016 against 0.019 at 1K; 0.021 / 0.030 against the one-launch kernel's
       0.025 / 0.033 at 2K; level with it (0.016 / 0.020) at 1K for B 8. Solving in the output kernel was
       slower wherever a pack held 4,096 scores or more (0.050 against 0.030 ms at 4K, chunks of 1024) and
-      faster only with 1,024 (0.013 against 0.014 ms, B 1 at 1K with packs of one head).
+      faster only with 1,024 (0.013 against 0.014 ms, B 1 at 1K with packs of one head). Packs of one
+      head (solving, 64-key tiles): 0.014 ms against 0.016 with packs of 4 for B 1 at 1K (32 packed
+      programs); at 4K (128 packed programs) 0.024 against 0.021 (thresholds launched). Through this
+      launcher under capture (thirty-second session, an H100, results/session32_gpu/README.md, before
+      split_pack): 1.19-2.07x SDPA's GPU time on the grouped rows at 1K-4K keys, 2.07x being B 1 at 1K
+      (0.017 ms, packs of 4).
     """
     graphed = graphed_launch(q)
     if takes_short_path(k.shape[2], q.shape[1] // k.shape[1], graphed):
@@ -310,7 +327,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     """entmax_attention_decode by the split-over-keys kernels (any cache length). `pack` as in
     attention_decode_short.entmax_attention_decode_short (default heads_per_program); `chunk` keys a
     program (a multiple of 64, default split_chunk: SPLIT_CHUNK = 1024 called directly, a grid of
-    (cdiv(Nk, chunk), B * H / pack)).
+    (cdiv(Nk, chunk), B * H / pack)); under graph capture the default pack is split_pack's.
 
     `solve` has the output kernel find the thresholds instead of a launch of _decode_threshold: one launch
     less (a Triton launch costs tens of microseconds of host time: in results/decode_gpu.md the split path's
@@ -334,11 +351,11 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
         raise ValueError(f"num_warps must be a power of two from 1 to 32, not {num_warps}")
     batch, heads, n_q, dim = q.shape
     group = heads // k.shape[1]
-    if pack is None:
-        pack = heads_per_program(group, n_q)
     n_k = k.shape[2]
-    n_packs = batch * heads // pack
     graphed = graphed_launch(q)
+    if pack is None:
+        pack = split_pack(batch, heads, group, n_q, n_k, graphed)
+    n_packs = batch * heads // pack
     if chunk is None:
         chunk = split_chunk(n_k, n_packs, graphed)
     if chunk % block_n:
