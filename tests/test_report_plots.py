@@ -97,3 +97,61 @@ def test_the_table_says_how_a_tagging_task_was_scored():
     mixed = comparison_table([run("a1", "mqmtar"), run("t1", "two_back")])
     assert "Exact match % of greedy decoding;" in sequence_only and "argmax label" not in sequence_only
     assert "Exact match % of greedy decoding (two_back: of the argmax label at every source token" in mixed
+
+
+def recipe_run(name: str, seed, accuracies: dict, **train) -> dict:
+    """An evaluated run of one recipe (batch 128, lr 4e-4 unless `train` says otherwise) with `seed` and the
+    exact match of each multiplier in `accuracies`."""
+    rows = [dict(length=64 * m, exact_match=a, ci_low=0.0, ci_high=1.0, n=300) for m, a in accuracies.items()]
+    train_config = {"batch_size": 128, "lr": 4e-4, "steps": 100, **train}
+    if seed is not None:
+        train_config["seed"] = seed
+    return dict(run_dir=f"runs/{name}", task="reverse", id_length=64, rows=rows, train_step=100,
+                model_config={"attention": "asentmax", "position": "nape"}, workload={"task": "reverse"},
+                train_config=train_config, eval_config={"checkpoint": "last", "samples": 300})
+
+
+def test_runs_of_one_recipe_are_summarised_over_their_seeds():
+    """The repeat table: the median over the runs of one recipe and their range, per multiplier measured in
+    all of them; a run with another learning rate, another tested checkpoint or no training record stays
+    out, and two runs of one seed count as two repeats."""
+    from asentmax.report import repeat_groups, repeat_summary, repeat_table
+
+    at_4x = [0.107, 0.983, 0.933, 0.133, 0.5]
+    runs = [recipe_run(f"s{seed}", seed, {1: 1.0, 4: a, 8: 0.2 * a})
+            for seed, a in zip((0, 1, 2, 3, 1), at_4x, strict=True)]
+    runs[2]["rows"].pop()  # seed 2 untested at 8x: the group has no 8x cell
+    other_lr = recipe_run("lr", 5, {1: 1.0, 4: 0.9}, lr=1e-3)
+    best = recipe_run("best", 6, {1: 1.0, 4: 0.9})
+    best["eval_config"] = {"checkpoint": "best", "samples": 300}
+    unrecorded = recipe_run("old", None, {1: 1.0, 4: 0.9})
+    results = [runs[0], other_lr, *runs[1:], best, unrecorded]
+    assert [[run["run_dir"] for run in group] for group in repeat_groups(results)] == [
+        [run["run_dir"] for run in runs]]
+    summary = repeat_summary(runs)
+    ordered = sorted(100 * a for a in at_4x)
+    assert summary["seeds"] == [0, 1, 2, 3, 1] and set(summary["median"]) == {1, 4}
+    assert (summary["median"][4], summary["min"][4], summary["max"][4]) == (
+        ordered[2], ordered[0], ordered[-1])
+    lines = repeat_table(results).splitlines()
+    assert lines[0] == "| task | method | runs (seed) | samples | ID | 4x | 8x |"
+    assert lines[2] == ("| reverse | ASEntmax | 5: s0 (0), s1 (1), s2 (2), s3 (3), s1 (1) | 12.8K | "
+                        f"100.0 (100.0-100.0) | {ordered[2]:.1f} ({ordered[0]:.1f}-{ordered[-1]:.1f}) | - |")
+    assert len(lines) == 5 and lines[4].startswith("Over repeats:")
+    assert repeat_table([runs[0], other_lr, best, unrecorded]) == ""
+
+
+def test_a_config_field_written_after_a_run_counts_at_its_default_and_graphs_do_not_split_a_recipe():
+    """An older run's files lack the fields added since (they had their default's effect), and an evaluation
+    with CUDA graphs gives the answers of one without: neither splits a recipe; a field set away from its
+    default does."""
+    from asentmax.report import repeat_groups
+    from asentmax.trainer import TrainConfig
+
+    default_clip = TrainConfig().grad_clip
+    old = recipe_run("old", 1, {1: 1.0})
+    new = recipe_run("new", 2, {1: 0.5}, grad_clip=default_clip)
+    new["eval_config"]["cuda_graphs"] = "on"
+    clipped = recipe_run("clipped", 3, {1: 0.5}, grad_clip=2 * default_clip)
+    assert [[r["run_dir"] for r in group] for group in repeat_groups([old, new, clipped])] == [
+        ["runs/old", "runs/new"]]

@@ -8,6 +8,10 @@ A third plot, training.png, shows how each run got there: its training loss and 
 at every validation length against the samples it had seen (log.csv and val.csv of the run directory;
 samples = step x batch size), where a loss plateau and a still-rising validation curve can be seen.
 
+Runs of one recipe (seeds, or repeats of a seed) are also summarised together (repeat_table: the median and
+the range per length), since length generalisation can differ far more between seeds than a test interval
+suggests.
+
 Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured) and training.png
 (when a run directory holds its logs), after every eval.json has been read and checked
 (asentmax.runs.load_evaluation: RunError naming a bad file).
@@ -16,9 +20,12 @@ Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion w
 from __future__ import annotations
 
 import csv
-from dataclasses import fields
+import json
+from dataclasses import MISSING, fields
 from pathlib import Path
+from statistics import median
 
+from asentmax.eval import EvalConfig
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
@@ -33,6 +40,8 @@ from asentmax.runs import (
     write_json,
 )
 from asentmax.tasks.registry import eval_multipliers, get_task
+from asentmax.tasks.workload import TaskWorkload
+from asentmax.trainer import TrainConfig
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes); the multipliers
@@ -165,6 +174,71 @@ def comparison_table(results: list[dict]) -> str:
             note += (f"{run_name(result)}: evaluation unfinished, lengths "
                      f"{', '.join(map(str, result['pending_lengths']))} still to do.\n")
     return "\n".join(lines) + "\n" + note
+
+
+def repeat_groups(results: list[dict]) -> list[list[dict]]:
+    """The runs of one recipe, in groups of two or more (first-seen order): the same task, model, workload,
+    training config but for `seed`, trained steps and evaluation config but for `cuda_graphs`, so seeds of a
+    recipe or repeats of one seed (GPU runs of one seed differ). A config field that a run's files lack
+    counts at its default. Runs whose eval.json has no training config join no group."""
+    groups: dict[str, list[dict]] = {}
+    for result in results:
+        train_config = result.get("train_config")
+        if not isinstance(train_config, dict) or "seed" not in train_config:
+            continue
+        recipe = {name: value for name, value in _with_defaults(train_config, TrainConfig).items()
+                  if name != "seed"}
+        evaluation = {name: value for name, value in _with_defaults(result.get("eval_config") or {},
+                                                                    EvalConfig).items()
+                      if name != "cuda_graphs"}  # replayed decoding steps give the same answers
+        key = json.dumps([result["task"], _with_defaults(result["model_config"], ModelConfig),
+                          _with_defaults(result.get("workload") or {}, TaskWorkload), recipe, evaluation,
+                          result.get("train_step"), result.get("prior_samples") or 0],
+                         sort_keys=True, default=str)
+        groups.setdefault(key, []).append(result)
+    return [group for group in groups.values() if len(group) > 1]
+
+
+def _with_defaults(saved: dict, config_class) -> dict:
+    """A saved config with the fields it lacks (it was written before they existed) at their defaults, the
+    value they had in effect then."""
+    defaults = {f.name: f.default for f in fields(config_class) if f.default is not MISSING}
+    defaults.update({f.name: f.default_factory() for f in fields(config_class)
+                     if f.default_factory is not MISSING})
+    return {**defaults, **saved}
+
+
+def repeat_summary(group: list[dict]) -> dict:
+    """{"runs", "seeds", "median", "min", "max"} of a repeat group: exact match % per multiplier measured
+    in every run of the group (the median over its runs and their range)."""
+    by_run = [{_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]} for r in group]
+    common = sorted(set.intersection(*(set(rows) for rows in by_run)))
+    values = {m: [rows[m] for rows in by_run] for m in common}
+    return {"runs": [run_name(r) for r in group], "seeds": [r["train_config"]["seed"] for r in group],
+            "median": {m: median(v) for m, v in values.items()},
+            "min": {m: min(v) for m, v in values.items()}, "max": {m: max(v) for m, v in values.items()}}
+
+
+def repeat_table(results: list[dict]) -> str:
+    """Markdown table of the repeat groups (repeat_groups): for each multiplier the median exact match % over
+    a group's runs and, in brackets, the lowest and highest; "" when no two runs share a recipe."""
+    groups = repeat_groups(results)
+    if not groups:
+        return ""
+    multipliers = sorted({_multiplier(row, r) for group in groups for r in group for row in r["rows"]})
+    header = ["task", "method", "runs (seed)", "samples", *(_column_name(m) for m in multipliers)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for group in groups:
+        summary = repeat_summary(group)
+        cells = [f"{summary['median'][m]:.1f} ({summary['min'][m]:.1f}-{summary['max'][m]:.1f})"
+                 if m in summary["median"] else "-" for m in multipliers]
+        runs = ", ".join(f"{name} ({seed})"
+                         for name, seed in zip(summary["runs"], summary["seeds"], strict=True))
+        lines.append(f"| {group[0]['task']} | {method_label(group[0])} | {len(group)}: {runs} | "
+                     f"{_samples(samples_seen(group[0]))} | " + " | ".join(cells) + " |")
+    return ("\n".join(lines) + "\n\nOver repeats: runs of one recipe (the same model, data, training and "
+            "evaluation but for the seed); the median exact match % over them, the lowest and highest in "
+            "brackets.\n")
 
 
 def run_colours(n: int) -> list:
@@ -335,11 +409,16 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
+    repeats = repeat_table(results)
+    if repeats:
+        table += "\n" + repeats
     _plot_accuracy(results, output_dir / "accuracy.png")
     files = ["accuracy.png"]
     for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training)):
         if plot(results, output_dir / name):
             files.append(name)
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
-    write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results})
+    groups = [repeat_summary(group) for group in repeat_groups(results)]
+    write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results,
+                                             "repeat_groups": groups})
     return table
