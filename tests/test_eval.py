@@ -540,4 +540,4 @@ def test_a_run_whose_task_vocabulary_changed_is_refused_in_one_line(tiny_run, ca
                         raising=False)  # a data descriptor: Task.__init__ cannot set it
     assert main(["eval", str(tiny_run), "--samples", "2", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"its model reads 36 token ids, task 'reverse' now has {now}" in err and len(err.splitlines()) == 1
+    assert f"its model reads 36 token ids, task 'reverse' has {now} now" in err and len(err.splitlines()) == 1

@@ -533,9 +533,10 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     refusal = fresh_tables_refusal(task_name) if config.tables == "fresh" else None
     if refusal is not None:
         raise RunError(refusal)
-    if model_config.vocab_size != task.vocab_size:  # the task's samples changed since the run trained
-        raise RunError(f"{checkpoint_path}: its model reads {model_config.vocab_size} token ids, task "
-                       f"{task_name!r} now has {task.vocab_size} (its samples changed since: retrain it)")
+    mismatch = task.vocab_mismatch(model_config.vocab_size)
+    if mismatch is not None:  # the run trained on the task's ids: its samples changed since
+        raise RunError(f"{checkpoint_path}: {mismatch} now (its samples changed since the run trained: "
+                       "retrain it)")
     saved_workload = checkpoint.get("workload")
     if (not isinstance(saved_workload, dict) or saved_workload.get("task") != task_name
             or saved_layout(saved_workload) != layout):

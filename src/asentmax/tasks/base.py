@@ -89,6 +89,15 @@ class Task:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, vocab_size={self.vocab_size})"
 
+    def vocab_mismatch(self, model_vocab_size: int) -> str | None:
+        """None when a model of `model_vocab_size` token ids reads exactly this task's ids, else the
+        difference in words: the one rule of training (TaskWorkload.check_model) and evaluation. A model with
+        fewer ids would index past its embedding; one with more was trained on other samples (the task's
+        ids changed since) and would be scored on these without an error."""
+        if model_vocab_size == self.vocab_size:
+            return None
+        return f"its model reads {model_vocab_size} token ids, task {self.name!r} has {self.vocab_size}"
+
     def source_length(self, length: int) -> int:
         """Exact `len(source)` of a sample drawn with this `length` (identity unless overridden)."""
         self.check_length(length)

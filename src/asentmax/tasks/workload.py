@@ -127,11 +127,11 @@ class TaskWorkload:
         return ModelConfig(vocab_size=self.task_object.vocab_size, **overrides)
 
     def check_model(self, model_config) -> None:
-        """The model's vocabulary must be the task's: `asentmax eval` reads a difference as a sign that the
-        task's samples changed since the run trained and refuses the run, so training refuses it too."""
-        if model_config.vocab_size != self.task_object.vocab_size:
-            raise ValueError(f"model vocab_size {model_config.vocab_size} != task vocab_size "
-                             f"{self.task_object.vocab_size}")
+        """The model's vocabulary must be the task's (Task.vocab_mismatch): `asentmax eval` refuses a run
+        whose vocabulary differs, so training refuses it too."""
+        mismatch = self.task_object.vocab_mismatch(model_config.vocab_size)
+        if mismatch is not None:
+            raise ValueError(f"model vocab_size {model_config.vocab_size}: {mismatch}")
 
     # ---- the Workload protocol of asentmax.trainer ----
 
