@@ -155,3 +155,26 @@ def test_a_config_field_written_after_a_run_counts_at_its_default_and_graphs_do_
     clipped = recipe_run("clipped", 3, {1: 0.5}, grad_clip=2 * default_clip)
     assert [[r["run_dir"] for r in group] for group in repeat_groups([old, new, clipped])] == [
         ["runs/old", "runs/new"]]
+
+
+def test_the_repeats_plot_draws_each_recipes_median_in_a_band_from_its_lowest_to_its_highest_run(
+        monkeypatch, tmp_path):
+    import numpy as np
+
+    from asentmax.report import _plot_repeats
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    at_4x = (0.1, 0.9, 0.5)
+    runs = [recipe_run(f"s{seed}", seed, {1: 1.0, 2: 0.9, 4: a}) for seed, a in enumerate(at_4x)]
+    assert not _plot_repeats(runs[:1], tmp_path / "repeats.png") and not figures
+    assert _plot_repeats(runs, tmp_path / "repeats.png")
+    ax = figures[-1].axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    median = lines["ASEntmax: median of s0 and 2 more"]
+    assert list(median.get_xdata()) == [1, 2, 4] and list(median.get_ydata()) == [100.0, 90.0, 50.0]
+    assert list(lines["ASEntmax (paper)"].get_ydata()) == list(PAPER_RESULTS["reverse"]["asentmax"])
+    (band,) = ax.collections
+    at_four = band.get_paths()[0].vertices
+    at_four = at_four[np.isclose(at_four[:, 0], 4)][:, 1]
+    assert np.isclose(at_four.min(), 10.0) and np.isclose(at_four.max(), 90.0)

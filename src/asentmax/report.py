@@ -12,8 +12,9 @@ Runs of one recipe (seeds, or repeats of a seed) are also summarised together (r
 the range per length), since length generalisation can differ far more between seeds than a test interval
 suggests.
 
-Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured) and training.png
-(when a run directory holds its logs), after every eval.json has been read and checked
+Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured), training.png
+(when a run directory holds its logs) and repeats.png (when runs share a recipe: repeat_table's groups as a
+median curve in a band from the lowest run to the highest), after every eval.json has been read and checked
 (asentmax.runs.load_evaluation: RunError naming a bad file).
 """
 
@@ -288,6 +289,45 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_repeats(results: list[dict], path: Path) -> bool:
+    """Per repeat group (repeat_groups) its median exact match against the length multiplier, the band from
+    its lowest to its highest run, and the paper's row of its method; False when there is no group."""
+    groups = repeat_groups(results)
+    if not groups:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    paper_drawn = set()
+    for group, colour in zip(groups, run_colours(len(groups)), strict=True):
+        summary = repeat_summary(group)
+        xs = sorted(summary["median"])
+        ax.plot(xs, [summary["median"][m] for m in xs], "o-", color=colour,
+                label=f"{method_label(group[0])}: median of {summary['runs'][0]} and {len(group) - 1} more")
+        ax.fill_between(xs, [summary["min"][m] for m in xs], [summary["max"][m] for m in xs], color=colour,
+                        alpha=0.2)
+        paper = PAPER_RESULTS.get(group[0]["task"], {})
+        attention = group[0]["model_config"]["attention"]
+        if attention in paper and (group[0]["task"], attention) not in paper_drawn:
+            paper_drawn.add((group[0]["task"], attention))
+            ax.plot(paper["multipliers"], paper[attention], "--", color=colour, alpha=0.6,
+                    label=f"{METHOD_NAMES[attention]} (paper)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("test length / training length (ID)")
+    ax.set_ylabel("exact match %: median, lowest to highest")
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("runs of one recipe (seeds or repeats): the spread of length generalisation")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
 def _plot_dispersion(results: list[dict], path: Path) -> bool:
     """Normalised entropy and support size vs length per method; False when no run measured dispersion."""
     measured = [r for r in results if any("dispersion" in row for row in r["rows"])]
@@ -414,7 +454,8 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
         table += "\n" + repeats
     _plot_accuracy(results, output_dir / "accuracy.png")
     files = ["accuracy.png"]
-    for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training)):
+    for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training),
+                       ("repeats.png", _plot_repeats)):
         if plot(results, output_dir / name):
             files.append(name)
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
