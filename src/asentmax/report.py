@@ -26,7 +26,6 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from statistics import median
 
-from asentmax.eval import EvalConfig
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
@@ -37,6 +36,7 @@ from asentmax.runs import (
     load_evaluation,
     run_name,
     samples_trained,
+    saved_evaluation,
     saved_layout,
     write_json,
 )
@@ -180,8 +180,9 @@ def comparison_table(results: list[dict]) -> str:
 def repeat_groups(results: list[dict]) -> list[list[dict]]:
     """The runs of one recipe, in groups of two or more (first-seen order): the same task, model, workload,
     training config but for `seed`, trained steps and evaluation config but for `cuda_graphs`, so seeds of a
-    recipe or repeats of one seed (GPU runs of one seed differ). A config field that a run's files lack
-    counts at its default. Runs whose eval.json has no training config join no group."""
+    recipe or repeats of one seed (GPU runs of one seed differ). A field that a run's files lack (written
+    before it existed) counts at the value it had then (its default; runs.saved_evaluation). Runs whose
+    eval.json has no training config join no group."""
     groups: dict[str, list[dict]] = {}
     for result in results:
         train_config = result.get("train_config")
@@ -189,9 +190,8 @@ def repeat_groups(results: list[dict]) -> list[list[dict]]:
             continue
         recipe = {name: value for name, value in _with_defaults(train_config, TrainConfig).items()
                   if name != "seed"}
-        evaluation = {name: value for name, value in _with_defaults(result.get("eval_config") or {},
-                                                                    EvalConfig).items()
-                      if name != "cuda_graphs"}  # replayed decoding steps give the same answers
+        evaluation = {name: value for name, value in saved_evaluation(result.get("eval_config") or {}).items()
+                      if name != "cuda_graphs"}  # how the steps are launched, not what they compute
         key = json.dumps([result["task"], _with_defaults(result["model_config"], ModelConfig),
                           _with_defaults(result.get("workload") or {}, TaskWorkload), recipe, evaluation,
                           result.get("train_step"), result.get("prior_samples") or 0],

@@ -229,6 +229,12 @@ def saved_layout(workload: dict) -> str:
     return workload.get("layout", "random")
 
 
+def saved_evaluation(eval_config: dict) -> dict:
+    """An evaluation record's settings (eval.json's eval_config) with those added since the first evaluations
+    at the values they had in effect before: the last step's checkpoint and the run's word tables."""
+    return {"checkpoint": "last", "tables": "train", **eval_config}
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
