@@ -165,8 +165,8 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha):
         softmax_err = (entmax_attention(q, k, v, alpha=1.0, causal=False, backend="triton").float()
                        - sdpa().float()).abs().max().item()
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if takes_short_path(cache, h // hkv, False) else "split",
-                   graph_path="short" if takes_short_path(cache, h // hkv, True) else "split",
+                   path="short" if takes_short_path(b, h, hkv, nq, cache, False) else "split",
+                   graph_path="short" if takes_short_path(b, h, hkv, nq, cache, True) else "split",
                    ours_ms=timed(ours), launcher_ms=timed(launcher),
                    previous_launcher_ms=timed(previous_launcher), sdpa_ms=timed(sdpa),
                    launcher_gpu_ms=gpu_ms(launcher), sdpa_gpu_ms=gpu_ms(sdpa),

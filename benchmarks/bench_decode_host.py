@@ -187,7 +187,7 @@ def bench_case(b, h, hkv, nq, dim, cache, alpha, host_us):
         with tritons_launches():
             public_triton_us, launcher_triton_us = host_us(public), host_us(launcher)
         row = dict(B=b, H=h, Hkv=hkv, q_len=nq, D=dim, cache=cache, alpha=alpha,
-                   path="short" if takes_short_path(cache, h // hkv, False) else "split",
+                   path="short" if takes_short_path(b, h, hkv, nq, cache, False) else "split",
                    launches=len(launches),
                    sdpa_us=host_us(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=hkv != h)),
                    public_us=host_us(public), public_triton_us=public_triton_us,

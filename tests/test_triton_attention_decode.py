@@ -346,10 +346,13 @@ def launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim):
     (3, 8, 2, 1, 3000, 64, {"_decode_scores": (3, 6), "_decode_output": (3, 6)}),
     (8, 16, 4, 1, 1024, 128, {"_decode_short": (128,)}),
     (8, 16, 4, 1, 2048, 128, {"_decode_short": (128,)}),  # SHORT_CACHE, the longest
-    (8, 16, 4, 1, 4096, 64, {"_decode_scores": (4, 32), "_decode_output": (4, 32)}),
+    # WIDE_SHORT_CACHE: one query a head in groups of <= 4, 128 query heads: one launch up to 4,096 keys
+    (8, 16, 4, 1, 4096, 64, {"_decode_short": (128,)}),
+    (8, 16, 16, 1, 4096, 64, {"_decode_short": (128,)}),
+    (4, 16, 4, 1, 4096, 64, {"_decode_scores": (4, 16), "_decode_output": (4, 16)}),  # 64 query heads
     (8, 16, 4, 4, 4096, 64, {"_decode_scores": (4, 32), "_decode_threshold": (512,),
                              "_decode_output": (4, 32)}),
-    (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_output": (4, 128)}),
+    (4, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 64), "_decode_output": (4, 64)}),
     (8, 16, 16, 1, 8192, 64, {"_decode_scores": (8, 128), "_decode_threshold": (128,),
                               "_decode_output": (8, 128)}),
     (8, 32, 4, 4, 3000, 128, {"_decode_scores": (3, 64), "_decode_threshold": (1024,),
@@ -360,7 +363,8 @@ def launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim):
 ])
 def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, grid):
     """The launcher's path and grids: the one-launch kernel (a program per (batch, query head)) up to
-    SHORT_CACHE keys, multi-head or grouped; else the split kernels, whose K- and V-reading programs run over
+    SHORT_CACHE keys, multi-head or grouped, and up to WIDE_SHORT_CACHE for one query a head in groups of
+    at most 4 with 128 query heads or more; else the split kernels, whose K- and V-reading programs run over
     (chunk of SPLIT_CHUNK = 1024 keys, batch, pack of query heads sharing a KV head), so each KV head is read
     once per pack, and a threshold program per query row, except where the output kernel solves them (no
     _decode_threshold launch): a pack's rows x padded cache <= 16384 scores, times the programs <= 2^22."""
@@ -386,9 +390,11 @@ def test_decode_launch_grids(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim,
     # 16 packs of 2 x 4 chunks = 64 = GRAPH_PACKED_PROGRAMS: packed; 8 packs x 4 = 32: a head a program
     (4, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 16), "_decode_output": (4, 16)}),
     (2, 8, 4, 1, 1024, 64, {"_decode_scores": (4, 16), "_decode_output": (4, 16)}),
-    # multi-head: 128 packs x 4 chunks of 1024 already reach 256 programs; up to SHORT_CACHE one launch
-    (8, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 128), "_decode_threshold": (128,),
-                              "_decode_output": (4, 128)}),
+    # multi-head: 64 packs x 4 chunks of 1024 reach 256 programs (1 x 4096 scores: threshold launch); with
+    # 128 query heads, one query each, one launch up to WIDE_SHORT_CACHE as when called directly
+    (4, 16, 16, 1, 4096, 64, {"_decode_scores": (4, 64), "_decode_threshold": (64,),
+                              "_decode_output": (4, 64)}),
+    (8, 16, 16, 1, 4096, 64, {"_decode_short": (128,)}),
     (8, 16, 16, 1, 2048, 64, {"_decode_short": (128,)}),
     (8, 16, 4, 1, 1023, 64, {"_decode_short": (128,)}),  # grouped below GRAPH_SPLIT_CACHE: one launch
 ])
@@ -440,25 +446,36 @@ def test_decode_rows_sum_to_one(n_k):
     assert (out[empty] == 0).all()
 
 
-@pytest.mark.parametrize("kv_heads, n_k, dim, graphed, path", [
-    (2, 1, 64, False, "short"), (2, 2048, 64, False, "short"), (2, 2049, 64, False, "split"),
-    (2, 40000, 64, False, "split"), (1, 1, 64, False, "short"), (1, 1024, 128, False, "short"),
-    (1, 2048, 128, False, "short"), (1, 2049, 128, False, "split"),
-    (2, 2048, 64, True, "short"), (2, 2049, 64, True, "split"), (1, 1023, 64, True, "short"),
-    (1, 1024, 128, True, "split"), (1, 2048, 64, True, "split")])
-def test_decode_launcher_picks_path(monkeypatch, kv_heads, n_k, dim, graphed, path):
+@pytest.mark.parametrize("batch, heads, kv_heads, n_q, n_k, dim, graphed, path", [
+    (1, 2, 2, 1, 1, 64, False, "short"), (1, 2, 2, 1, 2048, 64, False, "short"),
+    (1, 2, 2, 1, 2049, 64, False, "split"), (1, 2, 2, 1, 40000, 64, False, "split"),
+    (1, 2, 1, 1, 1, 64, False, "short"), (1, 2, 1, 1, 1024, 128, False, "short"),
+    (1, 2, 1, 1, 2048, 128, False, "short"), (1, 2, 1, 1, 2049, 128, False, "split"),
+    (1, 2, 2, 1, 2048, 64, True, "short"), (1, 2, 2, 1, 2049, 64, True, "split"),
+    (1, 2, 1, 1, 1023, 64, True, "short"), (1, 2, 1, 1, 1024, 128, True, "split"),
+    (1, 2, 1, 1, 2048, 64, True, "split"),
+    # WIDE_SHORT_CACHE: one query a head, groups of <= 4, >= 128 query heads, up to 4,096 keys
+    (8, 16, 4, 1, 4096, 64, False, "short"), (8, 16, 16, 1, 4096, 128, False, "short"),
+    (8, 16, 4, 1, 4097, 64, False, "split"), (8, 16, 4, 4, 4096, 64, False, "split"),
+    (8, 32, 4, 1, 4096, 128, False, "split"), (1, 32, 8, 1, 4096, 128, False, "split"),
+    (4, 31, 31, 1, 4096, 64, False, "split"),
+    (8, 16, 16, 1, 4096, 64, True, "short"), (8, 16, 4, 1, 4096, 64, True, "split")])
+def test_decode_launcher_picks_path(monkeypatch, batch, heads, kv_heads, n_q, n_k, dim, graphed, path):
     """Caches of <= SHORT_CACHE keys take the one-launch kernel, longer ones the split over the keys, for
-    multi-head and grouped caches (here 2 query heads on one KV head) at any head dim; under CUDA-graph
-    capture (graphed_launch replaced) grouped caches of GRAPH_SPLIT_CACHE = 1024 keys or more split too."""
+    multi-head and grouped caches at any head dim, except that one query a head in groups of at most 4
+    with at least 128 query heads takes the one-launch kernel up to WIDE_SHORT_CACHE keys; under CUDA-graph
+    capture (graphed_launch replaced) grouped caches of GRAPH_SPLIT_CACHE = 1024 keys or more split."""
     from asentmax.ops.triton import attention_decode
 
     assert attention_decode.SHORT_CACHE == 2048 and attention_decode.GRAPH_SPLIT_CACHE == 1024
+    assert attention_decode.WIDE_SHORT_CACHE == 4096
     monkeypatch.setattr(attention_decode, "graphed_launch", lambda q: graphed)
     taken = []
     for name in ("short", "split"):
         monkeypatch.setattr(attention_decode, f"entmax_attention_decode_{name}",
                             lambda *args, name=name, **kwargs: taken.append(name))
-    q, k = torch.empty(1, 2, 1, dim, device="meta"), torch.empty(1, kv_heads, n_k, dim, device="meta")
+    q = torch.empty(batch, heads, n_q, dim, device="meta")
+    k = torch.empty(batch, kv_heads, n_k, dim, device="meta")
     attention_decode.entmax_attention_decode(q, k, k, mode=1, alpha=1.5, scale=0.25, causal=True, slopes=None,
                                              q_scale=None, kpm=None, tol=1e-3, max_iter=40)
     assert taken == [path]
@@ -567,7 +584,7 @@ def test_decode_split_sum_race_free_gpu(n_k, chunk):
 @pytest.mark.gpu
 @on_cuda
 @pytest.mark.parametrize("batch, heads, kv_heads, n_k, dim", [
-    (8, 16, 4, 4096, 64), (1, 32, 8, 1024, 128), (8, 16, 4, 2048, 128), (8, 16, 16, 4096, 64)])
+    (8, 16, 4, 4096, 64), (1, 32, 8, 1024, 128), (8, 16, 4, 2048, 128), (4, 16, 16, 4096, 64)])
 def test_decode_in_cuda_graph_gpu(monkeypatch, batch, heads, kv_heads, n_k, dim):
     """A decoding call captured into a CUDA graph takes the launcher's graph rule (split_chunk sees the
     capture) and its replay matches the fp64 reference as closely as the direct call does."""

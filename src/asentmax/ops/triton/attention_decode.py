@@ -25,8 +25,8 @@ With per-row lengths (kv_lengths: a static cache's buffers, filled up to a count
 covers the whole buffer, and the chunks past a row's length are neither scored, solved over nor read.
 The host side is kept to one fp32 workspace (the kernels' scratch, addressed by offsets), the three result
 tensors and these three launches (two when the output kernel solves). Caches of at most SHORT_CACHE keys
-take the one-launch kernel of attention_decode_short.py instead, except grouped ones under CUDA-graph capture
-(entmax_attention_decode, the launcher, gives both rules).
+(and some of up to WIDE_SHORT_CACHE) take the one-launch kernel of attention_decode_short.py instead, except
+grouped ones under CUDA-graph capture (entmax_attention_decode, the launcher, gives both rules).
 Forward only: the autograd wrapper uses the fused kernels when gradients are needed.
 """
 
@@ -222,6 +222,11 @@ def _decode_output(
                 tl.store(Out + row * head_dim + offs_d, total.to(Out.dtype.element_ty), mask=d_in)
 
 
+# Longer caches the one-launch kernel still takes (takes_short_path; entmax_attention_decode's docstring has
+# the measurements): one query a head, groups of at most 4, at least 128 query heads.
+WIDE_SHORT_CACHE = 4096
+WIDE_SHORT_GROUP = 4
+WIDE_SHORT_PROGRAMS = 128
 # The split path's launch configuration (entmax_attention_decode_split's docstring gives the rule).
 SPLIT_CHUNK = 1024  # keys a program, a multiple of _BLOCK_N
 SOLVE_SCORES = 16384  # most scores (64 KB) of a pack an output program solves itself (see the split launcher)
@@ -240,12 +245,18 @@ def graphed_launch(q):
     return q.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def takes_short_path(n_k, group, graphed):
+def takes_short_path(batch, heads, kv_heads, n_q, n_k, graphed):
     """True where entmax_attention_decode takes the one-launch kernel: caches of at most SHORT_CACHE keys,
-    multi-head or grouped, except grouped caches of at least GRAPH_SPLIT_CACHE keys under graph capture."""
+    multi-head or grouped, and of at most WIDE_SHORT_CACHE keys for one query a head in groups of at most
+    WIDE_SHORT_GROUP with at least WIDE_SHORT_PROGRAMS query heads in all (a program each); except grouped
+    caches of at least GRAPH_SPLIT_CACHE keys under graph capture."""
+    group = heads // kv_heads
     if graphed and group > 1 and n_k >= GRAPH_SPLIT_CACHE:
         return False
-    return n_k <= SHORT_CACHE
+    if n_k <= SHORT_CACHE:
+        return True
+    return (n_k <= WIDE_SHORT_CACHE and n_q == 1 and group <= WIDE_SHORT_GROUP
+            and batch * heads >= WIDE_SHORT_PROGRAMS)
 
 
 def split_pack(batch, heads, group, n_q, n_k, graphed):
@@ -293,7 +304,17 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
       allows. By measurement on the H200 (results/decode_gpu.md, ninth and seventh sessions; B 8, H 16,
       Hkv 4 unless said): at 1K keys the split path took 0.090 ms where the one-launch kernel took 0.036
       (head dim 128) and 0.040 against 0.029 (B 1, H 32, Hkv 8); at 2K the one-launch kernel won 3 of the 4
-      comparisons (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10.
+      comparisons (0.038-0.079 ms against 0.053-0.120); at 4K the split path won 8 of 10. Since the
+      thirty-second session the one-launch kernel also takes caches of up to WIDE_SHORT_CACHE = 4096 keys
+      with one query a head, groups of at most 4 and at least 128 query heads: in the five runs of
+      bench_decode_gpu.py on record (results/decode_gpu.md, decode_gpu_session20.md, decode_gpu_session21.md;
+      results/session29_gpu and session32_gpu on an H100) each path forced at 4K, B 8, H 16, Nq 1, took
+      0.045-0.049 / 0.063-0.066 ms on the one-launch kernel against 0.063-0.078 / 0.073-0.083 split
+      (Hkv 4, head dim 64 / 128) and 0.056-0.084 / 0.083-0.109 against 0.068-0.127 / 0.095-0.133 (Hkv 16);
+      split stayed faster with Nq 4 (GPU time 0.058-0.064 against 0.088), groups of 8 (0.049-0.051 against
+      0.116-0.123) and B 1 (H 32, Hkv 8: 4 of the 5 runs). Under graph capture that reaches multi-head
+      caches only, where the one-launch kernel's GPU time was also the lower at 4K (0.053-0.062 / 0.080-0.104
+      against 0.063-0.070 / 0.090-0.116 ms).
     - Under CUDA-graph capture (graphed_launch: asentmax eval and lm eval replay their decoding steps as
       graphs), where only GPU time counts: grouped caches of at least GRAPH_SPLIT_CACHE = 1024 keys take
       the split path too, in chunks of split_chunk (enough programs to fill the GPU), a program per query
@@ -313,7 +334,7 @@ def entmax_attention_decode(q, k, v, *, mode, alpha, scale, causal, slopes, q_sc
       (0.017 ms, packs of 4).
     """
     graphed = graphed_launch(q)
-    if takes_short_path(k.shape[2], q.shape[1] // k.shape[1], graphed):
+    if takes_short_path(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], graphed):
         launcher = entmax_attention_decode_short
     else:
         launcher = entmax_attention_decode_split

@@ -19,9 +19,10 @@ slope and threshold.
 K and V are each read once per program. The stages hand their results to each other through the scratch
 behind a barrier (the score tile of a stage has BLOCK_M = 16 rows for tl.dot, the threshold tile only the
 next power of two of pack * Nq). Forward only, Nq <= MAX_QUERIES; attention_decode.entmax_attention_decode
-picks this path for caches of at most SHORT_CACHE keys, multi-head or grouped (attention_decode.
-takes_short_path; under CUDA-graph capture grouped caches from 1K keys go to the split path); longer ones take
-the split path, whose programs read a KV head once per pack.
+picks this path for caches of at most SHORT_CACHE keys, multi-head or grouped, and up to WIDE_SHORT_CACHE
+keys for one query a head in small groups with many heads (attention_decode.takes_short_path; under CUDA-graph
+capture grouped caches from 1K keys go to the split path); longer ones take the split path, whose programs
+read a KV head once per pack.
 
 The launcher's block_n, num_warps and num_stages are tuning knobs (the K and V tile, the warps, the software
 pipelining of the key loops), swept by benchmarks/tune_decode_gpu.py; their defaults (tuned_launch) are that
