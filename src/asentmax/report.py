@@ -256,6 +256,28 @@ def run_colours(n: int) -> list:
     return [cmap(i / (n - 1)) for i in range(n)]
 
 
+def _draw_paper_row(ax, result: dict, colour, drawn: set) -> None:
+    """The paper's row of the result's task and method, dashed in `colour`, once per (task, method): `drawn`
+    holds those drawn so far."""
+    paper = PAPER_RESULTS.get(result["task"], {})
+    attention = result["model_config"]["attention"]
+    if attention in paper and (result["task"], attention) not in drawn:
+        drawn.add((result["task"], attention))
+        ax.plot(paper["multipliers"], paper[attention], "--", color=colour, alpha=0.6,
+                label=f"{METHOD_NAMES[attention]} (paper)")
+
+
+def _length_axes(ax, ylabel: str, title: str) -> None:
+    """Exact match % (0-100) against the length multiplier on a log2 axis; the legend outside the axes."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("test length / training length (ID)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(-3, 103)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: it hid the curves
+    ax.set_title(title)
+
+
 def _plot_accuracy(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -271,19 +293,9 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
         high = [100 * row["ci_high"] for row in result["rows"]]
         ax.plot(xs, ys, "o-", color=colour, label=f"{method_label(result)} ({run_name(result)})")
         ax.fill_between(xs, low, high, color=colour, alpha=0.15)
-        paper = PAPER_RESULTS.get(result["task"], {})
-        attention = result["model_config"]["attention"]
-        if attention in paper and (result["task"], attention) not in paper_drawn:
-            paper_drawn.add((result["task"], attention))
-            ax.plot(paper["multipliers"], paper[attention], "--", color=colour, alpha=0.6,
-                    label=f"{METHOD_NAMES[attention]} (paper)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("test length / training length (ID)")
-    ax.set_ylabel("exact match %")
-    ax.set_ylim(-3, 103)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: it hid the curves
-    ax.set_title(f"length generalisation: {', '.join(sorted({r['task'] for r in results}))}")
+        _draw_paper_row(ax, result, colour, paper_drawn)
+    tasks = ", ".join(sorted({r["task"] for r in results}))
+    _length_axes(ax, "exact match %", f"length generalisation: {tasks}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -309,19 +321,9 @@ def _plot_repeats(results: list[dict], path: Path) -> bool:
                 label=f"{method_label(group[0])}: median of {summary['runs'][0]} and {len(group) - 1} more")
         ax.fill_between(xs, [summary["min"][m] for m in xs], [summary["max"][m] for m in xs], color=colour,
                         alpha=0.2)
-        paper = PAPER_RESULTS.get(group[0]["task"], {})
-        attention = group[0]["model_config"]["attention"]
-        if attention in paper and (group[0]["task"], attention) not in paper_drawn:
-            paper_drawn.add((group[0]["task"], attention))
-            ax.plot(paper["multipliers"], paper[attention], "--", color=colour, alpha=0.6,
-                    label=f"{METHOD_NAMES[attention]} (paper)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("test length / training length (ID)")
-    ax.set_ylabel("exact match %: median, lowest to highest")
-    ax.set_ylim(-3, 103)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title("runs of one recipe (seeds or repeats): the spread of length generalisation")
+        _draw_paper_row(ax, group[0], colour, paper_drawn)
+    _length_axes(ax, "exact match %: median, lowest to highest",
+                 "runs of one recipe (seeds or repeats): the spread of length generalisation")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
