@@ -259,11 +259,11 @@ def takes_short_path(batch, heads, kv_heads, n_q, n_k, graphed):
             and batch * heads >= WIDE_SHORT_PROGRAMS)
 
 
-def split_pack(batch, heads, group, n_q, n_k, graphed):
+def split_pack(batch, heads, kv_heads, n_q, n_k, graphed):
     """Query heads a program of the split path: heads_per_program, or under graph capture one where packs of
     heads_per_program would give fewer than GRAPH_PACKED_PROGRAMS programs even in chunks of the smallest of
     GRAPH_CHUNKS (a single sequence's short cache: too few programs to fill the GPU)."""
-    pack = heads_per_program(group, n_q)
+    pack = heads_per_program(heads // kv_heads, n_q)
     if graphed and cdiv(n_k, GRAPH_CHUNKS[-1]) * (batch * heads // pack) < GRAPH_PACKED_PROGRAMS:
         return 1
     return pack
@@ -375,7 +375,7 @@ def entmax_attention_decode_split(q, k, v, *, mode, alpha, scale, causal, slopes
     n_k = k.shape[2]
     graphed = graphed_launch(q)
     if pack is None:
-        pack = split_pack(batch, heads, group, n_q, n_k, graphed)
+        pack = split_pack(batch, heads, k.shape[1], n_q, n_k, graphed)
     n_packs = batch * heads // pack
     if chunk is None:
         chunk = split_chunk(n_k, n_packs, graphed)
