@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import MISSING, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from statistics import median
 
@@ -181,32 +181,26 @@ def repeat_groups(results: list[dict]) -> list[list[dict]]:
     """The runs of one recipe, in groups of two or more (first-seen order): the same task, model, workload,
     training config but for `seed`, trained steps and evaluation config but for `cuda_graphs`, so seeds of a
     recipe or repeats of one seed (GPU runs of one seed differ). A field that a run's files lack (written
-    before it existed) counts at the value it had then (its default; runs.saved_evaluation). Runs whose
-    eval.json has no training config join no group."""
+    before it existed) counts at the value it had then (the configs' from_dict, runs.saved_evaluation). Runs
+    whose eval.json has no training config, or one this version cannot read, join no group."""
     groups: dict[str, list[dict]] = {}
     for result in results:
         train_config = result.get("train_config")
         if not isinstance(train_config, dict) or "seed" not in train_config:
             continue
-        recipe = {name: value for name, value in _with_defaults(train_config, TrainConfig).items()
-                  if name != "seed"}
+        try:  # each config as its class reads a saved one (fields added since at the values they had then)
+            recipe = {name: value for name, value in asdict(TrainConfig.from_dict(train_config)).items()
+                      if name != "seed"}
+            model = asdict(ModelConfig.from_dict(result["model_config"]))
+            workload = asdict(TaskWorkload.from_dict(result.get("workload") or {}))
+        except (TypeError, ValueError):  # a record this version cannot read: no recipe to compare
+            continue
         evaluation = {name: value for name, value in saved_evaluation(result.get("eval_config") or {}).items()
                       if name != "cuda_graphs"}  # how the steps are launched, not what they compute
-        key = json.dumps([result["task"], _with_defaults(result["model_config"], ModelConfig),
-                          _with_defaults(result.get("workload") or {}, TaskWorkload), recipe, evaluation,
-                          result.get("train_step"), result.get("prior_samples") or 0],
-                         sort_keys=True, default=str)
+        key = json.dumps([result["task"], model, workload, recipe, evaluation, result.get("train_step"),
+                          result.get("prior_samples") or 0], sort_keys=True, default=str)
         groups.setdefault(key, []).append(result)
     return [group for group in groups.values() if len(group) > 1]
-
-
-def _with_defaults(saved: dict, config_class) -> dict:
-    """A saved config with the fields it lacks (it was written before they existed) at their defaults, the
-    value they had in effect then."""
-    defaults = {f.name: f.default for f in fields(config_class) if f.default is not MISSING}
-    defaults.update({f.name: f.default_factory() for f in fields(config_class)
-                     if f.default_factory is not MISSING})
-    return {**defaults, **saved}
 
 
 def repeat_summary(group: list[dict]) -> dict:
