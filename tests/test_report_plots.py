@@ -135,8 +135,9 @@ def test_runs_of_one_recipe_are_summarised_over_their_seeds():
     assert (summary["median"][4], summary["min"][4], summary["max"][4]) == (
         ordered[2], ordered[0], ordered[-1])
     lines = repeat_table(results).splitlines()
-    assert lines[0] == "| task | method | runs (seed) | samples | ID | 4x | 8x |"
-    assert lines[2] == ("| reverse | ASEntmax | 5: s0 (0), s1 (1), s2 (2), s3 (3), s1 (1) | 12.8K | "
+    assert lines[0] == ("| task | method | runs (seed) | stopped by a stall check (seed) | samples | ID | 4x "
+                        "| 8x |")
+    assert lines[2] == ("| reverse | ASEntmax | 5: s0 (0), s1 (1), s2 (2), s3 (3), s1 (1) | - | 12.8K | "
                         f"100.0 (100.0-100.0) | {ordered[2]:.1f} ({ordered[0]:.1f}-{ordered[-1]:.1f}) | - |")
     assert len(lines) == 5 and lines[4].startswith("Over repeats:")
     assert repeat_table([runs[0], other_lr, best, unrecorded]) == ""
@@ -181,3 +182,102 @@ def test_the_repeats_plot_draws_each_recipes_median_in_a_band_from_its_lowest_to
     at_four = band.get_paths()[0].vertices
     at_four = at_four[np.isclose(at_four[:, 0], 4)][:, 1]
     assert np.isclose(at_four.min(), 10.0) and np.isclose(at_four.max(), 90.0)
+    assert _plot_repeats(runs, tmp_path / "repeats.png", stalled=[stopped_run("s9", 9)])
+    labels = [line.get_label() for line in figures[-1].axes[0].get_lines()]
+    assert "ASEntmax: median of s0 and 2 more; 1 stopped" in labels
+
+
+def stopped_run(name: str, seed: int, step: int = 40, **train) -> dict:
+    """A run of recipe_run's recipe that a validation stall check ended at `step`, as runs.load_stalled
+    reads it."""
+    record = recipe_run(name, seed, {}, **train)
+    record["train_config"].update(stall_val_step=step, stall_val_score=0.1)
+    return {key: record[key] for key in ("run_dir", "task", "train_config", "model_config", "workload")} | {
+        "prior_samples": 0, "stalled": {"step": step, "score": 0.02, "stall_val_step": step,
+                                        "stall_val_score": 0.1}}
+
+
+def test_runs_a_stall_check_stopped_are_counted_with_their_recipe_but_not_in_its_statistics():
+    """A screened seed that stopped joins the group of its recipe (a stall check is not part of a recipe: one
+    that does not fire changes nothing) in its own column, outside the median and range; a stopped run of
+    another recipe joins none; every stopped run gets a line saying why it stopped."""
+    from asentmax.report import repeat_groups, repeat_summary, repeat_table
+
+    runs = [recipe_run(f"s{seed}", seed, {1: 1.0, 4: a}) for seed, a in ((1, 0.98), (2, 0.93))]
+    passed = recipe_run("s3", 3, {1: 1.0, 4: 0.5}, stall_val_step=40, stall_val_score=0.1)  # let through
+    stopped = [stopped_run("s4", 4), stopped_run("s5", 5, step=60)]
+    other = stopped_run("lr", 6, lr=1e-3)
+    groups = repeat_groups([*runs, passed], [stopped[0], other, stopped[1]])
+    assert [[r["run_dir"] for r in group] for group in groups] == [
+        ["runs/s1", "runs/s2", "runs/s3", "runs/s4", "runs/s5"]]
+    summary = repeat_summary(groups[0])
+    assert summary["seeds"] == [1, 2, 3] and summary["median"][4] == 93.0
+    assert (summary["min"][4], summary["max"][4]) == (50.0, 98.0)
+    assert [(s["run"], s["seed"], s["step"]) for s in summary["stalled"]] == [("s4", 4, 40), ("s5", 5, 60)]
+    lines = repeat_table([*runs, passed], [stopped[0], other, stopped[1]]).splitlines()
+    assert lines[2].startswith("| reverse | ASEntmax | 3: s1 (1), s2 (2), s3 (3) | 2: s4 (4), s5 (5) | ")
+    assert lines[-3:] == [
+        "- s4 (seed 4): validation score 0.02 at step 40, below --stall-val-step 40 --stall-val-score 0.1",
+        "- lr (seed 6): validation score 0.02 at step 40, below --stall-val-step 40 --stall-val-score 0.1 "
+        "(no evaluated run of its recipe compared here)",
+        "- s5 (seed 5): validation score 0.02 at step 60, below --stall-val-step 60 --stall-val-score 0.1"]
+    # one evaluated run and its stopped seeds are a group; stopped runs alone are none
+    assert len(repeat_groups(runs[:1], stopped)) == 1 and repeat_groups([], stopped) == []
+
+
+def test_compare_reads_a_stopped_run_directory_and_refuses_to_compare_stopped_runs_alone(tmp_path):
+    """End to end through the trainer: a run that the validation stall check ends writes stalled.json, which
+    `asentmax compare` reads beside an evaluated run of the same recipe; continuing the run removes it."""
+    import json
+
+    from asentmax.cli import main
+    from asentmax.runs import RunError, load_stalled
+    from asentmax.train import resume_run
+
+    tiny = ["--task", "reverse", "--min-length", "3", "--max-length", "6", "--batch-size", "4",
+            "--warmup-steps", "1", "--val-every", "2", "--val-samples", "4", "--val-multipliers", "1", "2",
+            "--keep-best-at", "2", "--log-every", "2", "--checkpoint-every", "0", "--d-model", "32",
+            "--n-layers", "1", "--n-heads", "2", "--d-ff", "64", "--device", "cpu", "--no-progress",
+            "--steps", "4"]
+    evaluated_run, stopped = tmp_path / "evaluated", tmp_path / "stopped"
+    assert main(["train", "--run-dir", str(evaluated_run), *tiny, "--seed", "1"]) == 0
+    assert main(["eval", str(evaluated_run), "--samples", "2", "--multipliers", "1", "2", "--no-progress",
+                 "--dispersion-samples", "0"]) == 0
+    with pytest.raises(SystemExit):  # no exact match reaches 1.5: stopped at step 2
+        main(["train", "--run-dir", str(stopped), *tiny, "--seed", "2", "--stall-val-step", "2",
+              "--stall-val-score", "1.5"])
+    record = load_stalled(stopped)
+    assert record["stalled"]["step"] == 2 and record["train_config"]["seed"] == 2
+    assert main(["compare", str(evaluated_run), str(stopped), "--output-dir", str(tmp_path / "cmp")]) == 0
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [s["run"] for s in saved["repeat_groups"][0]["stalled"]] == ["stopped"]
+    assert saved["stalled"][0]["step"] == 2 and len(saved["results"]) == 1
+    assert "| 1: evaluated (1) | 1: stopped (2) |" in (tmp_path / "cmp" / "compare.md").read_text()
+    with pytest.raises(RunError, match="no evaluated run among those given"):
+        from asentmax.report import compare_runs
+        compare_runs([stopped], tmp_path / "cmp2")
+    resume_run(stopped, progress=False)  # continued past the check: no longer a stopped run
+    assert not (stopped / "stalled.json").exists()
+
+
+def test_what_a_run_observes_of_itself_does_not_split_a_recipe_but_the_length_that_chose_best_pt_does():
+    """Validation, logging and checkpoint settings change nothing a run computes (validation samples come from
+    a generator of their own), so they do not split a recipe; --keep-best-at picks the weights that an
+    evaluation of best.pt tests, so there it does."""
+    from asentmax.report import repeat_groups
+
+    plain = recipe_run("plain", 1, {1: 1.0}, val_every=100)
+    watched = recipe_run("watched", 2, {1: 0.5}, val_every=500, log_every=7, checkpoint_every=3)
+    watched["workload"] = {"task": "reverse", "val_multipliers": [1, 8], "val_samples": 4, "keep_best_at": 8}
+    other = recipe_run("other", 3, {1: 0.5}, lr=1e-3)
+    assert [[r["run_dir"] for r in group] for group in repeat_groups([plain, other, watched])] == [
+        ["runs/plain", "runs/watched"]]
+
+    def best(name, seed, keep_best_at):
+        result = recipe_run(name, seed, {1: 0.9})
+        result["eval_config"]["checkpoint"] = "best"
+        result["workload"] = {"task": "reverse", "val_multipliers": [1, 4, 8], "keep_best_at": keep_best_at}
+        return result
+    assert [[r["run_dir"] for r in group]
+            for group in repeat_groups([best("b1", 1, 4), best("b2", 2, 4), best("b3", 3, 8)])] == [
+        ["runs/b1", "runs/b2"]]

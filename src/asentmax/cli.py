@@ -448,7 +448,10 @@ def _compare_parser(sub):
     p = sub.add_parser("compare", help="several evaluated runs into one table and plots",
                        description="Markdown table (with the paper's numbers), accuracy-vs-length and "
                                    "attention-dispersion plots from evaluated run directories.")
-    p.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding eval.json")
+    p.add_argument("run_dirs", nargs="+", type=Path,
+                   help="run directories holding eval.json (or an eval_*.json file of one); a run directory "
+                        "that a stall check stopped (stalled.json, no eval.json) is counted with the runs of "
+                        "its recipe")
     p.add_argument("--output-dir", type=Path, required=True, help="where compare.md and the PNGs go")
     p.set_defaults(run=_run_compare)
 

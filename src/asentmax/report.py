@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import asdict, fields
+from functools import partial
 from pathlib import Path
 from statistics import median
 
@@ -32,12 +33,16 @@ from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.runs import (
     LOG_NAME,
     VAL_NAME,
+    RunError,
     format_multiplier,
     load_evaluation,
+    load_stalled,
     run_name,
     samples_trained,
     saved_evaluation,
     saved_layout,
+    stall_reason,
+    stalled_unevaluated,
     write_json,
 )
 from asentmax.tasks.registry import eval_multipliers, get_task
@@ -177,63 +182,122 @@ def comparison_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n" + note
 
 
-def repeat_groups(results: list[dict]) -> list[list[dict]]:
-    """The runs of one recipe, in groups of two or more (first-seen order): the same task, model, workload,
-    training config but for `seed`, trained steps and evaluation config but for `cuda_graphs`, so seeds of a
-    recipe or repeats of one seed (GPU runs of one seed differ). A field that a run's files lack (written
-    before it existed) counts at the value it had then (the configs' from_dict, runs.saved_evaluation). Runs
-    whose eval.json has no training config, or one this version cannot read, join no group."""
-    groups: dict[str, list[dict]] = {}
+# Config fields that do not make a recipe: the seed; the stall checks (one that does not fire changes nothing
+# a run computes, so a screened seed that passed is a run of the unscreened recipe); and what a run observes
+# and keeps of itself (logs, checkpoints, its validations: their samples come from a generator of their own),
+# except that keep_best_at picks the weights an evaluation of best.pt tests
+NOT_RECIPE = {"train_config": ("seed", "stall_step", "stall_loss", "stall_val_step", "stall_val_score",
+                               "val_every", "log_every", "checkpoint_every"),
+              "workload": ("val_multipliers", "val_samples", "keep_best_at")}
+
+
+def _recipe(record: dict) -> str | None:
+    """What a run trains, as a JSON key (its task, model, workload and training config but for NOT_RECIPE,
+    and the samples of its --init-from weights); None for a record without a seed or one this version cannot
+    read. A field that a run's files lack (written before it existed) counts at the value it had then (the
+    configs' from_dict)."""
+    train_config = record.get("train_config")
+    if not isinstance(train_config, dict) or "seed" not in train_config:
+        return None
+    try:  # each config as its class reads a saved one (fields added since at the values they had then)
+        recipe = {name: value for name, value in asdict(TrainConfig.from_dict(train_config)).items()
+                  if name not in NOT_RECIPE["train_config"]}
+        model = asdict(ModelConfig.from_dict(record["model_config"]))
+        workload = asdict(TaskWorkload.from_dict(record.get("workload") or {}))
+        workload = {name: value for name, value in workload.items() if name not in NOT_RECIPE["workload"]}
+    except (TypeError, ValueError):  # a record this version cannot read: no recipe to compare
+        return None
+    return json.dumps([record["task"], model, workload, recipe, record.get("prior_samples") or 0],
+                      sort_keys=True, default=str)
+
+
+def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[dict]]:
+    """The runs of one recipe (_recipe: seeds of a recipe, or repeats of one seed, since GPU runs of one seed
+    differ) evaluated alike (evaluation config but for `cuda_graphs`, the tested step, and for best.pt the
+    length that chose it), in groups of two or more runs with at least one evaluated (first-seen order): its
+    evaluated runs, then the runs of its recipe in `stalled` (runs.load_stalled: ended by a stall check,
+    unevaluated). Runs whose record has no training config, or one this version cannot read, join no
+    group."""
+    groups: dict[tuple[str, str], list[dict]] = {}
     for result in results:
-        train_config = result.get("train_config")
-        if not isinstance(train_config, dict) or "seed" not in train_config:
-            continue
-        try:  # each config as its class reads a saved one (fields added since at the values they had then)
-            recipe = {name: value for name, value in asdict(TrainConfig.from_dict(train_config)).items()
-                      if name != "seed"}
-            model = asdict(ModelConfig.from_dict(result["model_config"]))
-            workload = asdict(TaskWorkload.from_dict(result.get("workload") or {}))
-        except (TypeError, ValueError):  # a record this version cannot read: no recipe to compare
+        recipe = _recipe(result)
+        if recipe is None:
             continue
         evaluation = {name: value for name, value in saved_evaluation(result.get("eval_config") or {}).items()
                       if name != "cuda_graphs"}  # how the steps are launched, not what they compute
-        key = json.dumps([result["task"], model, workload, recipe, evaluation, result.get("train_step"),
-                          result.get("prior_samples") or 0], sort_keys=True, default=str)
-        groups.setdefault(key, []).append(result)
+        best = evaluation["checkpoint"] == "best"
+        chosen_by = (result.get("workload") or {}).get("keep_best_at") if best else None
+        tested = json.dumps([evaluation, result.get("train_step"), chosen_by], sort_keys=True, default=str)
+        groups.setdefault((recipe, tested), []).append(result)
+    for run in stalled:
+        recipe = _recipe(run)
+        for (group_recipe, _), group in groups.items():
+            if recipe is not None and recipe == group_recipe:
+                group.append(run)
     return [group for group in groups.values() if len(group) > 1]
 
 
+def _stalled_entry(run: dict) -> dict:
+    """{"run", "seed", "step", "reason"} of a stopped run (runs.load_stalled) for the reports."""
+    return {"run": Path(run["run_dir"]).name, "seed": run["train_config"].get("seed"),
+            "step": run["stalled"]["step"], "reason": stall_reason(run["stalled"])}
+
+
 def repeat_summary(group: list[dict]) -> dict:
-    """{"runs", "seeds", "median", "min", "max"} of a repeat group: exact match % per multiplier measured
-    in every run of the group (the median over its runs and their range)."""
-    by_run = [{_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]} for r in group]
+    """{"runs", "seeds", "median", "min", "max", "stalled"} of a repeat group: exact match % per multiplier
+    measured in every evaluated run of the group (the median over those runs and their range), and the
+    group's runs that a stall check ended (_stalled_entry each), which those statistics leave out."""
+    evaluated = [r for r in group if "stalled" not in r]
+    by_run = [{_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]} for r in evaluated]
     common = sorted(set.intersection(*(set(rows) for rows in by_run)))
     values = {m: [rows[m] for rows in by_run] for m in common}
-    return {"runs": [run_name(r) for r in group], "seeds": [r["train_config"]["seed"] for r in group],
+    return {"runs": [run_name(r) for r in evaluated], "seeds": [r["train_config"]["seed"] for r in evaluated],
             "median": {m: median(v) for m, v in values.items()},
-            "min": {m: min(v) for m, v in values.items()}, "max": {m: max(v) for m, v in values.items()}}
+            "min": {m: min(v) for m, v in values.items()}, "max": {m: max(v) for m, v in values.items()},
+            "stalled": [_stalled_entry(r) for r in group if "stalled" in r]}
 
 
-def repeat_table(results: list[dict]) -> str:
+REPEATS_NOTE = (
+    "Over repeats: runs of one recipe (the same model, data, training and evaluation but for the seed, the "
+    "stall checks and what a run logs, validates and keeps of itself); the median exact match % over its "
+    "evaluated runs, the lowest and highest in brackets. Runs that a stall check stopped are not evaluated "
+    "and not in these statistics: where a recipe has some, its median and range leave them out.")
+
+
+def _repeat_row(group: list[dict], multipliers: list[float]) -> str:
+    """The repeat table's row of one group (repeat_summary)."""
+    summary = repeat_summary(group)
+    cells = [f"{summary['median'][m]:.1f} ({summary['min'][m]:.1f}-{summary['max'][m]:.1f})"
+             if m in summary["median"] else "-" for m in multipliers]
+    runs = ", ".join(f"{name} ({seed})" for name, seed in zip(summary["runs"], summary["seeds"], strict=True))
+    stopped = ", ".join(f"{entry['run']} ({entry['seed']})" for entry in summary["stalled"])
+    stopped = f"{len(summary['stalled'])}: {stopped}" if stopped else "-"
+    return (f"| {group[0]['task']} | {method_label(group[0])} | {len(summary['runs'])}: {runs} | {stopped} | "
+            f"{_samples(samples_seen(group[0]))} | " + " | ".join(cells) + " |")
+
+
+def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
     """Markdown table of the repeat groups (repeat_groups): for each multiplier the median exact match % over
-    a group's runs and, in brackets, the lowest and highest; "" when no two runs share a recipe."""
-    groups = repeat_groups(results)
-    if not groups:
-        return ""
-    multipliers = sorted({_multiplier(row, r) for group in groups for r in group for row in r["rows"]})
-    header = ["task", "method", "runs (seed)", "samples", *(_column_name(m) for m in multipliers)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for group in groups:
-        summary = repeat_summary(group)
-        cells = [f"{summary['median'][m]:.1f} ({summary['min'][m]:.1f}-{summary['max'][m]:.1f})"
-                 if m in summary["median"] else "-" for m in multipliers]
-        runs = ", ".join(f"{name} ({seed})"
-                         for name, seed in zip(summary["runs"], summary["seeds"], strict=True))
-        lines.append(f"| {group[0]['task']} | {method_label(group[0])} | {len(group)}: {runs} | "
-                     f"{_samples(samples_seen(group[0]))} | " + " | ".join(cells) + " |")
-    return ("\n".join(lines) + "\n\nOver repeats: runs of one recipe (the same model, data, training and "
-            "evaluation but for the seed); the median exact match % over them, the lowest and highest in "
-            "brackets.\n")
+    a group's evaluated runs and, in brackets, the lowest and highest, and the group's runs that a stall
+    check ended; then a line for every run of `stalled` and why it stopped. "" when no two runs share a
+    recipe and none stalled."""
+    groups = repeat_groups(results, stalled)
+    lines = []
+    if groups:
+        multipliers = sorted({_multiplier(row, r) for group in groups for r in group if "rows" in r
+                              for row in r["rows"]})
+        header = ["task", "method", "runs (seed)", "stopped by a stall check (seed)", "samples",
+                  *(_column_name(m) for m in multipliers)]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                  *(_repeat_row(group, multipliers) for group in groups), "", REPEATS_NOTE]
+    if stalled:
+        grouped = {id(run) for group in groups for run in group}
+        lines += ["", "Stopped by a stall check, not evaluated:"]
+        for run in stalled:
+            entry = _stalled_entry(run)
+            lines.append(f"- {entry['run']} (seed {entry['seed']}): {entry['reason']}"
+                         + ("" if id(run) in grouped else " (no evaluated run of its recipe compared here)"))
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def run_colours(n: int) -> list:
@@ -295,10 +359,11 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_repeats(results: list[dict], path: Path) -> bool:
+def _plot_repeats(results: list[dict], path: Path, stalled: list[dict] = ()) -> bool:
     """Per repeat group (repeat_groups) its median exact match against the length multiplier, the band from
-    its lowest to its highest run, and the paper's row of its method; False when there is no group."""
-    groups = repeat_groups(results)
+    its lowest to its highest evaluated run, and the paper's row of its method; False when there is no
+    group."""
+    groups = repeat_groups(results, stalled)
     if not groups:
         return False
     import matplotlib
@@ -306,13 +371,15 @@ def _plot_repeats(results: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(13, 4.5))
     paper_drawn = set()
     for group, colour in zip(groups, run_colours(len(groups)), strict=True):
         summary = repeat_summary(group)
         xs = sorted(summary["median"])
+        stopped = f"; {len(summary['stalled'])} stopped" if summary["stalled"] else ""
         ax.plot(xs, [summary["median"][m] for m in xs], "o-", color=colour,
-                label=f"{method_label(group[0])}: median of {summary['runs'][0]} and {len(group) - 1} more")
+                label=f"{method_label(group[0])}: median of {summary['runs'][0]} and "
+                      f"{len(summary['runs']) - 1} more{stopped}")
         ax.fill_between(xs, [summary["min"][m] for m in xs], [summary["max"][m] for m in xs], color=colour,
                         alpha=0.2)
         _draw_paper_row(ax, group[0], colour, paper_drawn)
@@ -439,23 +506,29 @@ def _plot_training(results: list[dict], path: Path) -> bool:
 
 
 def compare_runs(run_dirs, output_dir: Path | str) -> str:
-    """Load and check every run's eval.json, then write the table and plots under `output_dir`; returns
-    the table."""
-    results = [load_evaluation(d) for d in run_dirs]
+    """Load and check every run's eval.json (a run directory that a stall check ended, with no evaluation:
+    its config.json and stalled.json, runs.load_stalled), then write the table and plots under
+    `output_dir`; returns the table. RunError when no run given is evaluated."""
+    stalled = [load_stalled(d) for d in run_dirs if stalled_unevaluated(d)]
+    results = [load_evaluation(d) for d in run_dirs if not stalled_unevaluated(d)]
+    if not results:
+        raise RunError("no evaluated run among those given (each was stopped by a stall check); run "
+                       "`asentmax eval` on one first")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
-    repeats = repeat_table(results)
+    repeats = repeat_table(results, stalled)
     if repeats:
         table += "\n" + repeats
     _plot_accuracy(results, output_dir / "accuracy.png")
     files = ["accuracy.png"]
     for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training),
-                       ("repeats.png", _plot_repeats)):
+                       ("repeats.png", partial(_plot_repeats, stalled=stalled))):
         if plot(results, output_dir / name):
             files.append(name)
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
-    groups = [repeat_summary(group) for group in repeat_groups(results)]
+    groups = [repeat_summary(group) for group in repeat_groups(results, stalled)]
     write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results,
-                                             "repeat_groups": groups})
+                                             "repeat_groups": groups,
+                                             "stalled": [_stalled_entry(run) for run in stalled]})
     return table

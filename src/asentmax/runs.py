@@ -9,13 +9,15 @@ module and through nothing else, so none of them imports another. A run director
     eval.json / eval.md   evaluation results
     best.pt          (optional) the weights, step and score of the best validation so far, and the configs;
                      eval_best.json / eval_best.md its evaluation
+    stalled.json     (only while a stall check has ended the run) that check's record; gone once it continues
 
 Checkpoints are loaded with `torch.load(weights_only=True)`: only tensors and plain containers of
 numbers and strings are accepted, so a crafted file cannot run code. RNG states are therefore stored as
 tensors and lists (numpy's and python's own state objects are converted on the way in and out).
 
 `load_evaluation` reads an eval.json back (for `asentmax compare` and a continued `asentmax eval`) and
-checks that it is shaped like what asentmax.eval writes.
+checks that it is shaped like what asentmax.eval writes; `load_stalled` reads a run that a stall check ended
+(config.json and stalled.json), which `asentmax compare` counts beside the evaluated runs of its recipe.
 
 `RunError` is the one exception for a run directory a user can damage (a missing, truncated or foreign
 checkpoint; an unreadable config.json or eval.json): its message is one line naming the file and what to do.
@@ -46,6 +48,7 @@ BEST_NAME = "best.pt"  # the weights of the best validation (a workload's select
 BEST_EVAL_NAME = "eval_best"  # eval_best.json and eval_best.md: `asentmax eval --checkpoint best`
 FRESH_TABLES_SUFFIX = "_fresh"  # eval_fresh.*, eval_best_fresh.*: `asentmax eval --tables fresh`
 TENSORBOARD_NAME = "tensorboard"
+STALLED_NAME = "stalled.json"  # the trainer's summary["stalled"] of a run a stall check ended
 
 
 def evaluation_name(checkpoint: str = "last", tables: str = "train") -> str:
@@ -54,7 +57,7 @@ def evaluation_name(checkpoint: str = "last", tables: str = "train") -> str:
                                                                        else "")
 
 
-RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, BEST_NAME,
+RUN_FILES = (CONFIG_NAME, CHECKPOINT_NAME, LOG_NAME, VAL_NAME, TENSORBOARD_NAME, BEST_NAME, STALLED_NAME,
              *(evaluation_name(c, t) + ext for c in ("last", "best") for t in ("train", "fresh")
                for ext in (".json", ".md")))
 
@@ -185,6 +188,16 @@ STALLED_EXIT = 3  # exit code of a training that a stall check ended (TrainConfi
 INTERRUPTED_EXIT = 130  # exit code of a training that SIGINT or SIGTERM ended, with a checkpoint
 
 
+def stall_reason(stalled: dict) -> str:
+    """What the stall check that ended a run found, in one line, from its record (the trainer's
+    summary["stalled"], a run's stalled.json)."""
+    if "stall_val_step" in stalled:
+        return (f"validation score {stalled['score']:.4g} at step {stalled['step']}, below --stall-val-step "
+                f"{stalled['stall_val_step']} --stall-val-score {stalled['stall_val_score']:g}")
+    return (f"no training loss below --stall-loss {stalled['stall_loss']:g} by step {stalled['step']} "
+            f"(--stall-step {stalled['stall_step']}; lowest logged loss {stalled['lowest_loss']:.4f})")
+
+
 def training_stop(summary: dict, run_dir: Path | str, resume_command: str) -> tuple[int, str] | None:
     """(exit code, one line for stderr) of a training that a stall check or a signal ended, from the summary
     of asentmax.trainer.train; None for one that ran to its planned end or its --stop-at-step. Both CLIs'
@@ -192,19 +205,11 @@ def training_stop(summary: dict, run_dir: Path | str, resume_command: str) -> tu
     a finished run from a stopped one; `resume_command` continues the run."""
     checkpoint = Path(run_dir) / CHECKPOINT_NAME
     stalled = summary.get("stalled")
-    if stalled and "stall_val_step" in stalled:
-        check = (f"--stall-val-step {stalled['stall_val_step']} "
-                 f"--stall-val-score {stalled['stall_val_score']:g}")
-        return STALLED_EXIT, (
-            f"stalled: validation score {stalled['score']:.4g} at step {stalled['step']}, below {check}. "
-            f"{checkpoint} holds step {stalled['step']}; start again with another --seed, or continue with: "
-            f"{resume_command}")
     if stalled:
+        plateau = "" if "stall_val_step" in stalled else ": the run is on a loss plateau"
         return STALLED_EXIT, (
-            f"stalled: no training loss below --stall-loss {stalled['stall_loss']:g} by step "
-            f"{stalled['step']} (--stall-step {stalled['stall_step']}; lowest logged loss "
-            f"{stalled['lowest_loss']:.4f}): the run is on a loss plateau. {checkpoint} holds step "
-            f"{stalled['step']}; start again with another --seed, or continue with: {resume_command}")
+            f"stalled: {stall_reason(stalled)}{plateau}. {checkpoint} holds step {stalled['step']}; start "
+            f"again with another --seed, or continue with: {resume_command}")
     if summary.get("interrupted"):
         return INTERRUPTED_EXIT, (
             f"interrupted ({summary['interrupted']}) at step {summary['step']}; {checkpoint} holds step "
@@ -282,6 +287,31 @@ def load_evaluation(path: Path | str) -> dict:
     if problem:
         raise RunError(f"{path} is not an asentmax evaluation ({problem}); re-run `asentmax eval --fresh`")
     return data if run_dir is None else {**data, "run_dir": str(run_dir)}
+
+
+def stalled_unevaluated(path: Path | str) -> bool:
+    """Whether `path` is a run directory that a stall check ended (stalled.json) and that holds no
+    evaluation: what `asentmax compare` reads with load_stalled instead of load_evaluation."""
+    path = Path(path)
+    return (path / STALLED_NAME).is_file() and not (path / f"{EVAL_NAME}.json").exists()
+
+
+def load_stalled(run_dir: Path | str) -> dict:
+    """A run that a stall check ended, as `asentmax compare` counts it: run_dir, task, the configs and
+    prior_samples of its config.json and its stalled.json record as "stalled"; RunError (one line naming the
+    file) when either file is missing or not what training writes."""
+    run_dir = Path(run_dir)
+    stalled = read_json(run_dir / STALLED_NAME, "stall record")
+    config = read_json(run_dir / CONFIG_NAME, "run config")
+    checks = "stall_val_step" in stalled or "stall_step" in stalled
+    if not (isinstance(stalled.get("step"), int) and checks):
+        raise RunError(f"{run_dir / STALLED_NAME} is not a stall record of asentmax training; restore or "
+                       "delete it")
+    if not all(isinstance(config.get(key), dict) for key in ("train_config", "model_config", "workload")):
+        raise RunError(f"{run_dir / CONFIG_NAME} has no training configs; restore it")
+    return {"run_dir": str(run_dir), "task": config["workload"].get("task"),
+            **{key: config[key] for key in ("train_config", "model_config", "workload")},
+            "prior_samples": config.get("prior_samples") or 0, "stalled": stalled}
 
 
 # ---- checkpoints ----

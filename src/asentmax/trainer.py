@@ -70,6 +70,7 @@ from asentmax.runs import (
     CHECKPOINT_NAME,
     CONFIG_NAME,
     LOG_NAME,
+    STALLED_NAME,
     TENSORBOARD_NAME,
     VAL_NAME,
     RunError,
@@ -78,6 +79,7 @@ from asentmax.runs import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    write_json,
 )
 
 AMP_MODES = ("auto", "bf16", "bf16-true", "off")  # TrainConfig.amp: the training precisions
@@ -622,7 +624,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
     not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
-    the first validation from S on whose selection score is below X.
+    the first validation from S on whose selection score is below X. A stopped run's record (summary
+    ["stalled"]) is also written to run_dir/stalled.json, which a continued run removes.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
@@ -728,6 +731,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     commit = git_commit()
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / STALLED_NAME).unlink(missing_ok=True)  # a stopped run continued is no longer stopped
         # samples the weights were trained on before this run's step 0 (the --init-from chain's)
         prior_samples = (checkpoint.get("prior_samples", 0) if checkpoint is not None
                          else initial_weights[1].get("samples") or 0 if initial_weights is not None else 0)
@@ -905,6 +909,8 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     bar.close()
     if world.is_main and writer is not None:
         writer.close()
+    if world.is_main and stalled is not None:
+        write_json(run_dir / STALLED_NAME, stalled)
     if world.active:
         # gloo frees a finished collective's tensors on its own thread, which needs the GIL; a process
         # group destroyed while that is pending (the DDP reducer holds a reference) can deadlock, so the
