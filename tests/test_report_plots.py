@@ -1,6 +1,7 @@
-"""asentmax.report's accuracy plot: one paper curve per method however many runs of it are compared, a
-legend outside the axes (it hid the curves with ten runs), and a colour of its own for every run (the
-default cycle gave the eleventh run the first one's)."""
+"""asentmax.report's tables and plots: the accuracy plot (one paper curve per method however many runs of it
+are compared, a legend outside the axes, a colour of its own for every run), the training and dispersion
+plots' run legend below their panels, the comparison table's sample counts, and the repeat table and plot
+(runs of one recipe over their seeds, with the runs a stall check stopped counted beside them)."""
 
 import matplotlib.colors
 import matplotlib.figure
@@ -281,3 +282,44 @@ def test_what_a_run_observes_of_itself_does_not_split_a_recipe_but_the_length_th
     assert [[r["run_dir"] for r in group]
             for group in repeat_groups([best("b1", 1, 4), best("b2", 2, 4), best("b3", 3, 8)])] == [
         ["runs/b1", "runs/b2"]]
+
+
+@pytest.mark.parametrize("n_runs", [1, 5, 30])
+def test_the_runs_legend_of_the_training_and_dispersion_plots_sits_below_their_panels(monkeypatch, tmp_path,
+                                                                                       n_runs):
+    """Inside a panel, the legend of tens of runs covered the curves (and tight_layout gave up with a
+    warning); below the panels, with the figure grown to hold it, it overlaps neither panel and warns of
+    nothing."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from asentmax.report import _plot_dispersion, _plot_training
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    results = []
+    for i in range(n_runs):
+        run = recipe_run(f"run_with_a_long_descriptive_name_{i}", i, {1: 1.0, 4: 0.5})
+        run_dir = tmp_path / f"r{i}"
+        run_dir.mkdir()
+        (run_dir / "log.csv").write_text("step,loss\n10,2.0\n20,1.0\n")
+        (run_dir / "val.csv").write_text("step,length,exact_match\n20,64,0.5\n20,256,0.25\n")
+        run["run_dir"] = str(run_dir)
+        for row in run["rows"]:
+            row["dispersion"] = {"normalised_entropy": 0.3, "support_size": 5.0}
+        results.append(run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for plot in (_plot_training, _plot_dispersion):
+            assert plot(results, tmp_path / "plot.png")
+            fig = figures[-1]
+            canvas = FigureCanvasAgg(fig)
+            canvas.draw()
+            renderer = canvas.get_renderer()
+            (legend,) = fig.legends
+            assert len(legend.get_texts()) == n_runs
+            legend_box = legend.get_window_extent(renderer)
+            for ax in fig.axes:
+                assert legend_box.y1 < ax.get_tightbbox(renderer).y0  # below the panel and its labels
+            assert legend_box.y0 >= 0 and legend_box.x0 >= 0 and legend_box.x1 <= fig.bbox.x1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import asdict, fields
 from functools import partial
 from pathlib import Path
@@ -391,6 +392,31 @@ def _plot_repeats(results: list[dict], path: Path, stalled: list[dict] = ()) -> 
     return True
 
 
+def _legend_columns(n_runs: int) -> int:
+    """Columns of a legend of n runs below two panels."""
+    return 1 if n_runs <= 4 else 2 if n_runs <= 20 else 3
+
+
+def _two_panels_over_runs(plt, n_runs: int, panel_height: float, right: float):
+    """(figure, (left axes, right axes)): two panels 14 inches wide above room for a legend of n_runs runs
+    (_runs_legend), the figure as much taller as that legend needs; `right`: where the panels end (room for a
+    legend of the right panel's own). A legend inside a panel covered its curves once tens of runs were
+    compared."""
+    legend_inches = 0.3 + 0.17 * math.ceil(n_runs / _legend_columns(n_runs))
+    height = panel_height + legend_inches
+    fig, axes = plt.subplots(1, 2, figsize=(14, height))
+    fig.subplots_adjust(left=0.06, right=right, wspace=0.22, top=1 - 0.55 / height,
+                        bottom=(legend_inches + 0.65) / height)
+    return fig, axes
+
+
+def _runs_legend(fig, ax, n_runs: int) -> None:
+    """The legend of `ax`'s lines (one per run) below the panels of _two_panels_over_runs."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.0),
+               ncol=_legend_columns(n_runs), fontsize=7, frameon=False, title="colour: the run",
+               title_fontsize=7)
+
+
 def _plot_dispersion(results: list[dict], path: Path) -> bool:
     """Normalised entropy and support size vs length per method; False when no run measured dispersion."""
     measured = [r for r in results if any("dispersion" in row for row in r["rows"])]
@@ -401,7 +427,7 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_entropy, ax_support) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax_entropy, ax_support) = _two_panels_over_runs(plt, len(measured), panel_height=4.2, right=0.98)
     for result, colour in zip(measured, run_colours(len(measured)), strict=True):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
@@ -417,9 +443,8 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    _runs_legend(fig, ax_entropy, len(measured))
     fig.suptitle("attention dispersion at the answer positions (mean over layers, heads, answer queries)")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
@@ -474,9 +499,9 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    fig, (ax_loss, ax_val) = plt.subplots(1, 2, figsize=(14, 4.8))
-    # colour = run (the loss panel's legend), line style = validation length (the same style for a length
-    # in every run, so runs validated at different lengths stay comparable)
+    fig, (ax_loss, ax_val) = _two_panels_over_runs(plt, len(curves), panel_height=4.8, right=0.86)
+    # colour = run (the legend below), line style = validation length (the same style for a length in every
+    # run, so runs validated at different lengths stay comparable)
     lengths = sorted({length for _, curve in curves for length in curve["validation"]})
     styles = {length: ("-", "--", ":", "-.")[k % 4] for k, length in enumerate(lengths)}
     markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
@@ -495,11 +520,10 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     for ax in (ax_loss, ax_val):
         ax.set_xlabel("training samples seen")
         ax.grid(alpha=0.3)
-    ax_loss.legend(fontsize=7)
+    _runs_legend(fig, ax_loss, len(curves))
     ax_val.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  title="colour: the run (left)", title_fontsize=7)
+                  title="line: the length", title_fontsize=7)
     fig.suptitle("training: loss and validation during the run")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
