@@ -51,6 +51,28 @@ def test_the_legend_sits_outside_the_axes(drawn):
     assert legend_box.x0 >= axes_box.x1
 
 
+def test_a_legend_too_long_to_sit_beside_the_axes_goes_below_them_in_a_taller_figure(drawn):
+    """30 runs and their paper rows: beside the axes the legend squeezed them flat and ran off the figure."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    long_name = "a_run_directory_named_after_everything_its_recipe_changes_" * 2  # 118 characters
+    results = [evaluated(f"{long_name}{i}", ("asentmax", "softmax", "entmax")[i % 3], 0.5) for i in range(30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fig = drawn(results)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (legend,) = fig.legends
+    assert fig.axes[0].get_legend() is None and len(legend.get_texts()) == 33  # 30 runs, 3 paper rows
+    box = legend.get_window_extent(renderer)
+    assert box.y1 < fig.axes[0].get_tightbbox(renderer).y0 and box.y0 >= 0
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.x1  # the figure is as wide as the legend's columns
+    assert fig.axes[0].get_window_extent(renderer).height > 200  # pixels: the panel keeps its height
+
+
 @pytest.mark.parametrize("n_runs", [3, 13, 25])
 def test_every_run_has_a_colour_of_its_own(drawn, n_runs):
     results = [evaluated(f"r{i}", ("asentmax", "softmax", "entmax")[i % 3], 0.5) for i in range(n_runs)]
@@ -300,8 +322,9 @@ def test_the_runs_legend_of_the_training_and_dispersion_plots_sits_below_their_p
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
     results = []
     for i in range(n_runs):
-        run = recipe_run(f"run_with_a_long_descriptive_name_{i}", i, {1: 1.0, 4: 0.5})
-        run_dir = tmp_path / f"r{i}"
+        name = "a_run_directory_named_after_everything_its_recipe_changes_" * 2 + str(i)  # 119-120 characters
+        run = recipe_run(name, i, {1: 1.0, 4: 0.5})
+        run_dir = tmp_path / name
         run_dir.mkdir()
         (run_dir / "log.csv").write_text("step,loss\n10,2.0\n20,1.0\n")
         (run_dir / "val.csv").write_text("step,length,exact_match\n20,64,0.5\n20,256,0.25\n")

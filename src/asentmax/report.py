@@ -326,15 +326,46 @@ def _draw_paper_row(ax, result: dict, colour, drawn: set) -> None:
                 label=f"{METHOD_NAMES[attention]} (paper)")
 
 
-def _length_axes(ax, ylabel: str, title: str) -> None:
-    """Exact match % (0-100) against the length multiplier on a log2 axis; the legend outside the axes."""
+def _legend_columns(entries: int) -> int:
+    """Columns of a legend of that many lines below a figure's panels."""
+    return 1 if entries <= 4 else 2 if entries <= 20 else 3
+
+
+def _legend_inches(entries: int) -> float:
+    """Height of a legend of that many lines below a figure's panels (fontsize 7, _legend_columns)."""
+    return 0.3 + 0.17 * math.ceil(entries / _legend_columns(entries))
+
+
+def _figure_width(labels: list[str]) -> float:
+    """Inches of a figure with a legend of these labels below its panels: 14, or what its columns need."""
+    return max(14.0, _legend_columns(len(labels)) * (0.5 + 0.055 * max(map(len, labels), default=0)))
+
+
+RIGHT_LEGEND_ENTRIES = 20  # a one-panel figure's legend beside it holds this many lines; more go below it
+
+
+def _length_axes(fig, ax, ylabel: str, title: str) -> None:
+    """Exact match % (0-100) against the length multiplier on a log2 axis, and the legend outside the axes
+    (inside, it hid the curves): beside them for up to RIGHT_LEGEND_ENTRIES lines, else below them in columns,
+    the figure made as much taller and as wide as they need (_figure_width)."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel("test length / training length (ID)")
     ax.set_ylabel(ylabel)
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: it hid the curves
     ax.set_title(title)
+    labels = ax.get_legend_handles_labels()[1]
+    entries = len(labels)
+    if entries <= RIGHT_LEGEND_ENTRIES:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        return
+    legend_inches = _legend_inches(entries)
+    height = 4.5 + legend_inches
+    fig.set_size_inches(_figure_width(labels), height)
+    fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.45 / height, bottom=(legend_inches + 0.65) / height)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.0),
+               ncol=_legend_columns(entries), fontsize=7, frameon=False)
 
 
 def _plot_accuracy(results: list[dict], path: Path) -> None:
@@ -354,8 +385,7 @@ def _plot_accuracy(results: list[dict], path: Path) -> None:
         ax.fill_between(xs, low, high, color=colour, alpha=0.15)
         _draw_paper_row(ax, result, colour, paper_drawn)
     tasks = ", ".join(sorted({r["task"] for r in results}))
-    _length_axes(ax, "exact match %", f"length generalisation: {tasks}")
-    fig.tight_layout()
+    _length_axes(fig, ax, "exact match %", f"length generalisation: {tasks}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -384,27 +414,21 @@ def _plot_repeats(results: list[dict], path: Path, stalled: list[dict] = ()) -> 
         ax.fill_between(xs, [summary["min"][m] for m in xs], [summary["max"][m] for m in xs], color=colour,
                         alpha=0.2)
         _draw_paper_row(ax, group[0], colour, paper_drawn)
-    _length_axes(ax, "exact match %: median, lowest to highest",
+    _length_axes(fig, ax, "exact match %: median, lowest to highest",
                  "runs of one recipe (seeds or repeats): the spread of length generalisation")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
 
 
-def _legend_columns(n_runs: int) -> int:
-    """Columns of a legend of n runs below two panels."""
-    return 1 if n_runs <= 4 else 2 if n_runs <= 20 else 3
-
-
-def _two_panels_over_runs(plt, n_runs: int, panel_height: float, right: float):
-    """(figure, (left axes, right axes)): two panels 14 inches wide above room for a legend of n_runs runs
-    (_runs_legend), the figure as much taller as that legend needs; `right`: where the panels end (room for a
-    legend of the right panel's own). A legend inside a panel covered its curves once tens of runs were
-    compared."""
-    legend_inches = 0.3 + 0.17 * math.ceil(n_runs / _legend_columns(n_runs))
+def _two_panels_over_runs(plt, labels: list[str], panel_height: float, right: float):
+    """(figure, (left axes, right axes)): two panels above room for a legend of the runs' `labels`
+    (_runs_legend), the figure as much taller and as wide as that legend needs (_figure_width); `right`: where
+    the panels end (room for a legend of the right panel's own). A legend inside a panel covered its curves
+    once tens of runs were compared."""
+    legend_inches = _legend_inches(len(labels))
     height = panel_height + legend_inches
-    fig, axes = plt.subplots(1, 2, figsize=(14, height))
+    fig, axes = plt.subplots(1, 2, figsize=(_figure_width(labels), height))
     fig.subplots_adjust(left=0.06, right=right, wspace=0.22, top=1 - 0.55 / height,
                         bottom=(legend_inches + 0.65) / height)
     return fig, axes
@@ -427,11 +451,11 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_entropy, ax_support) = _two_panels_over_runs(plt, len(measured), panel_height=4.2, right=0.98)
-    for result, colour in zip(measured, run_colours(len(measured)), strict=True):
+    labels = [f"{method_label(result)} ({run_name(result)})" for result in measured]
+    fig, (ax_entropy, ax_support) = _two_panels_over_runs(plt, labels, panel_height=4.2, right=0.98)
+    for result, label, colour in zip(measured, labels, run_colours(len(measured)), strict=True):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
-        label = f"{method_label(result)} ({run_name(result)})"
         ax_entropy.plot(xs, [row["dispersion"]["normalised_entropy"] for row in rows], "o-", color=colour,
                         label=label)
         ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=colour,
@@ -499,15 +523,15 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    fig, (ax_loss, ax_val) = _two_panels_over_runs(plt, len(curves), panel_height=4.8, right=0.86)
+    labels = [f"{method_label(result)} ({run_name(result)})" for result, _ in curves]
+    fig, (ax_loss, ax_val) = _two_panels_over_runs(plt, labels, panel_height=4.8, right=0.86)
     # colour = run (the legend below), line style = validation length (the same style for a length in every
     # run, so runs validated at different lengths stay comparable)
     lengths = sorted({length for _, curve in curves for length in curve["validation"]})
     styles = {length: ("-", "--", ":", "-.")[k % 4] for k, length in enumerate(lengths)}
     markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
-    for (result, curve), colour in zip(curves, run_colours(len(curves)), strict=True):
-        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1,
-                     label=f"{method_label(result)} ({run_name(result)})")
+    for (_, curve), label, colour in zip(curves, labels, run_colours(len(curves)), strict=True):
+        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1, label=label)
         for length, (samples, matches) in sorted(curve["validation"].items()):
             ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
                         marker=markers[length])
