@@ -87,7 +87,8 @@ def test_train_eval_compare_end_to_end(tmp_path, capsys):
     out_dir = tmp_path / "report"
     assert main(["compare", str(runs["softmax"]), str(runs["asentmax"]), "--output-dir", str(out_dir)]) == 0
     table = (out_dir / "compare.md").read_text()
-    assert "| copy | Softmax | ours (softmax) | 32 | 3 |" in table  # 8 steps x batch 4; 3 test samples
+    # 8 steps x batch 4; 3 test samples; the copy preset is built from the paper code's blocks
+    assert "| copy | Softmax (paper-code blocks) | ours (softmax) | 32 | 3 |" in table
     assert "| copy | ASEntmax | paper | 20M | 1,000 | 100.0 | 100.0 |" in table
     for name in ("accuracy.png", "dispersion.png", "compare.json"):
         assert (out_dir / name).stat().st_size > 0

@@ -72,6 +72,20 @@ def test_presets_have_the_papers_shapes():
         copy_model(40, attention="nope")
 
 
+def test_the_sequence_task_presets_are_the_paper_codes_blocks_and_mqmtars_ours():
+    """Copy, Reverse and Sort in the paper code's blocks (with them ASEntmax reached or neared the paper's
+    rows, results/paper); MQMTAR in ours (in theirs it stayed on the loss plateau); an override still wins."""
+    from asentmax.nn.presets import PAPER_CODE_BLOCKS
+
+    defaults = ModelConfig(vocab_size=40)
+    for preset in (copy_model, reverse_model, sort_model):
+        model = preset(40)
+        assert {name: getattr(model, name) for name in PAPER_CODE_BLOCKS} == PAPER_CODE_BLOCKS
+    mqmtar = mqmtar_model(300)
+    assert all(getattr(mqmtar, name) == getattr(defaults, name) for name in PAPER_CODE_BLOCKS)
+    assert sort_model(40, norm_placement="pre", mlp="swiglu").norm_placement == "pre"
+
+
 def test_lm_preset_sizes():
     with torch.device("meta"):
         small = Transformer(lm_25m(32000)).num_parameters()
