@@ -346,3 +346,23 @@ def test_the_runs_legend_of_the_training_and_dispersion_plots_sits_below_their_p
             for ax in fig.axes:
                 assert legend_box.y1 < ax.get_tightbbox(renderer).y0  # below the panel and its labels
             assert legend_box.y0 >= 0 and legend_box.x0 >= 0 and legend_box.x1 <= fig.bbox.x1
+
+
+@pytest.mark.parametrize("stall_record, message", [
+    ("{not json", "is not a readable JSON stall record"),
+    ('{"score": 0.1, "stall_val_step": 4, "stall_val_score": 0.5}', "is not a stall record of asentmax"),
+    ('{"step": 4}', "is not a stall record of asentmax")])
+def test_a_damaged_stall_record_is_refused_in_one_line_naming_it(tmp_path, capsys, stall_record, message):
+    import json
+
+    from asentmax.cli import main
+
+    run = tmp_path / "stopped"
+    run.mkdir()
+    record = recipe_run("stopped", 1, {})
+    (run / "config.json").write_text(json.dumps({key: record[key] for key in
+                                                 ("train_config", "model_config", "workload")}))
+    (run / "stalled.json").write_text(stall_record)
+    assert main(["compare", str(run), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and str(run / "stalled.json") in err[0]
