@@ -74,16 +74,35 @@ def test_presets_have_the_papers_shapes():
 
 def test_the_sequence_task_presets_are_the_paper_codes_blocks_and_mqmtars_ours():
     """Copy, Reverse and Sort in the paper code's blocks (with them ASEntmax reached or neared the paper's
-    rows, results/paper); MQMTAR in ours (in theirs it stayed on the loss plateau); an override still wins."""
+    rows, results/paper), the ASEntmax init only for ASEntmax (no other normaliser reads it); MQMTAR in ours
+    (in theirs it stayed on the loss plateau); an override still wins."""
     from asentmax.nn.presets import PAPER_CODE_BLOCKS
 
     defaults = ModelConfig(vocab_size=40)
     for preset in (copy_model, reverse_model, sort_model):
         model = preset(40)
         assert {name: getattr(model, name) for name in PAPER_CODE_BLOCKS} == PAPER_CODE_BLOCKS
+        softmax = preset(40, attention="softmax")
+        assert softmax.asentmax_init == defaults.asentmax_init and softmax.norm_placement == "sandwich"
     mqmtar = mqmtar_model(300)
     assert all(getattr(mqmtar, name) == getattr(defaults, name) for name in PAPER_CODE_BLOCKS)
     assert sort_model(40, norm_placement="pre", mlp="swiglu").norm_placement == "pre"
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
+@pytest.mark.parametrize("attention", ["asentmax", "softmax"])
+def test_a_sequence_preset_is_the_model_of_its_committed_paper_blocks_run(task, attention):
+    """`asentmax train --preset T --attention A` builds the model of results/paper/T/A_b128_paper_blocks,
+    which was trained with the blocks' flags given one by one."""
+    import json
+    from pathlib import Path
+
+    from asentmax.tasks import get_task
+
+    run = Path(__file__).parents[1] / "results" / "paper" / task / f"{attention}_b128_paper_blocks"
+    saved = run / "config.json"
+    recorded = ModelConfig.from_dict(json.loads(saved.read_text())["model_config"])
+    assert get_task(task).model_preset(get_task(task).vocab_size, attention=attention) == recorded
 
 
 def test_lm_preset_sizes():
