@@ -285,7 +285,7 @@ def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
     groups = repeat_groups(results, stalled)
     lines = []
     if groups:
-        multipliers = sorted({_multiplier(row, r) for group in groups for r in group if "rows" in r
+        multipliers = sorted({_multiplier(row, r) for group in groups for r in group if "stalled" not in r
                               for row in r["rows"]})
         header = ["task", "method", "runs (seed)", "stopped by a stall check (seed)", "samples",
                   *(_column_name(m) for m in multipliers)]
@@ -341,6 +341,21 @@ def _figure_width(labels: list[str]) -> float:
     return max(14.0, _legend_columns(len(labels)) * (0.5 + 0.055 * max(map(len, labels), default=0)))
 
 
+def _legend_below(fig, ax, panel_height: float, right: float, top_inches: float, title: str | None = None):
+    """The legend of `ax`'s lines below the figure's panels, in _legend_columns columns, the figure made
+    panel_height inches plus the legend's height tall and as wide as its columns need (_figure_width);
+    `right`: where the panels end (room for a legend of a panel's own), `top_inches`: room for the titles.
+    Inside a panel, the legend of tens of runs covered the curves."""
+    handles, labels = ax.get_legend_handles_labels()
+    legend_inches = _legend_inches(len(labels))
+    height = panel_height + legend_inches
+    fig.set_size_inches(_figure_width(labels), height)
+    fig.subplots_adjust(left=0.06, right=right, wspace=0.22, top=1 - top_inches / height,
+                        bottom=(legend_inches + 0.65) / height)
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.0),
+               ncol=_legend_columns(len(labels)), fontsize=7, frameon=False, title=title, title_fontsize=7)
+
+
 RIGHT_LEGEND_ENTRIES = 20  # a one-panel figure's legend beside it holds this many lines; more go below it
 
 
@@ -354,18 +369,11 @@ def _length_axes(fig, ax, ylabel: str, title: str) -> None:
     ax.set_ylim(-3, 103)
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    labels = ax.get_legend_handles_labels()[1]
-    entries = len(labels)
-    if entries <= RIGHT_LEGEND_ENTRIES:
+    if len(ax.get_legend_handles_labels()[1]) <= RIGHT_LEGEND_ENTRIES:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
-        return
-    legend_inches = _legend_inches(entries)
-    height = 4.5 + legend_inches
-    fig.set_size_inches(_figure_width(labels), height)
-    fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.45 / height, bottom=(legend_inches + 0.65) / height)
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.0),
-               ncol=_legend_columns(entries), fontsize=7, frameon=False)
+    else:
+        _legend_below(fig, ax, panel_height=4.5, right=0.98, top_inches=0.45)
 
 
 def _plot_accuracy(results: list[dict], path: Path) -> None:
@@ -421,26 +429,6 @@ def _plot_repeats(results: list[dict], path: Path, stalled: list[dict] = ()) -> 
     return True
 
 
-def _two_panels_over_runs(plt, labels: list[str], panel_height: float, right: float):
-    """(figure, (left axes, right axes)): two panels above room for a legend of the runs' `labels`
-    (_runs_legend), the figure as much taller and as wide as that legend needs (_figure_width); `right`: where
-    the panels end (room for a legend of the right panel's own). A legend inside a panel covered its curves
-    once tens of runs were compared."""
-    legend_inches = _legend_inches(len(labels))
-    height = panel_height + legend_inches
-    fig, axes = plt.subplots(1, 2, figsize=(_figure_width(labels), height))
-    fig.subplots_adjust(left=0.06, right=right, wspace=0.22, top=1 - 0.55 / height,
-                        bottom=(legend_inches + 0.65) / height)
-    return fig, axes
-
-
-def _runs_legend(fig, ax, n_runs: int) -> None:
-    """The legend of `ax`'s lines (one per run) below the panels of _two_panels_over_runs."""
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", bbox_to_anchor=(0.5, 0.0),
-               ncol=_legend_columns(n_runs), fontsize=7, frameon=False, title="colour: the run",
-               title_fontsize=7)
-
-
 def _plot_dispersion(results: list[dict], path: Path) -> bool:
     """Normalised entropy and support size vs length per method; False when no run measured dispersion."""
     measured = [r for r in results if any("dispersion" in row for row in r["rows"])]
@@ -451,11 +439,11 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{method_label(result)} ({run_name(result)})" for result in measured]
-    fig, (ax_entropy, ax_support) = _two_panels_over_runs(plt, labels, panel_height=4.2, right=0.98)
-    for result, label, colour in zip(measured, labels, run_colours(len(measured)), strict=True):
+    fig, (ax_entropy, ax_support) = plt.subplots(1, 2)
+    for result, colour in zip(measured, run_colours(len(measured)), strict=True):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
+        label = f"{method_label(result)} ({run_name(result)})"
         ax_entropy.plot(xs, [row["dispersion"]["normalised_entropy"] for row in rows], "o-", color=colour,
                         label=label)
         ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=colour,
@@ -467,7 +455,7 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length")
         ax.grid(alpha=0.3)
-    _runs_legend(fig, ax_entropy, len(measured))
+    _legend_below(fig, ax_entropy, panel_height=4.2, right=0.98, top_inches=0.55, title="colour: the run")
     fig.suptitle("attention dispersion at the answer positions (mean over layers, heads, answer queries)")
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -523,15 +511,15 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    labels = [f"{method_label(result)} ({run_name(result)})" for result, _ in curves]
-    fig, (ax_loss, ax_val) = _two_panels_over_runs(plt, labels, panel_height=4.8, right=0.86)
+    fig, (ax_loss, ax_val) = plt.subplots(1, 2)
     # colour = run (the legend below), line style = validation length (the same style for a length in every
     # run, so runs validated at different lengths stay comparable)
     lengths = sorted({length for _, curve in curves for length in curve["validation"]})
     styles = {length: ("-", "--", ":", "-.")[k % 4] for k, length in enumerate(lengths)}
     markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
-    for (_, curve), label, colour in zip(curves, labels, run_colours(len(curves)), strict=True):
-        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1, label=label)
+    for (result, curve), colour in zip(curves, run_colours(len(curves)), strict=True):
+        ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1,
+                     label=f"{method_label(result)} ({run_name(result)})")
         for length, (samples, matches) in sorted(curve["validation"].items()):
             ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
                         marker=markers[length])
@@ -544,7 +532,7 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     for ax in (ax_loss, ax_val):
         ax.set_xlabel("training samples seen")
         ax.grid(alpha=0.3)
-    _runs_legend(fig, ax_loss, len(curves))
+    _legend_below(fig, ax_loss, panel_height=4.8, right=0.86, top_inches=0.55, title="colour: the run")
     ax_val.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   title="line: the length", title_fontsize=7)
     fig.suptitle("training: loss and validation during the run")
