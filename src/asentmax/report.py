@@ -545,8 +545,12 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     """Load and check every run's eval.json (a run directory that a stall check ended, with no evaluation:
     its config.json and stalled.json, runs.load_stalled), then write the table and plots under
     `output_dir`; returns the table. RunError when no run given is evaluated."""
-    stalled = [load_stalled(d) for d in run_dirs if stalled_unevaluated(d)]
-    results = [load_evaluation(d) for d in run_dirs if not stalled_unevaluated(d)]
+    stalled, results = [], []
+    for run_dir in run_dirs:
+        if stalled_unevaluated(run_dir):
+            stalled.append(load_stalled(run_dir))
+        else:
+            results.append(load_evaluation(run_dir))
     if not results:
         raise RunError("no evaluated run among those given (each was stopped by a stall check); run "
                        "`asentmax eval` on one first")
