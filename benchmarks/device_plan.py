@@ -49,6 +49,7 @@ from typing import TypeVar
 
 from asentmax.runs import STALLED_EXIT  # `asentmax train --stall-step` or `--stall-val-step` stopped the run
 
+COMPILE_CACHE = ".compile_cache"  # under --work: each run's own Inductor cache (run_step)
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
 T = TypeVar("T")
 
@@ -82,13 +83,20 @@ def read_plan(path: Path) -> dict[str, dict]:
 
 
 def run_step(args: list[str], log: Path, deadline: float | None) -> tuple[int, float]:
-    """Run `python -m asentmax ARGS`, appending to `log`; SIGINT at `deadline` (time.time(); None: never),
-    SIGKILL GRACE_S later. Returns (exit code, seconds)."""
+    """Run `python -m asentmax ARGS`, appending to `log` (<work>/<name>.<stage>.log); SIGINT at `deadline`
+    (time.time(); None: never), SIGKILL GRACE_S later. Returns (exit code, seconds).
+
+    Each run compiles into an Inductor cache of its own, <work>/.compile_cache/<name>
+    (TORCHINDUCTOR_CACHE_DIR; its evaluations share it). Two Sort ASEntmax runs of one model side by side on
+    the shared default cache both stopped at their first backward on an Inductor stride assertion (the
+    thirty-fourth session), where each seed alone had trained; the shared cache is the suspected cause."""
     start = time.time()
     with open(log, "a") as out:
         out.write(f"$ asentmax {shlex.join(args)}\n")
         out.flush()
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        cache = log.parent / COMPILE_CACHE / log.name.rsplit(".", 2)[0]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "TORCHINDUCTOR_CACHE_DIR": str(cache)}
         child = subprocess.Popen([sys.executable, "-m", "asentmax", *args], stdout=out,
                                  stderr=subprocess.STDOUT, env=env)
         try:

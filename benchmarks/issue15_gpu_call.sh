@@ -54,5 +54,5 @@ case $part in
       mqmtar_asentmax_speed_default ;;
   *) echo "unknown part $part: base, phases or after" >&2; exit 2 ;;
 esac
-tar -czf "$out/issue15_$part.tgz" --exclude="*.pt" runs/plan runs/speed
+tar -czf "$out/issue15_$part.tgz" --exclude="*.pt" --exclude=.compile_cache runs/plan runs/speed
 echo "wrote $out/issue15_$part.tgz"

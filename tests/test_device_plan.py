@@ -150,6 +150,31 @@ def test_run_together_logs_every_command_and_names_the_ones_that_failed(tmp_path
         assert log.startswith("$ asentmax ") and len(log.splitlines()) > 1
 
 
+def test_each_run_compiles_into_a_cache_of_its_own(tmp_path, monkeypatch):
+    device_plan = load_device_plan()
+    caches = {}
+
+    class Finished:
+        returncode = 0
+
+        def wait(self, timeout=None):
+            return 0
+
+    def popen(args, stdout, stderr, env):
+        caches[Path(stdout.name).name] = env["TORCHINDUCTOR_CACHE_DIR"]
+        return Finished()
+
+    monkeypatch.setattr(device_plan.subprocess, "Popen", popen)
+    names = ("run_lookalikes0.1", "run_lookalikes0.5")  # a dot in a run's name
+    for name in names:
+        for stage in ("train", "eval"):
+            device_plan.run_step(["--help"], tmp_path / f"{name}.{stage}.log", None)
+    for name in names:  # a run's training and evaluations share its cache, under --work
+        assert caches[f"{name}.train.log"] == caches[f"{name}.eval.log"] == str(
+            tmp_path / device_plan.COMPILE_CACHE / name)
+    assert caches[f"{names[0]}.train.log"] != caches[f"{names[1]}.train.log"]
+
+
 def test_side_by_side_returns_every_result_and_raises_a_failure():
     side_by_side = load_device_plan().side_by_side
     assert side_by_side({"a": lambda: 1, "b": lambda: 2}) == {"a": 1, "b": 2}
