@@ -105,6 +105,23 @@ def test_a_sequence_preset_is_the_model_of_its_committed_paper_blocks_run(task, 
     assert get_task(task).model_preset(get_task(task).vocab_size, attention=attention) == recorded
 
 
+@pytest.mark.parametrize("task, run", [("copy", "asentmax_b128_paper_blocks_80k"),
+                                       ("reverse", "asentmax_b128_paper_blocks"),
+                                       ("sort", "asentmax_b128_paper_blocks_120k")])
+def test_a_sequence_training_preset_is_the_recipe_of_its_best_committed_run(task, run):
+    """`asentmax train --preset T` alone trains as the run of results/paper/T whose ASEntmax row the preset
+    stands for (README: the presets retrain those rows)."""
+    import json
+    from pathlib import Path
+
+    from asentmax.tasks import get_task
+
+    saved = Path(__file__).parents[1] / "results" / "paper" / task / run / "config.json"
+    recorded = json.loads(saved.read_text())["train_config"]
+    preset = get_task(task).train_preset
+    assert {name: recorded[name] for name in preset} == preset
+
+
 def test_lm_preset_sizes():
     with torch.device("meta"):
         small = Transformer(lm_25m(32000)).num_parameters()
