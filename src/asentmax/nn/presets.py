@@ -32,10 +32,10 @@ def mqmtar_model(vocab_size: int, **overrides) -> ModelConfig:
 # Copy, Reverse and Sort are built from the paper code's blocks (the MQMTAR preset is not: with them its
 # seed 1 stayed on the loss plateau, results/paper/mqmtar.md). With them, at batch 128 and 5.1M samples,
 # ASEntmax's seed 1 reached the paper's Reverse row (98.3 / 91.0 % at 4x / 8x; 78.3 / 2.3 with our default
-# blocks), 47.0 % on Sort at 4x (0 with ours) and 92.7 / 70.0 % on Copy at 32x / 64x
-# (results/paper/{reverse,sort,copy}.md). Its other seeds vary far more than that (Reverse 4x: 10.7-98.3 %
-# over four), and softmax in these blocks holds 78 % (Reverse) and 44 % (Sort) at 2x where the paper's
-# softmax, in the same blocks, has 0.
+# blocks), 47.0 % on Sort at 4x (0 with ours; 93.0 with 15.4M samples, the paper's row) and 92.7 / 70.0 % on
+# Copy at 32x / 64x (results/paper/{reverse,sort,copy}.md). Its other seeds vary far more than that
+# (Reverse 4x: 10.7-98.3 % over four), and softmax in these blocks holds 78 % (Reverse) and 44 % (Sort) at
+# 2x where the paper's softmax, in the same blocks, has 0.
 def _paper_code_blocks(overrides: dict) -> dict:
     """PAPER_CODE_BLOCKS for a preset model, its ASEntmax init only where the attention is ASEntmax (no other
     normaliser reads it, so a softmax model's config keeps the default, as one trained with the flags
