@@ -1,8 +1,10 @@
-"""Training throughput of the MQMTAR preset for every attention normaliser (issue 14, item 5).
+"""Training throughput of a task's preset (--task; MQMTAR by default) for every attention normaliser
+(issue 14, item 5).
 
-For softmax, SSMax, entmax and ASEntmax (all with NAPE positions) at the MQMTAR reference model
-(arXiv:2506.16640, section 3: 4 layers, d_model 512, 16 heads, FFN 1024; training lengths 32-64 in 4
-buckets, bf16 autocast, AdamW) and each batch size, one row holds:
+For softmax, SSMax, entmax and ASEntmax (all with NAPE positions) at the task's reference model
+(arXiv:2506.16640, section 3; MQMTAR: 4 layers, d_model 512, 16 heads, FFN 1024; Sort: 2 layers, d_model 256,
+8 heads, in the paper code's blocks; training lengths 32-64 in 4 buckets, bf16 autocast, AdamW) and each batch
+size, one row holds:
 
 - bare step, eager and torch.compile'd: forward, target-token loss, backward, clipping, AdamW, on batches
   drawn in advance (the length-bucket mix of training, so the compiled model sees every bucket's shape);
@@ -15,7 +17,13 @@ buckets, bf16 autocast, AdamW) and each batch size, one row holds:
   timed after two untimed passes over the batches (a width's graphs are recorded at its second call); its
   ms/step, samples/s, speed-up over the compiled row and the number of CUDA graphs captured (one forward
   and one backward per width, plus the empty graph that makes a tree's memory pool);
-- whole loop: the command line itself (`asentmax train --preset mqmtar`, a fresh process, compile and
+- step graph (on CUDA only): the WHOLE bare step (forward, loss, backward, clipping, AdamW) captured as one
+  CUDA graph per width (StepGraph: compiled without cudagraph trees, AdamW fused and capturable), what a
+  trainer without host work inside the step would run; its ms/step (with the copy of each batch into the
+  graph's inputs), its speed-up over the CUDA-graphs row, and its agreement with the trainer's step: both
+  run --check-steps steps from the same weights on the same batches, and the row gives the largest relative
+  difference of their losses and ||difference|| / ||update|| of their parameter updates;
+- whole loop: the command line itself (`asentmax train --preset TASK`, a fresh process, compile and
   fused AdamW at their defaults, CUDA graphs off) for --loop-steps steps; its steady-state ms/step
   from log.csv's elapsed_s between the first log line after the warm-up and the last one (compilation,
   the final validation and the checkpoint are outside that window); its ratio to the bare compiled step;
@@ -59,11 +67,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from asentmax.data import IGNORE_INDEX, length_buckets, training_batch
+from asentmax.data import IGNORE_INDEX, Batch, length_buckets, training_batch
 from asentmax.nn import Transformer
-from asentmax.nn.presets import mqmtar_model
 from asentmax.runs import git_commit, save_checkpoint
-from asentmax.tasks import get_task
 from asentmax.tasks.device_sampling import DeviceBatchSampler
 from asentmax.tasks.workload import TaskWorkload
 from asentmax.trainer import TrainConfig, compiled_for_training
@@ -177,7 +183,7 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
     widths = sorted({b.input_ids.shape[1] for b in batches})
     row = {"normaliser": normaliser, "batch": batch_size, "widths": widths}
     torch.manual_seed(0)
-    model = Transformer(model_config(args, normaliser, task)).to(device)
+    model = Transformer(model_config(args, normaliser)).to(device)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), **fused)
     step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
@@ -195,12 +201,18 @@ def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sam
             row.update(graphed_timings(args, model, step, batches, device))
         except Exception as error:
             row["graphs_error"] = first_error_line(error)
-    for kind in ("eager", "compiled", "graphs"):
+        try:
+            row.update(step_graph_timings(args, model, batches, device, autocast_dtype))
+        except Exception as error:
+            row["step_graph_error"] = first_error_line(error)
+    for kind in ("eager", "compiled", "graphs", "step_graph"):
         if f"{kind}_ms" in row:
             row[f"{kind}_samples_s"] = batch_size / (row[f"{kind}_ms"] * 1e-3)
             row[f"{kind}_tflops"] = flops / (row[f"{kind}_ms"] * 1e-3) / 1e12
     if "compiled_ms" in row and "graphs_ms" in row:
         row["graphs_vs_compiled"] = row["compiled_ms"] / row["graphs_ms"]
+    if "graphs_ms" in row and "step_graph_ms" in row:
+        row["step_graph_vs_graphs"] = row["graphs_ms"] / row["step_graph_ms"]
     return row
 
 
@@ -244,6 +256,93 @@ def graphed_timings(args, model, step, batches, device) -> dict:
     return timings
 
 
+class StepGraph:
+    """The whole bare step (forward, loss, backward, clipping, AdamW, zero_grad) captured as ONE CUDA graph
+    per bucket width: the forward compiled as the trainer compiles it but without cudagraph trees, AdamW
+    fused with capturable=True and its lr a device tensor (the trainer's schedule would fill it each step).
+    Each width is warmed up three times on a side stream, then captured into its own memory pool; the
+    warm-up steps change the weights. Calling it on a batch copies the batch into its width's static
+    inputs, refills the lr and replays, returning the loss tensor (valid until that width's next replay).
+    It keeps the compiled forward alive: its kernels are what the graphs replay."""
+
+    def __init__(self, model, batches, device, autocast_dtype, backend: str):
+        torch._dynamo.reset()
+        self.forward = compiled_for_training(model, backend=backend)
+        self.lr = torch.tensor(1e-4, device=device)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.lr, betas=(0.9, 0.99), fused=True,
+                                           capturable=True)
+        step = make_step(model, self.optimizer, autocast_dtype, grad_clip=1.0)
+        first_of_width = {}
+        for batch in batches:
+            first_of_width.setdefault(batch.input_ids.shape[1], batch)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for batch in first_of_width.values():
+                for _ in range(3):
+                    step(self.forward, batch)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graphs = {}
+        for width, batch in first_of_width.items():
+            static = Batch(batch.input_ids.clone(), batch.labels.clone())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                loss = step(self.forward, static)
+            self.graphs[width] = (graph, static, loss)
+
+    def __call__(self, batch) -> torch.Tensor:
+        graph, static, loss = self.graphs[batch.input_ids.shape[1]]
+        static.input_ids.copy_(batch.input_ids)
+        static.labels.copy_(batch.labels)
+        self.lr.fill_(1e-4)
+        graph.replay()
+        return loss
+
+    def restart(self, model, weights: dict) -> None:
+        """`weights` back into the model and AdamW's moments and step counts to zero, IN PLACE (the graphs
+        hold these tensors' addresses): a fresh optimizer at those weights."""
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                parameter.copy_(weights[name])
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                value.zero_()
+
+
+def step_graph_agreement(model, batches, device, autocast_dtype, backend: str, steps: int):
+    """From the model's current weights, `steps` steps of the trainer's --cuda-graphs step (compiled forward
+    and backward as cudagraph trees; loss, clipping and fused AdamW eager), then, from the same weights and
+    a fresh AdamW, `steps` steps of a StepGraph on the same batches. Returns (the StepGraph, the largest
+    relative difference of the two runs' losses, ||graph - trainer|| / ||trainer - start|| of their
+    parameter updates). The model ends with the StepGraph's weights."""
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    torch._dynamo.reset()
+    forward = compiled_for_training(model, backend=backend, mode="reduce-overhead")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), fused=True)
+    step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
+    trainer_losses = [float(step(forward, batches[i % len(batches)])) for i in range(steps)]
+    trainer_weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    graph = StepGraph(model, batches, device, autocast_dtype, backend)
+    graph.restart(model, start)
+    graph_losses = [float(graph(batches[i % len(batches)])) for i in range(steps)]
+    loss_difference = max(abs(a - b) / abs(b) for a, b in zip(graph_losses, trainer_losses, strict=True))
+    difference = update = 0.0
+    for name, parameter in model.named_parameters():
+        difference += float((parameter.double() - trainer_weights[name].double()).square().sum())
+        update += float((trainer_weights[name].double() - start[name].double()).square().sum())
+    return graph, loss_difference, (difference / update) ** 0.5
+
+
+def step_graph_timings(args, model, batches, device, autocast_dtype) -> dict:
+    """The step graph's agreement with the trainer's step over --check-steps steps, then its ms/step
+    cycling through `batches` (the batch copies and the lr refill included)."""
+    graph, loss_difference, update_difference = step_graph_agreement(
+        model, batches, device, autocast_dtype, args.compile_backend, args.check_steps)
+    ms = time_steps(lambda _forward, batch: graph(batch), None, batches, args.steps, device)
+    return {"step_graph_ms": ms, "step_graph_loss_diff": loss_difference,
+            "step_graph_update_diff": update_difference, "step_graph_captures": len(graph.graphs)}
+
+
 def profile_steps(args, step, forward, batches, device) -> None:
     """torch.profiler over one pass of the compiled step through `batches`: the top 30 kernels by self
     device time, per step, to OUT_profile_<attention>_<batch>.txt."""
@@ -264,7 +363,7 @@ def validation_ms(args, model, device, autocast_dtype) -> float:
     """ms of one validation by the task workload with the preset's lengths (1, 2, 4 x 64) and
     --val-samples samples per length, on the eager model as the trainer runs it (after one warm-up call,
     which also draws the validation sets)."""
-    workload = TaskWorkload(task="mqmtar", val_samples=args.val_samples)
+    workload = TaskWorkload(task=args.task, val_samples=args.val_samples)
     model.eval()
     workload.validate(model, seed=0, step=0, device=device, autocast_dtype=autocast_dtype)
     sync(device)
@@ -316,8 +415,8 @@ def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: 
     sizes = [arg for name, value in model_sizes(args).items()
              for arg in (f"--{name.replace('_', '-')}", str(value))]
     with tempfile.TemporaryDirectory() as run_dir:
-        command = [sys.executable, "-m", "asentmax", "train", "--preset", "mqmtar", "--attention", normaliser,
-                   "--position", "nape", *sizes, "--steps", str(args.loop_steps), "--batch-size",
+        command = [sys.executable, "-m", "asentmax", "train", "--preset", args.task, "--attention",
+                   normaliser, "--position", "nape", *sizes, "--steps", str(args.loop_steps), "--batch-size",
                    str(batch_size), "--lr", "1e-4", "--warmup-steps", "10", "--min-lr-ratio", "0.1",
                    "--seed", "0", "--log-every",
                    str(args.log_every), "--val-every", "0", "--checkpoint-every", "0",
@@ -352,8 +451,10 @@ def model_sizes(args) -> dict:
     return dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
 
 
-def model_config(args, normaliser: str, task):
-    return mqmtar_model(task.vocab_size, attention=normaliser, position="nape", **model_sizes(args))
+def model_config(args, normaliser: str):
+    """The --task preset's model with `normaliser` and NAPE (and --smoke's sizes)."""
+    overrides = {"attention": normaliser, "position": "nape", **model_sizes(args)}
+    return TaskWorkload(task=args.task).model_config(overrides)
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -365,7 +466,9 @@ def fmt(value, digits: int = 1) -> str:
 
 
 COLUMNS = ("attention", "batch", "eager ms", "compiled ms", "compiled samples/s", "vs softmax compiled",
-           "CUDA graphs ms", "CUDA graphs samples/s", "CUDA graphs / compiled", "loop ms", "loop samples/s",
+           "CUDA graphs ms", "CUDA graphs samples/s", "CUDA graphs / compiled", "step graph ms",
+           "step graph samples/s", "step graph speed-up over CUDA graphs",
+           "step graph loss / update difference", "loop ms", "loop samples/s",
            "loop / bare compiled", "loop with CUDA graphs samples/s", "its loss difference",
            "data % of loop step", "validation ms (% of training)", "checkpoint ms (%)", "TFLOP/s",
            "% of ceiling", "first step s", "all shapes s", "graphs", "CUDA graphs captured")
@@ -379,7 +482,7 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        "# Training throughput, MQMTAR preset (issue 14 item 5)", "",
+        f"# Training throughput, {meta['task']} preset (issue 14 item 5)", "",
         f"Command: `{meta['command']}`  ",
         f"Device: {meta['device']}; torch {meta['torch']}; git {meta['git']}  ",
         f"bf16 matmul ceiling ({meta['matmul_size']}^3): {fmt(meta['matmul_tflops'])} TFLOP/s; "
@@ -401,6 +504,9 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             f"{fmt(r.get('compiled_samples_s'), 0)} | {fmt(r.get('vs_softmax'), 2)} | "
             f"{fmt(r.get('graphs_ms'), 2)} | {fmt(r.get('graphs_samples_s'), 0)} | "
             f"{fmt(r.get('graphs_vs_compiled'), 2)} | "
+            f"{fmt(r.get('step_graph_ms'), 2)} | {fmt(r.get('step_graph_samples_s'), 0)} | "
+            f"{fmt(r.get('step_graph_vs_graphs'), 2)} | "
+            f"{fmt_sci(r.get('step_graph_loss_diff'))} / {fmt_sci(r.get('step_graph_update_diff'))} | "
             f"{fmt(r.get('loop_ms'), 2)} | "
             f"{fmt(r.get('loop_samples_s'), 0)} | {fmt(r.get('loop_vs_bare'), 2)} | "
             f"{fmt(r.get('graphs_loop_samples_s'), 0)} | {fmt_sci(r.get('graphs_loop_loss_diff'))} | "
@@ -409,13 +515,17 @@ def write(out: Path, meta: dict, rows: list[dict]) -> None:
             f"{fmt(r[f'{best}_tflops'])} | {fmt(r['ceiling_percent'])} | "
             f"{fmt(r.get('first_step_s'))} | {fmt(r.get('all_shapes_s'))} | {fmt(r.get('graphs'))} | "
             f"{fmt(r.get('cuda_graphs'))} |")
-        for key in ("compile_error", "graphs_error", "loop_error", "graphs_loop_error"):
+        for key in ("compile_error", "graphs_error", "step_graph_error", "loop_error", "graphs_loop_error"):
             if key in r:
                 lines.append(f"|  | {key.replace('_', ' ')}: {r[key]} |" + " |" * (len(COLUMNS) - 2))
     lines += ["", "CUDA graphs: the compiled bare step replayed as CUDA graphs (torch.compile mode "
               "reduce-overhead, as --cuda-graphs runs it), after two untimed passes; / compiled: the "
               "compiled row's ms over its ms; CUDA graphs captured: one forward and one backward per width, "
               "plus one empty graph per memory pool. "
+              "Step graph: the whole bare step (forward, loss, backward, clipping, AdamW) as one CUDA graph "
+              "per width (StepGraph), its speed-up: the CUDA graphs row's ms over its ms, and its difference "
+              "from the trainer's step over --check-steps steps from the same weights and batches: the "
+              "largest relative loss difference / ||parameter difference|| over ||parameter update||. "
               "Loop: the trainer's log.csv elapsed_s between the steps in `loop_window` (JSON); "
               "loop with CUDA graphs: the same loop with --cuda-graphs on, and its loss difference: the "
               "largest relative difference between its logged losses and the loop's without graphs; "
@@ -434,10 +544,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "results" / "train_gpu")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU (tests the script)")
+    parser.add_argument("--task", default="mqmtar", choices=("mqmtar", "copy", "reverse", "sort"),
+                        help="whose preset model, lengths, validation and `asentmax train --preset` to time")
     parser.add_argument("--normalisers", default=",".join(NORMALISERS))
     parser.add_argument("--batch-sizes", default="512,128")
     parser.add_argument("--steps", type=int, default=30, help="timed bare steps per variant")
     parser.add_argument("--batches", type=int, default=16, help="pre-drawn batches the bare steps cycle")
+    parser.add_argument("--check-steps", type=int, default=8,
+                        help="steps of the step graph's agreement check with the trainer's step (CUDA)")
     parser.add_argument("--loop-steps", type=int, default=240, help="trainer steps per row (0: no loop)")
     parser.add_argument("--log-every", type=int, default=40)
     parser.add_argument("--val-samples", type=int, default=64)
@@ -469,12 +583,14 @@ def main(argv=None) -> int:
         normalisers = ["softmax"] + [n for n in normalisers if n != "softmax"]
 
     clock = time.perf_counter()
-    task = get_task("mqmtar")
-    buckets = length_buckets(32, 64, 4)
+    workload = TaskWorkload(task=args.task)
+    task = workload.task_object
+    buckets = length_buckets(workload.min_length, workload.max_length, workload.length_buckets)
     sampler = DeviceBatchSampler(task, buckets, device)
     commit = git_commit()  # $ASENTMAX_GIT_COMMIT on a copied tree, whose git metadata is stale
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.machine()})"
-    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "torch": torch.__version__,
+    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "task": args.task,
+            "torch": torch.__version__,
             "device": name,
             "git": commit, "matmul_size": matmul_size, "compile_backend": args.compile_backend,
             "shapes": args.shapes, "steps": args.steps, "batches": args.batches,

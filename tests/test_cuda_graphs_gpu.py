@@ -8,6 +8,9 @@ bucket width records one forward and one backward graph, at its second step, and
 after that (no graph per batch, no re-recording); Inductor skips no graph; and the graphed steps after the
 recordings never wait for the device.
 
+Also: the training benchmark's StepGraph (the whole step as one CUDA graph per width) trains as the trainer's
+step.
+
 Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py
 """
 
@@ -157,3 +160,24 @@ def test_bf16_true_trains_compiled_and_graphed_in_bf16(attention, tmp_path):
     assert {value.dtype for value in states} == {torch.bfloat16}
     assert counters["inductor"]["cudagraph_skips"] == 0
     assert len(captures) <= 2 * len(set(observed.widths)) + 1
+
+
+@pytest.mark.parametrize("attention", ["softmax", "asentmax"])
+def test_the_benchmarks_step_graph_trains_as_the_trainers_step(attention):
+    """benchmarks/bench_train_gpu.py's StepGraph (the whole step, AdamW included, as one CUDA graph per width)
+    against the trainer's --cuda-graphs step, in fp32, from the same weights on the same batches of two
+    widths: the same losses and parameter updates but for Inductor's atomic adds. A graph that replayed a
+    stale lr, kept last step's gradients or did not restart AdamW's moments would fail this."""
+    bench = load_benchmark("bench_train_gpu")
+    device = torch.device("cuda")
+    tasks = workload()
+    torch.manual_seed(0)
+    model = Transformer(tasks.model_config({**MODEL, "attention": attention})).to(device)
+    batches = list(itertools.islice(tasks.batches(seed=0, start_step=0, rank=0, world_size=1,
+                                                  local_batch_size=BATCH, device=device), 12))
+    assert len({batch.input_ids.shape[1] for batch in batches}) == 2  # the premise: two widths
+    graph, loss_difference, update_difference = bench.step_graph_agreement(
+        model, batches, device, None, "inductor", steps=8)
+    assert len(graph.graphs) == 2
+    assert loss_difference < 1e-4, loss_difference
+    assert update_difference < 1e-3, update_difference
