@@ -176,14 +176,14 @@ def first_error_line(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0][:160]}"
 
 
-def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, task) -> dict:
+def bare_row(args, normaliser: str, batch_size: int, device, autocast_dtype, sampler, workload) -> dict:
     """Eager and compiled bare-step timings (a compile failure is recorded, the eager numbers kept),
     first-step compile time, graphs compiled and model FLOPs of one configuration."""
     batches = [sampler.batch(seed=0, rank=0, step=s, batch_size=batch_size) for s in range(args.batches)]
     widths = sorted({b.input_ids.shape[1] for b in batches})
     row = {"normaliser": normaliser, "batch": batch_size, "widths": widths}
     torch.manual_seed(0)
-    model = Transformer(model_config(args, normaliser)).to(device)
+    model = Transformer(model_config(args, normaliser, workload)).to(device)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.99), **fused)
     step = make_step(model, optimizer, autocast_dtype, grad_clip=1.0)
@@ -309,6 +309,14 @@ class StepGraph:
                 value.zero_()
 
 
+def relative_update_difference(initial: dict, reference: dict, other: dict) -> float:
+    """||other - reference|| / ||reference - initial|| over all parameters (dicts of tensors): how much two
+    runs' parameter updates from `initial` differ, relative to the update."""
+    difference = sum(float((other[k].double() - reference[k].double()).square().sum()) for k in reference)
+    update = sum(float((reference[k].double() - initial[k].double()).square().sum()) for k in reference)
+    return (difference / update) ** 0.5
+
+
 def step_graph_agreement(model, batches, device, autocast_dtype, backend: str, steps: int):
     """From the model's current weights, `steps` steps of the trainer's --cuda-graphs step (compiled forward
     and backward as cudagraph trees; loss, clipping and fused AdamW eager), then, from the same weights and
@@ -326,11 +334,8 @@ def step_graph_agreement(model, batches, device, autocast_dtype, backend: str, s
     graph.restart(model, start)
     graph_losses = [float(graph(batches[i % len(batches)])) for i in range(steps)]
     loss_difference = max(abs(a - b) / abs(b) for a, b in zip(graph_losses, trainer_losses, strict=True))
-    difference = update = 0.0
-    for name, parameter in model.named_parameters():
-        difference += float((parameter.double() - trainer_weights[name].double()).square().sum())
-        update += float((trainer_weights[name].double() - start[name].double()).square().sum())
-    return graph, loss_difference, (difference / update) ** 0.5
+    graph_weights = {name: p.detach() for name, p in model.named_parameters()}
+    return graph, loss_difference, relative_update_difference(start, trainer_weights, graph_weights)
 
 
 def step_graph_timings(args, model, batches, device, autocast_dtype) -> dict:
@@ -406,7 +411,7 @@ def host_producer_samples_s(task, buckets, batch_size: int, n: int) -> float:
     return n * batch_size / (time.perf_counter() - start)
 
 
-def loop_row(args, normaliser: str, batch_size: int, device, task, cuda_graphs: str = "off") -> dict:
+def loop_row(args, normaliser: str, batch_size: int, device, cuda_graphs: str = "off") -> dict:
     """`asentmax train` itself, in a fresh process, for --loop-steps steps (the in-process trainer of an
     earlier version measured 13.9 ms a step for ASEntmax where the command line took 23: results/
     train_loop_gpu.md); steady-state ms/step from its log.csv, and its logged losses. Its schedule and seed
@@ -451,10 +456,9 @@ def model_sizes(args) -> dict:
     return dict(d_model=32, n_layers=2, n_heads=4, d_ff=64) if args.smoke else {}
 
 
-def model_config(args, normaliser: str):
-    """The --task preset's model with `normaliser` and NAPE (and --smoke's sizes)."""
-    overrides = {"attention": normaliser, "position": "nape", **model_sizes(args)}
-    return TaskWorkload(task=args.task).model_config(overrides)
+def model_config(args, normaliser: str, workload: TaskWorkload):
+    """The workload's preset model with `normaliser` and NAPE (and --smoke's sizes)."""
+    return workload.model_config({"attention": normaliser, "position": "nape", **model_sizes(args)})
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -609,7 +613,7 @@ def main(argv=None) -> int:
                 write(args.out, meta, rows)
                 continue
             args.current = f"{normaliser}_{batch_size}"
-            row = bare_row(args, normaliser, batch_size, device, autocast_dtype, sampler, task)
+            row = bare_row(args, normaliser, batch_size, device, autocast_dtype, sampler, workload)
             best = "compiled" if "compiled_ms" in row else "eager"
             if normaliser == "softmax" and best == "compiled":
                 softmax_compiled[batch_size] = row["compiled_samples_s"]
@@ -618,7 +622,7 @@ def main(argv=None) -> int:
             row["ceiling_percent"] = 100 * row[f"{best}_tflops"] / meta["matmul_tflops"]
             if args.loop_steps:
                 try:
-                    row.update(loop_row(args, normaliser, batch_size, device, task))
+                    row.update(loop_row(args, normaliser, batch_size, device))
                     row["loop_vs_bare"] = row[f"{best}_ms"] / row["loop_ms"]
                     row["data_ms"] = data_ms(sampler, batch_size, 10, device)
                     row["data_samples_s"] = batch_size / (row["data_ms"] * 1e-3)
@@ -630,7 +634,7 @@ def main(argv=None) -> int:
                     row["loop_error"] = first_error_line(error)
                 if device.type == "cuda":
                     try:  # a refusal of --cuda-graphs on (nn/attention.py cuda_graph_refusal) is recorded
-                        row.update(loop_row(args, normaliser, batch_size, device, task, cuda_graphs="on"))
+                        row.update(loop_row(args, normaliser, batch_size, device, cuda_graphs="on"))
                         if "loop_losses" in row:  # the same steps logged, so the lists have one length
                             pairs = zip(row["graphs_loop_losses"], row["loop_losses"], strict=True)
                             row["graphs_loop_loss_diff"] = max(abs(a - b) / abs(b) for a, b in pairs)

@@ -84,11 +84,8 @@ def trained(run_dir: Path, attention: str, cuda_graphs: str, steps: int = STEPS,
 
 
 def relative_update_difference(initial: dict, reference: dict, other: dict) -> float:
-    """||other - reference|| / ||reference - initial|| over all parameters: how much the two runs' parameter
-    updates differ, relative to the update."""
-    difference = sum(float((other[k].double() - reference[k].double()).square().sum()) for k in reference)
-    update = sum(float((reference[k].double() - initial[k].double()).square().sum()) for k in reference)
-    return (difference / update) ** 0.5
+    """benchmarks/bench_train_gpu.py's ||other - reference|| / ||reference - initial|| over the parameters."""
+    return load_benchmark("bench_train_gpu").relative_update_difference(initial, reference, other)
 
 
 def settled_index(widths: list[int]) -> int:
