@@ -11,8 +11,9 @@ flags() { python -c "import json, sys; print(json.load(open('$plan'))['runs'][sy
 steps=${STEPS:-3000}  # STEPS=30 tries the script on a CPU (nvidia-smi then writes nothing)
 short="--steps $steps --warmup-steps $((steps / 10)) --val-every 0 --checkpoint-every 0 --log-every $((steps / 30))
     --no-progress --overwrite"
-sample_gpu() {  # $1: name; waits for the run's log to pass a third of its steps, then samples 8 s
-    until [ "$(tail -1 runs/host/$1/log.csv 2>/dev/null | cut -d, -f1)" -ge $((steps / 3)) ] 2>/dev/null; do
+sample_gpu() {  # $1: name; waits (at most 240 s) for the run's log to pass a third of its steps, then samples 8 s
+    for _ in $(seq 240); do
+        [ "$(tail -1 runs/host/$1/log.csv 2>/dev/null | cut -d, -f1)" -ge $((steps / 3)) ] 2>/dev/null && break
         sleep 1
     done
     timeout 8 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/util_$1.txt"

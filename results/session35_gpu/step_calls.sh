@@ -14,19 +14,20 @@ case $part in
 a)
     bash results/session35_gpu/cache_ab.sh 120 > "$OUT/cache_ab.txt" 2>&1
     (cd "$OUT" && tar czf ab_logs.tgz ab_*.log && rm ab_*.log)
-    python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py -k step_graph > "$OUT/step_graph_tests.log" 2>&1
-    python benchmarks/bench_train_gpu.py --task sort --normalisers softmax,asentmax --batch-sizes 128 \
-        --loop-steps 0 --budget-s 300 --out "$OUT/train_gpu_sort" > "$OUT/train_gpu_sort.log" 2>&1
+    timeout 150 python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py -k step_graph > "$OUT/step_graph_tests.log" 2>&1
+    timeout 290 python benchmarks/bench_train_gpu.py --task sort --normalisers softmax,asentmax --batch-sizes 128 \
+        --loop-steps 0 --budget-s 240 --out "$OUT/train_gpu_sort" > "$OUT/train_gpu_sort.log" 2>&1
     tail -3 "$OUT/step_graph_tests.log"; cat "$OUT/cache_ab.txt" "$OUT/train_gpu_sort.md"
     ;;
 b)
-    bash results/session35_gpu/sort_step_host.sh > /dev/null 2>&1
+    STEPS=2000 timeout 280 bash results/session35_gpu/sort_step_host.sh > /dev/null 2>&1
     (cd "$OUT" && tar czf util.tgz util_*.txt && rm util_*.txt)
-    python benchmarks/bench_train_gpu.py --task mqmtar --normalisers asentmax --batch-sizes 128 \
-        --loop-steps 0 --budget-s 300 --out "$OUT/train_gpu_mqmtar128" > "$OUT/train_gpu_mqmtar128.log" 2>&1
+    timeout 290 python benchmarks/bench_train_gpu.py --task mqmtar --normalisers asentmax --batch-sizes 128 \
+        --loop-steps 0 --budget-s 240 --out "$OUT/train_gpu_mqmtar128" > "$OUT/train_gpu_mqmtar128.log" 2>&1
     cat "$OUT/sort_step_host.txt" "$OUT/train_gpu_mqmtar128.md"
     ;;
 *)
     echo "part must be a or b" >&2; exit 2
     ;;
 esac
+pkill -f "asentmax train"; pkill -f nvidia-smi; true  # a timed-out script's children must not outlive the call
