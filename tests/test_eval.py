@@ -229,6 +229,29 @@ def test_softmax_dispersion_support_is_every_visible_key():
     assert 0.5 < stats["normalised_entropy"] <= 1.0  # a random model attends almost uniformly
 
 
+def test_dispersion_per_head_theta_is_ssmax_closed_form():
+    """Plain SSMax: theta_hi = s_h log(n_i + 1) on the scaled (NoPE) heads, 1 on the ALiBi ones (NAPE); the
+    per-head means over the answer queries, computed here from the positions alone."""
+    torch.manual_seed(0)
+    task = get_task("reverse")
+    config = ModelConfig(vocab_size=task.vocab_size, d_model=32, n_layers=2, n_heads=4, d_ff=64,
+                         attention="ssmax", ssmax_form="plain", position="nape")
+    model = Transformer(config).eval()
+    s = torch.tensor([0.7, 1.9], dtype=torch.float64)
+    for block in model.blocks:
+        block.attn.temperature.s.data.copy_(s)
+    rng = np.random.default_rng(3)
+    examples = [task.sample(n, rng) for n in (5, 9, 12)]
+    stats = answer_dispersion(model, task, examples, device="cpu")
+    keys = torch.tensor([i + 1 for e in examples for i in range(len(e.source) + 1, 2 * len(e.source) + 2)],
+                        dtype=torch.float64)
+    expected = [1.0, 1.0] + (s * torch.log(keys + 1).mean()).tolist()
+    assert np.allclose(stats["theta_per_head"], [expected, expected], rtol=1e-5)
+    per_head = np.asarray(stats["support_size_per_head"])
+    assert per_head.shape == (2, 4) and np.allclose(per_head.mean(1), stats["support_size_per_layer"])
+    assert per_head.max() <= keys.max()
+
+
 def test_entmax_dispersion_is_sparser_than_softmax():
     task = get_task("copy")
     rng = np.random.default_rng(2)

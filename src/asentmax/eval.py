@@ -253,18 +253,25 @@ def _count_by_source_part(task, examples, hits, part_correct, part_total) -> boo
 @torch.no_grad()
 def answer_dispersion(model, task, examples, *, device) -> dict:
     """Attention statistics (asentmax.nn.stats) at the scored (answer) positions of a teacher-forced pass:
-    means over layers, heads and those queries of the normalised entropy H(p) / log n and support size."""
+    means over layers, heads and those queries of the normalised entropy H(p) / log n and support size;
+    per layer; and per layer and head ([layer][head]) of the support size and of theta, the inverse
+    temperature (ASEntmax's delta + beta log(n + 1)^gamma, SSMax's; 1 for a head without one), which tells
+    whether a head sharpens or flattens its attention as the length grows."""
     batch = collate(task, examples).to(device)
     _, stats = model(batch.input_ids, return_stats=True)
-    scored = (batch.labels != IGNORE_INDEX)[:, None, :]  # (B, 1, T)
-    entropy = torch.stack([s.normalised_entropy.float() for s in stats])  # (L, B, H, T)
-    support = torch.stack([s.support_size.float() for s in stats])
-    at_answers_entropy = entropy[:, scored.expand_as(entropy[0])]  # (L, n_answer_queries * H)
-    at_answers_support = support[:, scored.expand_as(support[0])]
-    return {"normalised_entropy": float(at_answers_entropy.mean()),
-            "support_size": float(at_answers_support.mean()),
-            "normalised_entropy_per_layer": at_answers_entropy.mean(1).tolist(),
-            "support_size_per_layer": at_answers_support.mean(1).tolist(),
+    scored = batch.labels != IGNORE_INDEX  # (B, T)
+
+    def at_answers(name: str) -> torch.Tensor:  # (L, H, n_answer_queries)
+        values = torch.stack([getattr(s, name).float() for s in stats])  # (L, B, H, T)
+        return values.transpose(1, 2)[:, :, scored]
+
+    entropy, support, theta = (at_answers(name) for name in ("normalised_entropy", "support_size", "theta"))
+    return {"normalised_entropy": float(entropy.mean()),
+            "support_size": float(support.mean()),
+            "normalised_entropy_per_layer": entropy.flatten(1).mean(1).tolist(),
+            "support_size_per_layer": support.flatten(1).mean(1).tolist(),
+            "support_size_per_head": support.mean(2).tolist(),
+            "theta_per_head": theta.mean(2).tolist(),
             "n_samples": len(examples)}
 
 
