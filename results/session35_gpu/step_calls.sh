@@ -30,4 +30,6 @@ b)
     echo "part must be a or b" >&2; exit 2
     ;;
 esac
-pkill -f "asentmax train"; pkill -f nvidia-smi; true  # a timed-out script's children must not outlive the call
+# a timed-out script's children must not outlive the call; patterns that cannot match the calling shell's own
+# command line (`pkill -f nvidia-smi` did in the thirty-sixth session, and the call came back with rc -1)
+pkill -f "^python -m asentmax train"; pkill -x nvidia-smi; true
