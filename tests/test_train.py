@@ -236,6 +236,13 @@ def test_bf16_true_trains_weights_and_adamw_states_in_bf16(tmp_path):
     assert result["rows"][0]["n"] == 4  # evaluation reads the bf16 weights
 
 
+def test_progress_bar_names_the_task(tmp_path, capsys):
+    task = get_task("reverse")
+    train(tiny_workload(task="reverse"), tiny_train(steps=2), tiny_model(task), tmp_path / "run",
+          progress=True)
+    assert "train reverse" in capsys.readouterr().err
+
+
 def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
     task = get_task("copy")
     train(tiny_workload(), tiny_train(steps=4), tiny_model(task), tmp_path / "run", progress=False)

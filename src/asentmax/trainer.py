@@ -314,6 +314,11 @@ class Workload(Protocol):
 
     name: str
 
+    @property
+    def title(self) -> str:
+        """What the progress bar names the run after: the task (reverse, mqmtar, ...) or the workload kind."""
+        ...
+
     def model_config(self, overrides: dict | None = None): ...
 
     def check_model(self, model_config) -> None: ...
@@ -820,7 +825,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     total = train_config.steps
     end = total if stop_at_step is None else min(total, stop_at_step)
     bar = tqdm(total=total, initial=step, disable=not (progress and world.is_main), dynamic_ncols=True,
-               desc=f"train {workload.name}")
+               desc=f"train {workload.title}")
     batches = workload.batches(seed=train_config.seed, start_step=step, rank=world.rank,
                                world_size=world.world_size, local_batch_size=local_batch, device=device)
     model.train()

@@ -48,6 +48,10 @@ class TaskWorkload:
 
     name: ClassVar[str] = "task"
 
+    @property
+    def title(self) -> str:
+        return self.task
+
     task: str = field(default="copy", metadata={"help": "synthetic task name (asentmax.tasks.TASK_NAMES)"})
     min_length: int = field(default=32, metadata={"help": "shortest training length"})
     max_length: int = field(default=64, metadata={"help": "longest training length (the 'ID' length)"})
