@@ -331,12 +331,17 @@ def test_the_runs_legend_of_the_training_and_dispersion_plots_sits_below_their_p
         run["run_dir"] = str(run_dir)
         for row in run["rows"]:
             row["dispersion"] = {"normalised_entropy": 0.3, "support_size": 5.0}
+            if i % 2 == 0:  # evaluations from before theta was recorded beside ones with it
+                row["dispersion"]["theta_per_head"] = [[1.0] * 4 + [2.0 + row["length"] / 64] * 4]
         results.append(run)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for plot in (_plot_training, _plot_dispersion):
             assert plot(results, tmp_path / "plot.png")
             fig = figures[-1]
+            if plot is _plot_dispersion:
+                assert len(fig.axes) == 3  # entropy, support, theta
+                assert len(fig.axes[2].get_lines()) == (n_runs + 1) // 2
             canvas = FigureCanvasAgg(fig)
             canvas.draw()
             renderer = canvas.get_renderer()
@@ -346,6 +351,18 @@ def test_the_runs_legend_of_the_training_and_dispersion_plots_sits_below_their_p
             for ax in fig.axes:
                 assert legend_box.y1 < ax.get_tightbbox(renderer).y0  # below the panel and its labels
             assert legend_box.y0 >= 0 and legend_box.x0 >= 0 and legend_box.x1 <= fig.bbox.x1
+
+
+def test_the_scaled_heads_theta_is_the_mean_over_the_heads_the_normaliser_scales():
+    from asentmax.report import scaled_heads_theta
+
+    run = recipe_run("r", 1, {1: 1.0})
+    run["model_config"]["n_heads"] = 4
+    per_head = {"theta_per_head": [[1.0, 1.0, 2.0, 4.0], [1.0, 1.0, 3.0, 5.0]]}
+    assert scaled_heads_theta(run, per_head) == pytest.approx(3.5)  # NAPE: the last two heads, NoPE
+    run["model_config"]["position"] = "alibi"
+    assert scaled_heads_theta(run, per_head) == pytest.approx(2.25)  # every head
+    assert scaled_heads_theta(run, {"support_size": 3.0}) is None  # an evaluation from before theta
 
 
 @pytest.mark.parametrize("stall_record, message", [

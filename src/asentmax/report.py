@@ -1,8 +1,10 @@
 """Side-by-side report of evaluated runs (the library behind `asentmax compare` and the demo, below the
 drivers): a markdown table with the paper's numbers (arXiv:2506.16640,
 its synthetic-task results), an accuracy-vs-length plot (log x axis) and an attention-dispersion plot
-(normalised entropy and support size vs length: the paper's attention-dispersion argument) from the
-`dispersion` entries `asentmax eval` stores per length.
+(normalised entropy and support size vs length: the paper's attention-dispersion argument; and, for
+evaluations that recorded it, the mean inverse temperature theta of the heads ASEntmax or SSMax scale, which
+shows a temperature that falls as the length grows) from the `dispersion` entries `asentmax eval` stores per
+length.
 
 A third plot, training.png, shows how each run got there: its training loss and its validation exact match
 at every validation length against the samples it had seen (log.csv and val.csv of the run directory;
@@ -30,6 +32,7 @@ from statistics import median
 
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
+from asentmax.nn.positions import scaled_head_count
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.runs import (
     LOG_NAME,
@@ -429,8 +432,21 @@ def _plot_repeats(results: list[dict], path: Path, stalled: list[dict] = ()) -> 
     return True
 
 
+def scaled_heads_theta(result: dict, dispersion: dict) -> float | None:
+    """The mean inverse temperature theta of the heads the run's normaliser scales (the NoPE heads under
+    NAPE; nn.positions.scaled_head_count) over layers at the answer queries, from eval.json's
+    `theta_per_head`; None for an evaluation written before it was recorded."""
+    per_head = dispersion.get("theta_per_head")
+    if per_head is None:
+        return None
+    scaled = scaled_head_count(ModelConfig.from_dict(result["model_config"]))
+    values = [theta for layer in per_head for theta in layer[len(layer) - scaled:]]
+    return sum(values) / len(values)
+
+
 def _plot_dispersion(results: list[dict], path: Path) -> bool:
-    """Normalised entropy and support size vs length per method; False when no run measured dispersion."""
+    """Normalised entropy, support size and (where recorded) the scaled heads' theta vs length per run;
+    False when no run measured dispersion."""
     measured = [r for r in results if any("dispersion" in row for row in r["rows"])]
     if not measured:
         return False
@@ -439,7 +455,12 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_entropy, ax_support) = plt.subplots(1, 2)
+    thetas = {id(result): [(row["length"], scaled_heads_theta(result, row["dispersion"]))
+                           for row in result["rows"] if "dispersion" in row] for result in measured}
+    thetas = {key: [(x, t) for x, t in points if t is not None] for key, points in thetas.items()}
+    with_theta = any(thetas.values())
+    fig, axes = plt.subplots(1, 3 if with_theta else 2)
+    ax_entropy, ax_support = axes[:2]
     for result, colour in zip(measured, run_colours(len(measured)), strict=True):
         rows = [row for row in result["rows"] if "dispersion" in row]
         xs = [row["length"] for row in rows]
@@ -448,15 +469,20 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
                         label=label)
         ax_support.plot(xs, [row["dispersion"]["support_size"] for row in rows], "o-", color=colour,
                         label=label)
+        if thetas[id(result)]:
+            axes[2].plot(*zip(*thetas[id(result)], strict=True), "o-", color=colour, label=label)
     ax_entropy.set_ylabel("normalised entropy H(p) / log n")
     ax_support.set_ylabel("support size |{j: p_j > 0}|")
     ax_support.set_yscale("log")
-    for ax in (ax_entropy, ax_support):
+    if with_theta:
+        axes[2].set_ylabel("theta of the scaled heads (1: no temperature)")
+    for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("test length")
         ax.grid(alpha=0.3)
     _legend_below(fig, ax_entropy, panel_height=4.2, right=0.98, top_inches=0.55, title="colour: the run")
-    fig.suptitle("attention dispersion at the answer positions (mean over layers, heads, answer queries)")
+    fig.suptitle("attention dispersion at the answer positions (mean over layers, heads, answer queries"
+                 + ("; theta over the heads the normaliser scales)" if with_theta else ")"))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
