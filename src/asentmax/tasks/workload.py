@@ -48,10 +48,6 @@ class TaskWorkload:
 
     name: ClassVar[str] = "task"
 
-    @property
-    def title(self) -> str:
-        return self.task
-
     task: str = field(default="copy", metadata={"help": "synthetic task name (asentmax.tasks.TASK_NAMES)"})
     min_length: int = field(default=32, metadata={"help": "shortest training length"})
     max_length: int = field(default=64, metadata={"help": "longest training length (the 'ID' length)"})
@@ -80,6 +76,10 @@ class TaskWorkload:
     lookalike_kinds: tuple[str, ...] = field(default=(), metadata={"default_help": "all", "help": (
         "mqmtar with --lookalikes: which look-alikes to plant, among first (a key sharing the queried key's "
         "first token), second (its second token) and value (its word as another pair's value)")})
+
+    @property
+    def title(self) -> str:
+        return self.task
 
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
