@@ -89,7 +89,9 @@ def run_step(args: list[str], log: Path, deadline: float | None) -> tuple[int, f
     Each run compiles into an Inductor cache of its own, <work>/.compile_cache/<name>
     (TORCHINDUCTOR_CACHE_DIR; its evaluations share it). Two Sort ASEntmax runs of one model side by side on
     the shared default cache both stopped at their first backward on an Inductor stride assertion (the
-    thirty-fourth session), where each seed alone had trained; the shared cache is the suspected cause."""
+    thirty-fourth session), where each seed alone had trained; four such runs, two sharing a cache, did not
+    crash in the thirty-sixth session's A/B (results/session36_gpu), so the cause is open and a cache per run
+    stays the safe choice."""
     start = time.time()
     with open(log, "a") as out:
         out.write(f"$ asentmax {shlex.join(args)}\n")

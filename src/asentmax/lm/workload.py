@@ -84,7 +84,7 @@ class LMWorkload:
     """Workload 2 of the trainer (the contract: model_config, batches, validate, to_dict)."""
 
     name = "lm"
-    title = "lm"
+    title = name  # the progress bar's label: no task name below the workload's
 
     def __init__(self, config: LMConfig):
         self.config = config
