@@ -311,10 +311,12 @@ def test_compare_labels_a_run_by_its_block_options(attention):
     assert method_label({"model_config": some}) == f"{name} (norm_placement sandwich, mlp geglu)"
     zero_init = {**PAPER_CODE_BLOCKS, "asentmax_init": "zero"}
     other_init = asdict(mqmtar_model(263, attention=attention, **zero_init))
-    if attention == "asentmax":  # the bundle's init matters to ASEntmax only: these are not its blocks
+    if attention == "asentmax":  # the bundle's init matters to ASEntmax only: named beside the bundle
+        assert method_label({"model_config": other_init}) == f"{name} (paper-code blocks, asentmax_init zero)"
+        other_init["norm_eps"] = 1e-5  # two options off the bundle: each option off the defaults, by name
         assert method_label({"model_config": other_init}) == (
             f"{name} (norm_placement sandwich, mlp geglu, scale_embeddings True, scaled_residual_init False, "
-            "tie_embeddings False, norm_eps 1e-06)")
+            "tie_embeddings False)")
     else:
         assert method_label({"model_config": other_init}) == f"{name} (paper-code blocks)"
 

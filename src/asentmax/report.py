@@ -92,14 +92,19 @@ METHOD_NAMES = {n.name: n.label for n in NORMALISERS}
 def block_notes(model_config: dict) -> list[str]:
     """The block options of a saved model config that are not ModelConfig's defaults, briefly: ["paper-code
     blocks"] when they are nn.presets.PAPER_CODE_BLOCKS (its ASEntmax init counted for ASEntmax only; the
-    frozen zero embedding, task-specific, not named), else one "field value" each; [] for default blocks and
-    for a config saved before the options existed."""
+    frozen zero embedding, task-specific, not named), followed by "asentmax_init VALUE" when only that init
+    differs from the bundle's; else one "field value" each; [] for default blocks and for a config saved
+    before the options existed."""
     defaults = {f.name: f.default for f in fields(ModelConfig)}
     names = [name for name in (*PAPER_CODE_BLOCKS, "zero_embedding_id")
              if name != "asentmax_init" or model_config.get("attention") == "asentmax"]
     values = {name: model_config.get(name, defaults[name]) for name in names}
-    if all(values[name] == PAPER_CODE_BLOCKS[name] for name in names if name in PAPER_CODE_BLOCKS):
+    off_bundle = [name for name in names
+                  if name in PAPER_CODE_BLOCKS and values[name] != PAPER_CODE_BLOCKS[name]]
+    if not off_bundle:
         return ["paper-code blocks"]
+    if off_bundle == ["asentmax_init"]:
+        return ["paper-code blocks", f"asentmax_init {values['asentmax_init']}"]
     return [f"{name} {values[name]}" for name in names if values[name] != defaults[name]]
 
 
