@@ -1,0 +1,181 @@
+"""Per layer and head of a trained run: its inverse temperature and attention support against the test length,
+and whether holding the temperature at its training range changes the run's length generalisation.
+
+ASEntmax and SSMax scale a head's logits by theta_hi = delta + beta_hi log(n_i + 1) ^ gamma_hi (SSMax:
+s_h log(n_i + 1)), n_i the keys query i sees (arXiv:2506.16640, section 2; asentmax.nn.temperature). For
+each test length (the run's training length times --multipliers, on `asentmax eval`'s seeded test sets) this
+writes:
+
+- per layer and head, over a teacher-forced pass of --stats-samples samples (asentmax.nn.stats): theta's mean,
+  minimum and maximum over every query and its mean at the answer queries (1 on a head without a
+  temperature), and the support size (keys with p > 0) at the answer queries;
+- greedy exact match of --samples samples as trained and, with --cap N, with every temperature computed from
+  min(n_i, N) keys instead of n_i: a probe of whether a run's failure beyond its training length comes from
+  theta's growth with n (N = the most keys a training query saw: Reverse's 64-symbol samples give 130).
+
+    PYTHONPATH=src python benchmarks/head_temperatures.py RUN_DIR --multipliers 1 4 8 --samples 100 \\
+        --cap 130 --out DIR
+
+RUN_DIR holds config.json and checkpoint.pt (`benchmarks/carry_checkpoint.py unpack` brings one back from the
+device machine). Writes DIR/head_temperatures.json and .md; errors are one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from asentmax.cli import Parser, UsageError
+from asentmax.data import IGNORE_INDEX, collate
+from asentmax.eval import EvalConfig, greedy_accuracy, plan_evaluation
+from asentmax.nn.temperature import TEMPERATURES
+from asentmax.runs import format_multiplier, write_json, write_text
+from asentmax.tasks import make_eval_set
+
+NAME = "head_temperatures"
+
+
+@contextmanager
+def capped_key_counts(model, cap: int | None):
+    """Within the block, every temperature module of `model` computes theta from min(n_i, cap) keys (cap None:
+    unchanged)."""
+    modules = [m for m in model.modules() if isinstance(m, tuple(TEMPERATURES.values()))]
+    if cap is None:
+        yield
+        return
+    for module in modules:
+        trained_forward = module.forward
+        module.forward = (lambda forward: lambda x, n_keys, log_n=None: forward(x, n_keys.clamp(max=cap)))(
+            trained_forward)
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module.forward  # the instance attribute: the class's forward again
+
+
+@torch.no_grad()
+def head_statistics(model, task, examples, device) -> list[dict]:
+    """Per layer: {"theta_mean", "theta_min", "theta_max"} over every query and {"theta_at_answers",
+    "support_at_answers"} at the answer queries, each a list over heads (theta 1 on a head without a
+    temperature), from one teacher-forced pass over `examples`."""
+    batch = collate(task, examples).to(device)
+    _, stats = model(batch.input_ids, return_stats=True)
+    answers = batch.labels != IGNORE_INDEX  # (B, T)
+    layers = []
+    for layer in stats:
+        theta = layer.theta.float().transpose(1, 2)  # (B, T, H); NaN at padded queries
+        real = ~theta.isnan().any(-1)
+        every = theta[real]  # (queries, H)
+        support = layer.support_size.float().transpose(1, 2)
+        layers.append({"theta_mean": every.mean(0).tolist(), "theta_min": every.min(0).values.tolist(),
+                       "theta_max": every.max(0).values.tolist(),
+                       "theta_at_answers": theta[answers].mean(0).tolist(),
+                       "support_at_answers": support[answers].mean(0).tolist()})
+    return layers
+
+
+def analyse(plan, cap: int | None, stats_samples: int, command: str) -> dict:
+    """Every length's head statistics and greedy exact match (as trained, and with the key count capped)."""
+    from asentmax.nn import Transformer
+
+    config = plan.config
+    model = Transformer(plan.model_config)
+    model.load_state_dict(plan.model_state)
+    model.to(plan.device).eval()
+    rows = []
+    for length in plan.lengths:
+        examples = make_eval_set(plan.task, length, config.samples, config.seed)
+        row = {"length": length, "samples": len(examples),
+               "layers": head_statistics(model, plan.task, examples[:stats_samples], plan.device)}
+        for label, limit in (("exact_match", None), ("exact_match_capped", cap)):
+            if label == "exact_match_capped" and cap is None:
+                continue
+            with capped_key_counts(model, limit):
+                scores = greedy_accuracy(model, plan.task, examples, device=plan.device,
+                                         autocast_dtype=plan.autocast_dtype, batch_size=config.batch_size,
+                                         max_batch_tokens=config.max_batch_tokens)
+            row[label] = scores["exact_match"]
+        rows.append(row)
+        capped = f", theta from at most {cap} keys {100 * row['exact_match_capped']:.1f} %" if cap else ""
+        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}", file=sys.stderr,
+              flush=True)
+    return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
+            "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
+            "seed": config.seed, "cap": cap, "stats_samples": stats_samples, "device": plan.header["device"],
+            "rows": rows}
+
+
+def _cells(values: list[float], digits: int) -> str:
+    return " ".join(f"{v:.{digits}f}" for v in values)
+
+
+def markdown(result: dict) -> str:
+    """The command, the exact match per length, then per length a table of layers x heads."""
+    cap = result["cap"]
+    lines = [f"## Temperatures and support per head of {result['run_dir']} ({result['checkpoint']} "
+             f"checkpoint, step {result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", "",
+             "| length | exact match % |" + (f" theta from at most {cap} keys |" if cap else ""),
+             "|---|---|" + ("---|" if cap else "")]
+    for row in result["rows"]:
+        name = f"{row['length']} ({format_multiplier(row['length'] / result['id_length'])})"
+        capped = f" {100 * row['exact_match_capped']:.1f} |" if cap else ""
+        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |{capped}")
+    for row in result["rows"]:
+        lines += ["", f"Length {row['length']}, {result['stats_samples']} samples teacher-forced: per head "
+                  "(space-separated), theta over every query (mean, min-max), at the answer queries, and the "
+                  "support size at the answer queries.", "",
+                  "| layer | theta mean | theta min | theta max | theta at answers | support at answers |",
+                  "|---|---|---|---|---|---|"]
+        for index, layer in enumerate(row["layers"]):
+            lines.append(f"| {index} | {_cells(layer['theta_mean'], 2)} | {_cells(layer['theta_min'], 2)} | "
+                         f"{_cells(layer['theta_max'], 2)} | {_cells(layer['theta_at_answers'], 2)} | "
+                         f"{_cells(layer['support_at_answers'], 1)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path,
+                        help="a synthetic-task run directory (config.json, checkpoint.pt)")
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[1.0],
+                        help="test lengths as multiples of the run's training length")
+    parser.add_argument("--samples", type=int, default=100, help="greedy-decoded test samples per length")
+    parser.add_argument("--stats-samples", type=int, default=8,
+                        help="of those, how many go through the teacher-forced pass of the head statistics")
+    parser.add_argument("--cap", type=int, default=None,
+                        help="also decode with every temperature computed from at most this many keys")
+    parser.add_argument("--checkpoint", choices=("last", "best"), default="last")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--batch-size", type=int, default=64, help="most sequences decoded at once")
+    parser.add_argument("--seed", type=int, default=1234, help="seed of the test sets (asentmax eval's)")
+    parser.add_argument("--out", type=Path, required=True, help=f"{NAME}.json and .md go here")
+    command = f"PYTHONPATH=src python benchmarks/{NAME}.py " + shlex.join(argv)
+    try:
+        args = parser.parse_args(argv)
+        if args.cap is not None and args.cap < 1:
+            raise ValueError(f"--cap must be a number of keys >= 1, got {args.cap}")
+        if args.stats_samples < 1:
+            raise ValueError(f"--stats-samples must be >= 1, got {args.stats_samples}")
+        config = EvalConfig(multipliers=tuple(args.multipliers), samples=args.samples,
+                            checkpoint=args.checkpoint, device=args.device, batch_size=args.batch_size,
+                            seed=args.seed, dispersion_samples=0)
+        plan = plan_evaluation(args.run_dir, config, args.out / NAME, fresh=True)
+    except (UsageError, ValueError) as error:  # RunError is a ValueError
+        print(f"{NAME}: error: {error}", file=sys.stderr)
+        return 2
+    result = analyse(plan, args.cap, args.stats_samples, command)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / f"{NAME}.json", result)
+    write_text(args.out / f"{NAME}.md", markdown(result))
+    print(f"wrote {args.out / NAME}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

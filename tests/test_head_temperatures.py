@@ -1,0 +1,120 @@
+"""benchmarks/head_temperatures.py: capping the key count gives theta = delta + beta log(min(n, N) + 1)^gamma
+in fp64 and is undone on leaving; the per-head statistics agree with `asentmax eval`'s dispersion at the
+answer queries and with theta's minimum and maximum over every query; an end-to-end run on a tiny CPU run
+agrees with `asentmax eval`'s exact match (a cap above the longest sequence changes nothing); bad input is
+refused on one line."""
+
+import json
+
+import pytest
+import torch
+
+from asentmax.cli import main as asentmax
+from asentmax.data import IGNORE_INDEX, collate
+from asentmax.nn import ModelConfig, Transformer
+from asentmax.tasks import get_task, make_eval_set
+from conftest import load_benchmark
+
+heads = load_benchmark("head_temperatures")
+
+TINY_REVERSE = ["--task", "reverse", "--attention", "asentmax", "--min-length", "3", "--max-length", "6",
+                "--device", "cpu", "--steps", "3", "--batch-size", "4", "--warmup-steps", "1",
+                "--val-every", "0", "--log-every", "1", "--d-model", "32", "--n-layers", "2",
+                "--n-heads", "4", "--d-ff", "64", "--asentmax-init", "normal", "--init-std", "0.5",
+                "--seed", "3", "--no-progress"]
+
+
+def tiny_model(attention="asentmax") -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=get_task("reverse").vocab_size, d_model=32, n_layers=2, n_heads=4,
+                         d_ff=64, attention=attention, asentmax_init="normal", init_std=0.5)
+    return Transformer(config).double().eval()
+
+
+def reverse_batch(length=9, n=3):
+    task = get_task("reverse")
+    return task, make_eval_set(task, length, n, 7)
+
+
+@pytest.mark.parametrize("cap", [1, 4])
+def test_a_capped_key_count_gives_the_closed_form_theta_and_is_undone(cap):
+    model = tiny_model()
+    task, examples = reverse_batch()
+    ids = collate(task, examples).input_ids
+    _, trained = model(ids, return_stats=True)
+    x = torch.randn(2, ids.shape[1], 32, dtype=torch.float64)
+    n_keys = torch.arange(1, ids.shape[1] + 1)[None].expand(2, -1)
+    for block in model.blocks:
+        temperature = block.attn.temperature
+        with heads.capped_key_counts(model, cap):
+            theta = temperature(x, n_keys)
+        beta, gamma = temperature.beta_gamma(x)
+        expected = temperature.delta + beta * torch.log(n_keys.clamp(max=cap).double() + 1)[:, None] ** gamma
+        m = beta.shape[1]
+        torch.testing.assert_close(theta[:, -m:], expected, rtol=1e-12, atol=1e-12)
+        assert torch.equal(theta[:, :-m], torch.ones_like(theta[:, :-m]))  # the ALiBi heads: no temperature
+        uncapped = temperature(x, n_keys)
+        assert not torch.allclose(theta[:, -m:, cap:], uncapped[:, -m:, cap:])  # the queries above the cap
+    _, after = model(ids, return_stats=True)
+    for before_layer, after_layer in zip(trained, after, strict=True):  # the trained forward is back
+        torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
+def test_head_statistics_agree_with_the_evaluations_dispersion(attention):
+    from asentmax.eval import answer_dispersion
+
+    model = tiny_model(attention)
+    task, examples = reverse_batch(length=11, n=4)
+    layers = heads.head_statistics(model, task, examples, torch.device("cpu"))
+    dispersion = answer_dispersion(model, task, examples, device=torch.device("cpu"))
+    assert len(layers) == 2
+    per_head = zip(layers, dispersion["theta_per_head"], dispersion["support_size_per_head"], strict=True)
+    for layer, theta, support in per_head:  # both average fp32 values, in another order: fp32's precision
+        assert layer["theta_at_answers"] == pytest.approx(theta, rel=1e-6)
+        assert layer["support_at_answers"] == pytest.approx(support, rel=1e-6)
+        for low, mean, high in zip(layer["theta_min"], layer["theta_mean"], layer["theta_max"], strict=True):
+            assert low <= mean <= high
+    batch = collate(task, examples)
+    _, stats = model(batch.input_ids, return_stats=True)
+    real = batch.input_ids.shape[1]  # no padded query: every query counts
+    assert batch.labels.ne(IGNORE_INDEX).sum() < batch.labels.numel() == real * len(examples)
+    for layer, layer_stats in zip(layers, stats, strict=True):
+        theta = layer_stats.theta.transpose(1, 2).reshape(-1, 4)
+        assert layer["theta_max"] == pytest.approx(theta.max(0).values.tolist(), rel=1e-6)
+        assert layer["theta_min"] == pytest.approx(theta.min(0).values.tolist(), rel=1e-6)
+
+
+def test_end_to_end_agrees_with_asentmax_eval(tmp_path, capsys, one_thread):
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert asentmax(["train", "--run-dir", str(run), *TINY_REVERSE]) == 0
+    assert asentmax(["eval", str(run), "--multipliers", "1", "2", "--samples", "6", "--device", "cpu",
+                     "--no-progress"]) == 0
+    evaluated = {row["length"]: row for row in json.loads((run / "eval.json").read_text())["rows"]}
+    assert heads.main([str(run), "--multipliers", "1", "2", "--samples", "6", "--stats-samples", "3",
+                       "--cap", "1000", "--device", "cpu", "--out", str(out)]) == 0
+    result = json.loads((out / "head_temperatures.json").read_text())
+    assert result["command"].startswith("PYTHONPATH=src python benchmarks/head_temperatures.py ")
+    assert result["checkpoint_step"] == 3 and result["cap"] == 1000
+    assert [row["length"] for row in result["rows"]] == sorted(evaluated)
+    for row in result["rows"]:
+        assert row["exact_match"] == evaluated[row["length"]]["exact_match"] == row["exact_match_capped"]
+        assert len(row["layers"]) == 2 and all(len(layer["theta_mean"]) == 4 for layer in row["layers"])
+    text = (out / "head_temperatures.md").read_text()
+    assert "| length | exact match % | theta from at most 1000 keys |" in text and "| 1 |" in text
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, message", [(["--cap", "0"], "--cap must be"),
+                                            (["--stats-samples", "0"], "--stats-samples must be"),
+                                            ([], "does not exist")])
+def test_bad_input_is_refused_on_one_line(tmp_path, capsys, flags, message):
+    run = tmp_path / ("run" if flags else "missing")
+    if flags:
+        assert asentmax(["train", "--run-dir", str(run), *TINY_REVERSE]) == 0
+        capsys.readouterr()
+    assert heads.main([str(run), "--device", "cpu", *flags, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("head_temperatures: error: ")
+    assert message in err
+    assert not (tmp_path / "out").exists()
