@@ -1,5 +1,5 @@
 """Per layer and head of a trained run: its inverse temperature and attention support against the test length,
-and whether holding the temperature at its training range changes the run's length generalisation.
+and whether holding the temperature at its training range, or dropping heads, changes its generalisation.
 
 ASEntmax and SSMax scale a head's logits by theta_hi = delta + beta_hi log(n_i + 1) ^ gamma_hi (SSMax:
 s_h log(n_i + 1)), n_i the keys query i sees (arXiv:2506.16640, section 2; asentmax.nn.temperature). For
@@ -11,10 +11,12 @@ writes:
   temperature), and the support size (keys with p > 0) at the answer queries;
 - greedy exact match of --samples samples as trained and, with --cap N, with every temperature computed from
   min(n_i, N) keys instead of n_i: a probe of whether a run's failure beyond its training length comes from
-  theta's growth with n (N = the most keys a training query saw: Reverse's 64-symbol samples give 130).
+  theta's growth with n (N = the most keys a training query saw: Reverse's 64-symbol samples give 130);
+- with --drop-heads L.H ..., the same with those heads' outputs set to 0 (layer L, head H, from 0; the
+  attention output before its output projection): a probe of which heads a run needs at each length.
 
     PYTHONPATH=src python benchmarks/head_temperatures.py RUN_DIR --multipliers 1 4 8 --samples 100 \\
-        --cap 130 --out DIR
+        --cap 130 --drop-heads 0.4 0.5 --out DIR
 
 RUN_DIR holds config.json and checkpoint.pt (`benchmarks/carry_checkpoint.py unpack` brings one back from the
 device machine). Writes DIR/head_temperatures.json and .md; errors are one line, exit code 2.
@@ -58,6 +60,45 @@ def capped_key_counts(model, cap: int | None):
             del module.forward  # the instance attribute: the class's forward again
 
 
+@contextmanager
+def dropped_heads(model, heads: list[tuple[int, int]]):
+    """Within the block, the outputs of `heads` ((layer, head) pairs) are 0 where each layer's attention
+    enters its output projection (wo)."""
+    width = model.config.head_dim
+    by_layer: dict[int, list[int]] = {}
+    for layer, head in heads:
+        by_layer.setdefault(layer, []).append(head)
+
+    def silence(heads_of_layer):
+        def hook(module, args):
+            kept = args[0].clone()
+            for head in heads_of_layer:
+                kept[..., head * width:(head + 1) * width] = 0
+            return (kept, *args[1:])
+        return hook
+
+    handles = [model.blocks[layer].attn.wo.register_forward_pre_hook(silence(heads_of_layer))
+               for layer, heads_of_layer in by_layer.items()]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def parse_heads(specs: list[str], n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """["0.4", "1.7"] -> [(0, 4), (1, 7)]; ValueError (one line) for a spec that is not LAYER.HEAD of the
+    model."""
+    heads = []
+    for spec in specs:
+        layer, _, head = spec.partition(".")
+        if not (layer.isdigit() and head.isdigit() and int(layer) < n_layers and int(head) < n_heads):
+            raise ValueError(f"--drop-heads: {spec!r} is not LAYER.HEAD of this model ({n_layers} layers of "
+                             f"{n_heads} heads, counted from 0)")
+        heads.append((int(layer), int(head)))
+    return heads
+
+
 @torch.no_grad()
 def head_statistics(model, task, examples, device) -> list[dict]:
     """Per layer: {"theta_mean", "theta_min", "theta_max"} over every query and {"theta_at_answers",
@@ -79,8 +120,9 @@ def head_statistics(model, task, examples, device) -> list[dict]:
     return layers
 
 
-def analyse(plan, cap: int | None, stats_samples: int, command: str) -> dict:
-    """Every length's head statistics and greedy exact match (as trained, and with the key count capped)."""
+def analyse(plan, cap: int | None, drop: list[tuple[int, int]], stats_samples: int, command: str) -> dict:
+    """Every length's head statistics and greedy exact match: as trained, with the key count capped (cap not
+    None) and with the heads of `drop` silenced (when there are any)."""
     from asentmax.nn import Transformer
 
     config = plan.config
@@ -92,22 +134,26 @@ def analyse(plan, cap: int | None, stats_samples: int, command: str) -> dict:
         examples = make_eval_set(plan.task, length, config.samples, config.seed)
         row = {"length": length, "samples": len(examples),
                "layers": head_statistics(model, plan.task, examples[:stats_samples], plan.device)}
-        for label, limit in (("exact_match", None), ("exact_match_capped", cap)):
-            if label == "exact_match_capped" and cap is None:
-                continue
-            with capped_key_counts(model, limit):
+        conditions = {"exact_match": (None, [])}
+        if cap is not None:
+            conditions["exact_match_capped"] = (cap, [])
+        if drop:
+            conditions["exact_match_dropped"] = (None, drop)
+        for label, (limit, silenced) in conditions.items():
+            with capped_key_counts(model, limit), dropped_heads(model, silenced):
                 scores = greedy_accuracy(model, plan.task, examples, device=plan.device,
                                          autocast_dtype=plan.autocast_dtype, batch_size=config.batch_size,
                                          max_batch_tokens=config.max_batch_tokens)
             row[label] = scores["exact_match"]
         rows.append(row)
         capped = f", theta from at most {cap} keys {100 * row['exact_match_capped']:.1f} %" if cap else ""
-        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}", file=sys.stderr,
-              flush=True)
+        dropped = f", heads dropped {100 * row['exact_match_dropped']:.1f} %" if drop else ""
+        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}{dropped}",
+              file=sys.stderr, flush=True)
     return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
             "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
-            "seed": config.seed, "cap": cap, "stats_samples": stats_samples, "device": plan.header["device"],
-            "rows": rows}
+            "seed": config.seed, "cap": cap, "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
+            "stats_samples": stats_samples, "device": plan.header["device"], "rows": rows}
 
 
 def _cells(values: list[float], digits: int) -> str:
@@ -116,15 +162,17 @@ def _cells(values: list[float], digits: int) -> str:
 
 def markdown(result: dict) -> str:
     """The command, the exact match per length, then per length a table of layers x heads."""
-    cap = result["cap"]
+    cap, drop = result["cap"], result["dropped_heads"]
     lines = [f"## Temperatures and support per head of {result['run_dir']} ({result['checkpoint']} "
              f"checkpoint, step {result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", "",
-             "| length | exact match % |" + (f" theta from at most {cap} keys |" if cap else ""),
-             "|---|---|" + ("---|" if cap else "")]
+             "| length | exact match % |" + (f" theta from at most {cap} keys |" if cap else "")
+             + (f" heads {' '.join(drop)} dropped |" if drop else ""),
+             "|---|---|" + ("---|" if cap else "") + ("---|" if drop else "")]
     for row in result["rows"]:
         name = f"{row['length']} ({format_multiplier(row['length'] / result['id_length'])})"
         capped = f" {100 * row['exact_match_capped']:.1f} |" if cap else ""
-        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |{capped}")
+        dropped = f" {100 * row['exact_match_dropped']:.1f} |" if drop else ""
+        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |{capped}{dropped}")
     for row in result["rows"]:
         lines += ["", f"Length {row['length']}, {result['stats_samples']} samples teacher-forced: per head "
                   "(space-separated), theta over every query (mean, min-max), at the answer queries, and the "
@@ -150,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="of those, how many go through the teacher-forced pass of the head statistics")
     parser.add_argument("--cap", type=int, default=None,
                         help="also decode with every temperature computed from at most this many keys")
+    parser.add_argument("--drop-heads", nargs="+", default=[], metavar="LAYER.HEAD",
+                        help="also decode with these heads' outputs set to 0 (layers and heads from 0)")
     parser.add_argument("--checkpoint", choices=("last", "best"), default="last")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch-size", type=int, default=64, help="most sequences decoded at once")
@@ -166,10 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                             checkpoint=args.checkpoint, device=args.device, batch_size=args.batch_size,
                             seed=args.seed, dispersion_samples=0)
         plan = plan_evaluation(args.run_dir, config, args.out / NAME, fresh=True)
+        drop = parse_heads(args.drop_heads, plan.model_config.n_layers, plan.model_config.n_heads)
     except (UsageError, ValueError) as error:  # RunError is a ValueError
         print(f"{NAME}: error: {error}", file=sys.stderr)
         return 2
-    result = analyse(plan, args.cap, args.stats_samples, command)
+    result = analyse(plan, args.cap, drop, args.stats_samples, command)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{NAME}.json", result)
     write_text(args.out / f"{NAME}.md", markdown(result))

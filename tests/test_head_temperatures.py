@@ -1,5 +1,6 @@
 """benchmarks/head_temperatures.py: capping the key count gives theta = delta + beta log(min(n, N) + 1)^gamma
-in fp64 and is undone on leaving; the per-head statistics agree with `asentmax eval`'s dispersion at the
+in fp64 and is undone on leaving; dropping heads equals zeroing their columns of the output projection, and is
+undone on leaving; the per-head statistics agree with `asentmax eval`'s dispersion at the
 answer queries and with theta's minimum and maximum over every query; an end-to-end run on a tiny CPU run
 agrees with `asentmax eval`'s exact match (a cap above the longest sequence changes nothing); bad input is
 refused on one line."""
@@ -60,6 +61,31 @@ def test_a_capped_key_count_gives_the_closed_form_theta_and_is_undone(cap):
         torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
 
 
+def test_dropped_heads_equal_a_model_without_their_output_columns_and_are_undone():
+    model = tiny_model()
+    task, examples = reverse_batch()
+    ids = collate(task, examples).input_ids
+    trained = model(ids)
+    heads_to_drop = [(0, 1), (0, 3), (1, 2)]
+    with heads.dropped_heads(model, heads_to_drop):
+        dropped = model(ids)
+    oracle = tiny_model()
+    width = oracle.config.head_dim
+    with torch.no_grad():
+        for layer, head in heads_to_drop:
+            oracle.blocks[layer].attn.wo.weight[:, head * width:(head + 1) * width] = 0
+    torch.testing.assert_close(dropped, oracle(ids), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(dropped, trained)
+    torch.testing.assert_close(model(ids), trained, rtol=0, atol=0)  # the hooks are gone
+
+
+def test_head_specs_are_parsed_and_checked_against_the_model():
+    assert heads.parse_heads(["0.4", "1.7"], 2, 8) == [(0, 4), (1, 7)]
+    for bad in ("2.0", "0.8", "0", "a.b", "-1.2"):
+        with pytest.raises(ValueError, match="is not LAYER.HEAD of this model"):
+            heads.parse_heads([bad], 2, 8)
+
+
 @pytest.mark.parametrize("attention", ["asentmax", "ssmax"])
 def test_head_statistics_agree_with_the_evaluations_dispersion(attention):
     from asentmax.eval import answer_dispersion
@@ -92,21 +118,23 @@ def test_end_to_end_agrees_with_asentmax_eval(tmp_path, capsys, one_thread):
                      "--no-progress"]) == 0
     evaluated = {row["length"]: row for row in json.loads((run / "eval.json").read_text())["rows"]}
     assert heads.main([str(run), "--multipliers", "1", "2", "--samples", "6", "--stats-samples", "3",
-                       "--cap", "1000", "--device", "cpu", "--out", str(out)]) == 0
+                       "--cap", "1000", "--drop-heads", "1.0", "--device", "cpu", "--out", str(out)]) == 0
     result = json.loads((out / "head_temperatures.json").read_text())
     assert result["command"].startswith("PYTHONPATH=src python benchmarks/head_temperatures.py ")
-    assert result["checkpoint_step"] == 3 and result["cap"] == 1000
+    assert result["checkpoint_step"] == 3 and result["cap"] == 1000 and result["dropped_heads"] == ["1.0"]
     assert [row["length"] for row in result["rows"]] == sorted(evaluated)
     for row in result["rows"]:
         assert row["exact_match"] == evaluated[row["length"]]["exact_match"] == row["exact_match_capped"]
+        assert 0 <= row["exact_match_dropped"] <= 1
         assert len(row["layers"]) == 2 and all(len(layer["theta_mean"]) == 4 for layer in row["layers"])
     text = (out / "head_temperatures.md").read_text()
-    assert "| length | exact match % | theta from at most 1000 keys |" in text and "| 1 |" in text
+    assert "| length | exact match % | theta from at most 1000 keys | heads 1.0 dropped |" in text
     capsys.readouterr()
 
 
 @pytest.mark.parametrize("flags, message", [(["--cap", "0"], "--cap must be"),
                                             (["--stats-samples", "0"], "--stats-samples must be"),
+                                            (["--drop-heads", "2.0"], "is not LAYER.HEAD"),
                                             ([], "does not exist")])
 def test_bad_input_is_refused_on_one_line(tmp_path, capsys, flags, message):
     run = tmp_path / ("run" if flags else "missing")
