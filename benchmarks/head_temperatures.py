@@ -2,9 +2,9 @@
 and whether holding the temperature at its training range, or dropping heads, changes its generalisation.
 
 ASEntmax and SSMax scale a head's logits by theta_hi = delta + beta_hi log(n_i + 1) ^ gamma_hi (SSMax:
-s_h log(n_i + 1)), n_i the keys query i sees (arXiv:2506.16640, section 2; asentmax.nn.temperature). For
-each test length (the run's training length times --multipliers, on `asentmax eval`'s seeded test sets) this
-writes:
+[delta +] s_h log(n_i + 1)), n_i the keys query i sees (arXiv:2506.16640, section 2; asentmax.nn.temperature).
+For each test length (the run's training length times --multipliers, on `asentmax eval`'s seeded test sets)
+this writes:
 
 - per layer and head, over a teacher-forced pass of --stats-samples samples (asentmax.nn.stats): theta's mean,
   minimum and maximum over every query and its mean at the answer queries (1 on a head without a
@@ -49,10 +49,13 @@ def capped_key_counts(model, cap: int | None):
     if cap is None:
         yield
         return
+    def capped(forward):
+        def capped_forward(x, n_keys, log_n=None):  # log_n, from the uncapped counts, is recomputed
+            return forward(x, n_keys.clamp(max=cap))
+        return capped_forward
+
     for module in modules:
-        trained_forward = module.forward
-        module.forward = (lambda forward: lambda x, n_keys, log_n=None: forward(x, n_keys.clamp(max=cap)))(
-            trained_forward)
+        module.forward = capped(module.forward)
     try:
         yield
     finally:
