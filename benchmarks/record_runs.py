@@ -27,10 +27,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from asentmax.runs import samples_trained
+from asentmax.runs import (
+    CONFIG_NAME,
+    EVAL_NAME,
+    LOG_NAME,
+    STALLED_NAME,
+    VAL_NAME,
+    evaluation_name,
+    read_json,
+    samples_trained,
+)
 
-RUN_FILES = ("config.json", "log.csv", "val.csv", "stalled.json")
-EVALUATIONS = ("eval", "eval_best", "eval_fresh")  # asentmax eval's result names (runs.evaluation_name)
+# a run's files besides its weights and evaluations
+RECORDED_FILES = (CONFIG_NAME, LOG_NAME, VAL_NAME, STALLED_NAME)
+EVALUATIONS = tuple(evaluation_name(c, t) for c in ("last", "best") for t in ("train", "fresh"))
+AT_STALL_NAME = "eval_at_stall"  # a stopped run's EVAL_NAME: `asentmax compare` counts it as stopped
 
 
 def command_lines(log: Path) -> list[str]:
@@ -40,9 +51,9 @@ def command_lines(log: Path) -> list[str]:
     return [line[2:] for line in log.read_text().splitlines() if line.startswith("$ ")]
 
 
-def plan_lines(logs: list[Path], plan_run: str) -> list[str]:
+def plan_lines(log_lines: list[str], plan_run: str) -> list[str]:
     """The lines of device_plan's printed states that are about `plan_run`."""
-    return [line for log in logs for line in log.read_text().splitlines() if line.startswith(f"{plan_run}:")]
+    return [line for line in log_lines if line.startswith(f"{plan_run}:")]
 
 
 def seconds(lines: list[str], step: str) -> float:
@@ -60,14 +71,13 @@ def reached_step(train_log: Path, stalled: dict | None) -> int | None:
     return steps[-1] if steps else None
 
 
-def entry(work: Path, plan_run: str, logs: list[Path], git: str, call: str) -> dict:
-    """runs.json's record of one plan run."""
+def entry(work: Path, plan_run: str, lines: list[str], git: str, call: str) -> dict:
+    """runs.json's record of one plan run (`lines`: device_plan's lines about it)."""
     src = work / plan_run
-    config = json.loads((src / "config.json").read_text())
+    config = read_json(src / CONFIG_NAME, "run config")
     train_config = config.get("train_config") or {}
-    stalled = json.loads((src / "stalled.json").read_text()) if (src / "stalled.json").is_file() else None
+    stalled = read_json(src / STALLED_NAME, "stall record") if (src / STALLED_NAME).is_file() else None
     step = reached_step(work / f"{plan_run}.train.log", stalled)
-    lines = plan_lines(logs, plan_run)
     trains = command_lines(work / f"{plan_run}.train.log")
     evals = command_lines(work / f"{plan_run}.eval.log")
     return {"train_command": trains[0] if trains else "not in the logs",
@@ -80,33 +90,32 @@ def entry(work: Path, plan_run: str, logs: list[Path], git: str, call: str) -> d
             "eval_wall_s": seconds(lines, r"eval\d+"), "call": call}
 
 
-def copy_run(work: Path, plan_run: str, dst: Path, logs: list[Path]) -> None:
-    """The run's files, logs and device_plan lines into `dst`."""
+def copy_run(work: Path, plan_run: str, dst: Path, lines: list[str]) -> None:
+    """The run's files, logs and device_plan lines (`lines`) into `dst`."""
     src = work / plan_run
     dst.mkdir(parents=True)
-    stalled = (src / "stalled.json").is_file()
-    for name in RUN_FILES:
+    stalled = (src / STALLED_NAME).is_file()
+    for name in RECORDED_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, dst / name)
     for name in EVALUATIONS:
-        target = "eval_at_stall" if stalled and name == "eval" else name
+        target = AT_STALL_NAME if stalled and name == EVAL_NAME else name
         for suffix in (".json", ".md"):
             if (src / f"{name}{suffix}").is_file():
                 shutil.copy(src / f"{name}{suffix}", dst / f"{target}{suffix}")
     for step in ("train", "eval"):
         if (work / f"{plan_run}.{step}.log").is_file():
             shutil.copy(work / f"{plan_run}.{step}.log", dst / f"{step}.log")
-    (dst / "device_plan.log").write_text("".join(f"{line}\n" for line in plan_lines(logs, plan_run)))
+    (dst / "device_plan.log").write_text("".join(f"{line}\n" for line in lines))
 
 
-def json_layout(text: str) -> tuple[int, bool]:
-    """(indent, whether each entry's keys are sorted) of an existing runs.json, so that new entries keep its
-    format ((1, True) for a new one)."""
+def json_layout(text: str, recorded: dict) -> tuple[int, bool]:
+    """(indent, whether each entry's keys are sorted) of an existing runs.json (its text and its parsed
+    entries), so that new entries keep its format ((1, True) for a new one)."""
     match = re.match(r"\{\n( +)\"", text)
     if not match:
         return 1, True
-    data = json.loads(text)
-    inner = [list(value) for value in data.values() if isinstance(value, dict)]
+    inner = [list(value) for value in recorded.values() if isinstance(value, dict)]
     return len(match.group(1)), all(keys == sorted(keys) for keys in inner)
 
 
@@ -117,8 +126,8 @@ def parse_pairs(pairs: list[str], work: Path, out: Path, recorded: dict) -> list
         plan_run, sep, name = pair.partition("=")
         if not (sep and plan_run and name) or "/" in name:
             raise ValueError(f"{pair!r} is not PLAN_RUN=NAME")
-        if not (work / plan_run / "config.json").is_file():
-            raise ValueError(f"{work / plan_run} holds no config.json: not a run of the plan")
+        if not (work / plan_run / CONFIG_NAME).is_file():
+            raise ValueError(f"{work / plan_run} holds no {CONFIG_NAME}: not a run of the plan")
         if (out / name).exists() or name in recorded or name in (n for _, n in parsed):
             raise ValueError(f"{name} is already recorded in {out}")
         parsed.append((plan_run, name))
@@ -142,13 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             raise ValueError(f"{missing[0]} does not exist")
         pairs = parse_pairs(args.pairs, args.work, args.out, recorded)
+        log_lines = [line for log in args.logs for line in log.read_text().splitlines()]
     except (ValueError, OSError) as error:  # json.JSONDecodeError is a ValueError
         print(f"record_runs: error: {error}", file=sys.stderr)
         return 2
-    indent, sort_keys = json_layout(text)
+    indent, sort_keys = json_layout(text, recorded)
     for plan_run, name in pairs:
-        copy_run(args.work, plan_run, args.out / name, args.logs)
-        record = entry(args.work, plan_run, args.logs, args.git, args.call)
+        lines = plan_lines(log_lines, plan_run)
+        copy_run(args.work, plan_run, args.out / name, lines)
+        record = entry(args.work, plan_run, lines, args.git, args.call)
         recorded[name] = dict(sorted(record.items())) if sort_keys else record  # appended: the order kept
         print(f"{plan_run} -> {args.out / name}: {record['steps_reached']} steps")
     runs_json.write_text(json.dumps(recorded, indent=indent) + "\n")
