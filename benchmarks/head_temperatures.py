@@ -33,7 +33,7 @@ import torch
 
 from asentmax.cli import Parser, UsageError
 from asentmax.data import IGNORE_INDEX, collate
-from asentmax.eval import EvalConfig, greedy_accuracy, plan_evaluation
+from asentmax.eval import EvalConfig, at_answers, greedy_accuracy, plan_evaluation
 from asentmax.nn.temperature import TEMPERATURES
 from asentmax.runs import format_multiplier, write_json, write_text
 from asentmax.tasks import make_eval_set
@@ -105,21 +105,21 @@ def parse_heads(specs: list[str], n_layers: int, n_heads: int) -> list[tuple[int
 @torch.no_grad()
 def head_statistics(model, task, examples, device) -> list[dict]:
     """Per layer: {"theta_mean", "theta_min", "theta_max"} over every query and {"theta_at_answers",
-    "support_at_answers"} at the answer queries, each a list over heads (theta 1 on a head without a
-    temperature), from one teacher-forced pass over `examples`."""
+    "support_at_answers"} at the answer queries (as `asentmax eval`'s dispersion), each a list over heads
+    (theta 1 on a head without a temperature), from one teacher-forced pass over `examples`."""
     batch = collate(task, examples).to(device)
     _, stats = model(batch.input_ids, return_stats=True)
     answers = batch.labels != IGNORE_INDEX  # (B, T)
+    theta_at_answers = at_answers(stats, answers, "theta").mean(2)  # (L, H)
+    support_at_answers = at_answers(stats, answers, "support_size").mean(2)
     layers = []
-    for layer in stats:
+    for index, layer in enumerate(stats):
         theta = layer.theta.float().transpose(1, 2)  # (B, T, H); NaN at padded queries
-        real = ~theta.isnan().any(-1)
-        every = theta[real]  # (queries, H)
-        support = layer.support_size.float().transpose(1, 2)
+        every = theta[~theta.isnan().any(-1)]  # (queries, H)
         layers.append({"theta_mean": every.mean(0).tolist(), "theta_min": every.min(0).values.tolist(),
                        "theta_max": every.max(0).values.tolist(),
-                       "theta_at_answers": theta[answers].mean(0).tolist(),
-                       "support_at_answers": support[answers].mean(0).tolist()})
+                       "theta_at_answers": theta_at_answers[index].tolist(),
+                       "support_at_answers": support_at_answers[index].tolist()})
     return layers
 
 

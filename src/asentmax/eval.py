@@ -250,6 +250,13 @@ def _count_by_source_part(task, examples, hits, part_correct, part_total) -> boo
     return True
 
 
+def at_answers(stats, scored: torch.Tensor, name: str) -> torch.Tensor:
+    """Attention statistic `name` (asentmax.nn.stats.AttentionStats) of every layer at the scored queries
+    (`scored`, (B, T) bool) as (layers, heads, scored queries)."""
+    values = torch.stack([getattr(s, name).float() for s in stats])  # (L, B, H, T)
+    return values.transpose(1, 2)[:, :, scored]
+
+
 @torch.no_grad()
 def answer_dispersion(model, task, examples, *, device) -> dict:
     """Attention statistics (asentmax.nn.stats) at the scored (answer) positions of a teacher-forced pass:
@@ -260,12 +267,8 @@ def answer_dispersion(model, task, examples, *, device) -> dict:
     batch = collate(task, examples).to(device)
     _, stats = model(batch.input_ids, return_stats=True)
     scored = batch.labels != IGNORE_INDEX  # (B, T)
-
-    def at_answers(name: str) -> torch.Tensor:  # (L, H, n_answer_queries)
-        values = torch.stack([getattr(s, name).float() for s in stats])  # (L, B, H, T)
-        return values.transpose(1, 2)[:, :, scored]
-
-    entropy, support, theta = (at_answers(name) for name in ("normalised_entropy", "support_size", "theta"))
+    entropy, support, theta = (at_answers(stats, scored, name)
+                               for name in ("normalised_entropy", "support_size", "theta"))
     return {"normalised_entropy": float(entropy.mean()),
             "support_size": float(support.mean()),
             "normalised_entropy_per_layer": entropy.flatten(1).mean(1).tolist(),
