@@ -4,8 +4,8 @@ A device call's plan runs come back as a tarball of `--work` without weights (re
 For each PLAN_RUN=NAME this copies <work>/PLAN_RUN's config.json, log.csv, val.csv, stalled.json and
 evaluations (eval*.json, eval*.md) to <out>/NAME/, with <work>/PLAN_RUN.train.log and .eval.log as train.log
 and eval.log, and the lines of the --logs (device_plan.py's printed states) that name the run as
-device_plan.log. A run that a stall check stopped keeps an evaluation of its last checkpoint as
-eval_at_stall.json/.md, so that `asentmax compare` still counts it as stopped. Then it appends NAME to
+device_plan.log. A run that a stall check stopped keeps an evaluation of its last checkpoint (and its log) as
+eval_at_stall.json/.md/.log, so that `asentmax compare` still counts it as stopped. Then it appends NAME to
 <out>/runs.json, in the format of its existing entries: the train and eval commands (the logs' `$ ` lines),
 seed, planned and reached steps, batch size, samples seen (runs.samples_trained), device, --git, the training
 and evaluation seconds of the --logs, and --call.
@@ -103,9 +103,9 @@ def copy_run(work: Path, plan_run: str, dst: Path, lines: list[str]) -> None:
         for suffix in (".json", ".md"):
             if (src / f"{name}{suffix}").is_file():
                 shutil.copy(src / f"{name}{suffix}", dst / f"{target}{suffix}")
-    for step in ("train", "eval"):
+    for step, target in (("train", "train"), ("eval", AT_STALL_NAME if stalled else EVAL_NAME)):
         if (work / f"{plan_run}.{step}.log").is_file():
-            shutil.copy(work / f"{plan_run}.{step}.log", dst / f"{step}.log")
+            shutil.copy(work / f"{plan_run}.{step}.log", dst / f"{target}.log")
     (dst / "device_plan.log").write_text("".join(f"{line}\n" for line in lines))
 
 

@@ -35,9 +35,9 @@ def plan_run(work, name, *, seed, steps, reached, batch=128, prior=0, stalled=Fa
     else:
         log += [f"step {reached}: length 64 exact_match 1.0", f"at step {reached} after 9.0s in this process"]
     (work / f"{name}.train.log").write_text("\n".join(log) + "\n")
-    if not stalled:
-        command = f"$ asentmax eval runs/plan/{name} --samples 3"
-        (work / f"{name}.eval.log").write_text(f"{command}\nlength 64: 1.0\n{command} --checkpoint best\n")
+    command = f"$ asentmax eval runs/plan/{name} --samples 3"
+    (work / f"{name}.eval.log").write_text(
+        f"{command}\nlength 64: 0.0\n" if stalled else f"{command}\nlength 64: 1.0\n{command} --checkpoint best\n")
 
 
 @pytest.fixture
@@ -73,12 +73,13 @@ def test_runs_are_copied_and_appended_in_the_files_format(tmp_path, plan, layout
          "train.log", "eval.log", "device_plan.log"])
     assert sorted(p.name for p in stalled.iterdir()) == sorted(
         ["config.json", "log.csv", "val.csv", "stalled.json", "eval_at_stall.json", "eval_at_stall.md",
-         "train.log", "device_plan.log"])
+         "eval_at_stall.log", "train.log", "device_plan.log"])
     for name, run in (("reverse_done", done), ("reverse_screen", stalled)):
         assert (run / "train.log").read_text() == (work / f"{name}.train.log").read_text()
         assert (run / "device_plan.log").read_text().splitlines() == [
             line for line in log.read_text().splitlines() if line.startswith(f"{name}:")]
     assert json.loads((stalled / "eval_at_stall.json").read_text())["name"] == "eval"
+    assert (stalled / "eval_at_stall.log").read_text() == (work / "reverse_screen.eval.log").read_text()
 
     text = (out / "runs.json").read_text()
     runs = json.loads(text)
@@ -96,7 +97,9 @@ def test_runs_are_copied_and_appended_in_the_files_format(tmp_path, plan, layout
     screen = runs["screen_stalled"]
     assert (screen["steps_reached"], screen["samples_seen"]) == (100, 100 * 128)
     assert (screen["train_wall_s"], screen["eval_wall_s"]) == (4.3, 0)
-    assert screen["eval_command"] == "not evaluated in the plan"
+    assert screen["eval_command"] == "asentmax eval runs/plan/reverse_screen --samples 3"
+    (work / "reverse_screen.eval.log").unlink()
+    assert record.entry(work, "reverse_screen", [], "abc1234", "c")["eval_command"] == "not evaluated in the plan"
 
 
 @pytest.mark.parametrize("pair, message", [("reverse_done", "is not PLAN_RUN=NAME"),
