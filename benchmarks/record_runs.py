@@ -1,6 +1,6 @@
 """Record device_plan runs as evidence under results/paper/<task>/: their files, logs and a runs.json entry.
 
-A device call's plan runs come back as a tarball of `--work` without weights (results/session37_gpu/calls.sh).
+A device call's plan runs come back as a tarball of `--work` without weights (benchmarks/device_calls.sh).
 For each PLAN_RUN=NAME this copies <work>/PLAN_RUN's config.json, log.csv, val.csv, stalled.json and
 evaluations (eval*.json, eval*.md) to <out>/NAME/, with <work>/PLAN_RUN.train.log and .eval.log as train.log
 and eval.log, and the lines of the --logs (device_plan.py's printed states) that name the run as
