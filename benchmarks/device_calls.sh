@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call of issue 15's plan (benchmarks/plans/issue15_b128.json), as results/session*_gpu/README.md give
-# them; chain the calls while the machine is warm, since runs/plan lives only on it:
+# One device call of issue 15's plan (benchmarks/plans/issue15_b128.json), as results/session*_gpu/README.md
+# give them; chain the calls while the machine is warm, since runs/plan lives only on it:
 #   OUT=$OUT bash benchmarks/device_calls.sh plan SECONDS RUN... [--continuing]
 #     device_plan.py with the named runs side by side for SECONDS (runs a stall check stopped stay stopped)
 #   OUT=$OUT bash benchmarks/device_calls.sh eval RUN...
@@ -8,7 +8,7 @@
 #     eval.json record_runs.py keeps as eval_at_stall.json
 #   OUT=$OUT bash benchmarks/device_calls.sh pack RUN...
 #     carry_checkpoint.py pack of finished runs into $OUT (two 15 MB parts each), for reading heads on the CPU
-# Each part ends by putting runs/plan without weights into $OUT/plan.tgz (what record_runs.py reads as --work).
+# Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 part=${1:?plan, eval or pack}
@@ -17,15 +17,15 @@ case $part in
 plan)
     seconds=${1:?SECONDS}
     shift
-    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/plan --seconds "$seconds" \
-        --runs "$@" > "$OUT/device_plan.log" 2>&1
+    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/plan \
+        --seconds "$seconds" --runs "$@" > "$OUT/device_plan.log" 2>&1
     tail -14 "$OUT/device_plan.log"
     ;;
 eval)
     for run in "$@"; do
-        { echo "\$ asentmax eval runs/plan/$run --samples 300 --batch-size 128 --max-batch-tokens 131072"
-          timeout 200 python -m asentmax eval "runs/plan/$run" --no-progress --samples 300 --batch-size 128 \
-              --max-batch-tokens 131072; } > "runs/plan/$run.eval.log" 2>&1
+        command=(asentmax eval "runs/plan/$run" --no-progress --samples 300 --batch-size 128
+                 --max-batch-tokens 131072)
+        { echo "\$ ${command[*]}"; timeout 200 python -m "${command[@]}"; } > "runs/plan/$run.eval.log" 2>&1
         tail -3 "runs/plan/$run.eval.log"
     done
     ;;

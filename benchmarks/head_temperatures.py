@@ -45,10 +45,11 @@ NAME = "head_temperatures"
 def capped_key_counts(model, cap: int | None):
     """Within the block, every temperature module of `model` computes theta from min(n_i, cap) keys (cap None:
     unchanged)."""
-    modules = [m for m in model.modules() if isinstance(m, tuple(TEMPERATURES.values()))]
     if cap is None:
         yield
         return
+    modules = [m for m in model.modules() if isinstance(m, tuple(TEMPERATURES.values()))]
+
     def capped(forward):
         def capped_forward(x, n_keys, log_n=None):  # log_n, from the uncapped counts, is recomputed
             return forward(x, n_keys.clamp(max=cap))
