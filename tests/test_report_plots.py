@@ -184,6 +184,23 @@ def test_a_config_field_written_after_a_run_counts_at_its_default_and_graphs_do_
         ["runs/old", "runs/new"]]
 
 
+def test_a_data_seed_is_a_seed_not_a_recipe_and_the_tables_name_it():
+    """Runs that set --data-seed apart from --seed are repeats of their recipe, labelled "init, data D";
+    runs that leave it at -1 (or predate it) are labelled by their seed alone."""
+    from asentmax.report import repeat_groups, repeat_table
+
+    plain = recipe_run("s1", 1, {1: 1.0, 4: 0.9})
+    swapped = recipe_run("s8_data1", 8, {1: 1.0, 4: 0.2}, data_seed=1)
+    unset = recipe_run("s2", 2, {1: 1.0, 4: 0.5}, data_seed=-1)
+    stopped = stopped_run("s1_data8", 1, data_seed=8)
+    assert [[r["run_dir"] for r in group] for group in repeat_groups([plain, swapped, unset], [stopped])] == [
+        ["runs/s1", "runs/s8_data1", "runs/s2", "runs/s1_data8"]]
+    lines = repeat_table([plain, swapped, unset], [stopped]).splitlines()
+    assert lines[2].startswith("| reverse | ASEntmax | 3: s1 (1), s8_data1 (8, data 1), s2 (2) | "
+                               "1: s1_data8 (1, data 8) | ")
+    assert lines[-1].startswith("- s1_data8 (seed 1, data 8): validation score 0.02")
+
+
 def test_the_repeats_plot_draws_each_recipes_median_in_a_band_from_its_lowest_to_its_highest_run(
         monkeypatch, tmp_path):
     import numpy as np

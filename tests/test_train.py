@@ -257,6 +257,49 @@ def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
     assert not [p for p in os.listdir(tmp_path / "run") if ".tmp" in p]  # atomic write left no temp file
 
 
+def test_data_seed_seeds_the_batches_and_validation_and_seed_the_init(tmp_path, monkeypatch):
+    """--data-seed D with --seed S: the weights start as seed S's, the batches and validation sets are seed
+    D's; without it both follow --seed (runs saved before the flag read as -1)."""
+    consumed = {}
+    original_batches, original_validate = TaskWorkload.batches, TaskWorkload.validate
+
+    def recorded_batches(self, **kwargs):
+        for batch in original_batches(self, **kwargs):
+            consumed.setdefault(run, {"batches": [], "val_seeds": []})["batches"].append(batch)
+            yield batch
+
+    def recorded_validate(self, model, **kwargs):
+        consumed.setdefault(run, {"batches": [], "val_seeds": []})["val_seeds"].append(kwargs["seed"])
+        return original_validate(self, model, **kwargs)
+
+    monkeypatch.setattr(TaskWorkload, "batches", recorded_batches)
+    monkeypatch.setattr(TaskWorkload, "validate", recorded_validate)
+    task = get_task("copy")
+    seeds = {"seed1": dict(seed=1), "seed1_data2": dict(seed=1, data_seed=2), "seed2": dict(seed=2)}
+    weights = {}
+    for run, flags in seeds.items():  # a negligible lr: the weights stay the init's
+        train(tiny_workload(), tiny_train(steps=3, lr=1e-12, warmup_steps=0, val_every=3, **flags),
+              tiny_model(task), tmp_path / run, progress=False)
+        weights[run] = load_checkpoint(tmp_path / run / CHECKPOINT_NAME)["model"]
+    for name, value in weights["seed1"].items():
+        assert torch.allclose(weights["seed1_data2"][name], value, rtol=0, atol=1e-9), name
+    assert any(not torch.allclose(weights["seed2"][name], value, rtol=0, atol=1e-3)
+               for name, value in weights["seed1"].items())
+
+    def same_batches(a, b):
+        return all(torch.equal(x.input_ids, y.input_ids) and torch.equal(x.labels, y.labels)
+                   for x, y in zip(consumed[a]["batches"], consumed[b]["batches"], strict=True))
+
+    assert same_batches("seed1_data2", "seed2") and not same_batches("seed1", "seed2")
+    assert [consumed[run]["val_seeds"] for run in seeds] == [[1], [2], [2]]
+    saved = load_checkpoint(tmp_path / "seed1_data2" / CHECKPOINT_NAME)["train_config"]
+    assert (saved["seed"], saved["data_seed"]) == (1, 2)
+    old = {name: value for name, value in saved.items() if name != "data_seed"}
+    assert TrainConfig.from_dict(old).batch_seed() == 1
+    with pytest.raises(ValueError, match="data-seed must be >= 0"):
+        tiny_train(data_seed=-2).validate()
+
+
 @pytest.mark.parametrize("change", [-1, 1])
 def test_mismatched_vocab_is_refused(tmp_path, change):
     """A model vocabulary smaller or larger than the task's: evaluation would refuse the run, so training

@@ -126,6 +126,12 @@ def test_non_finite_numbers_are_refused_before_anything_is_written(tmp_path, cap
     assert not (tmp_path / "new").exists()
 
 
+def test_a_negative_data_seed_other_than_minus_one_is_refused(tmp_path, capsys):
+    assert main(["train", "--run-dir", str(tmp_path / "new"), *TINY, "--data-seed", "-2"]) == 2
+    assert "data-seed must be >= 0 (or -1: --seed's), got -2" in _one_line_error(capsys)
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("attention", ["softmax", "ssmax", "topk"])
 def test_alpha_for_a_normaliser_without_one_is_refused(tmp_path, capsys, attention):
     run = tmp_path / "new"

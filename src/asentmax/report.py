@@ -191,12 +191,12 @@ def comparison_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n" + note
 
 
-# Config fields that do not make a recipe: the seed; the stall checks (one that does not fire changes nothing
+# Config fields that do not make a recipe: the seeds; the stall checks (one that does not fire changes nothing
 # a run computes, so a screened seed that passed is a run of the unscreened recipe); and what a run observes
 # and keeps of itself (logs, checkpoints, its validations: their samples come from a generator of their own),
 # except that keep_best_at picks the weights an evaluation of best.pt tests
-NOT_RECIPE = {"train_config": ("seed", "stall_step", "stall_loss", "stall_val_step", "stall_val_score",
-                               "val_every", "log_every", "checkpoint_every"),
+NOT_RECIPE = {"train_config": ("seed", "data_seed", "stall_step", "stall_loss", "stall_val_step",
+                               "stall_val_score", "val_every", "log_every", "checkpoint_every"),
               "workload": ("val_multipliers", "val_samples", "keep_best_at")}
 
 
@@ -246,6 +246,13 @@ def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[di
     return [group for group in groups.values() if len(group) > 1]
 
 
+def seed_label(record: dict) -> str:
+    """A run's seed for the reports: "8", or "8, data 1" where --data-seed set the data apart."""
+    train_config = record["train_config"]
+    data_seed = train_config.get("data_seed", -1)
+    return str(train_config["seed"]) + ("" if data_seed == -1 else f", data {data_seed}")
+
+
 def _stalled_entry(run: dict) -> dict:
     """{"run", "seed", "step", "reason"} of a stopped run (runs.load_stalled) for the reports."""
     return {"run": Path(run["run_dir"]).name, "seed": run["train_config"].get("seed"),
@@ -278,8 +285,8 @@ def _repeat_row(group: list[dict], multipliers: list[float]) -> str:
     summary = repeat_summary(group)
     cells = [f"{summary['median'][m]:.1f} ({summary['min'][m]:.1f}-{summary['max'][m]:.1f})"
              if m in summary["median"] else "-" for m in multipliers]
-    runs = ", ".join(f"{name} ({seed})" for name, seed in zip(summary["runs"], summary["seeds"], strict=True))
-    stopped = ", ".join(f"{entry['run']} ({entry['seed']})" for entry in summary["stalled"])
+    runs = ", ".join(f"{run_name(r)} ({seed_label(r)})" for r in group if "stalled" not in r)
+    stopped = ", ".join(f"{Path(r['run_dir']).name} ({seed_label(r)})" for r in group if "stalled" in r)
     stopped = f"{len(summary['stalled'])}: {stopped}" if stopped else "-"
     return (f"| {group[0]['task']} | {method_label(group[0])} | {len(summary['runs'])}: {runs} | {stopped} | "
             f"{_samples(samples_seen(group[0]))} | " + " | ".join(cells) + " |")
@@ -304,7 +311,7 @@ def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
         lines += ["", "Stopped by a stall check, not evaluated:"]
         for run in stalled:
             entry = _stalled_entry(run)
-            lines.append(f"- {entry['run']} (seed {entry['seed']}): {entry['reason']}"
+            lines.append(f"- {entry['run']} (seed {seed_label(run)}): {entry['reason']}"
                          + ("" if id(run) in grouped else " (no evaluated run of its recipe compared here)"))
     return "\n".join(lines) + "\n" if lines else ""
 

@@ -108,7 +108,11 @@ class TrainConfig:
     val_every: int = field(default=500, metadata={"help": "validate every N steps (0: only at the end)"})
     log_every: int = field(default=20, metadata={"help": "log every N steps"})
     checkpoint_every: int = field(default=500, metadata={"help": "checkpoint every N steps (and at the end)"})
-    seed: int = field(default=0, metadata={"help": "seed of model init and data"})
+    seed: int = field(default=0, metadata={"help": "seed of the init, and of the data unless --data-seed"})
+    data_seed: int = field(default=-1, metadata={"default_help": "-1: --seed", "help": (
+        "seed of the training batches and the validation sets alone, --seed then seeding the init only: "
+        "runs that swap the two tell whether a seed's outcome comes from its init or its data "
+        "(results/paper/reverse.md)")})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": (
         "auto (bf16 autocast on CUDA) | bf16 (autocast over fp32 weights) | bf16-true (weights, activations "
@@ -165,6 +169,8 @@ class TrainConfig:
                      "stall_val_step"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.data_seed < -1:
+            raise ValueError(f"data-seed must be >= 0 (or -1: --seed's), got {self.data_seed}")
         self.stall_checks()  # raises for bad stall values
         if self.stall_val_step and not self.stall_val_score > 0:
             raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
@@ -219,6 +225,10 @@ class TrainConfig:
         only; cuda_graphs' auto has further conditions: uses_cuda_graphs)."""
         value = getattr(self, name)
         return value == "on" or (value == "auto" and device.type == "cuda")
+
+    def batch_seed(self) -> int:
+        """The seed of the training batches and validation sets: --data-seed, or --seed where it is -1."""
+        return self.seed if self.data_seed == -1 else self.data_seed
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -781,7 +791,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         rows = []
         if world.is_main:
             model.eval()
-            rows = workload.validate(model, seed=train_config.seed, step=step, device=device,
+            rows = workload.validate(model, seed=train_config.batch_seed(), step=step, device=device,
                                      autocast_dtype=autocast_dtype)
             for row in rows:
                 val_log.write({"step": step, **row})
@@ -826,7 +836,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     end = total if stop_at_step is None else min(total, stop_at_step)
     bar = tqdm(total=total, initial=step, disable=not (progress and world.is_main), dynamic_ncols=True,
                desc=f"train {workload.title}")
-    batches = workload.batches(seed=train_config.seed, start_step=step, rank=world.rank,
+    batches = workload.batches(seed=train_config.batch_seed(), start_step=step, rank=world.rank,
                                world_size=world.world_size, local_batch_size=local_batch, device=device)
     model.train()
     window_start = time.perf_counter()
