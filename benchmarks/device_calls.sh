@@ -20,6 +20,13 @@ plan)
     python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/plan \
         --seconds "$seconds" --runs "$@" > "$OUT/device_plan.log" 2>&1
     tail -14 "$OUT/device_plan.log"
+    # each evaluated run's exact match per length, to choose the next call while the machine is warm
+    for run in "$@"; do
+        for table in runs/plan/"$run"/eval*.md; do
+            [ -f "$table" ] && echo "$run $(basename "$table" .md): $(awk -F'|' \
+                '/^\| [0-9]+ \| [0-9.]+x \|/ {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%s %s  ", $3, $4}' "$table")"
+        done
+    done
     ;;
 eval)
     for run in "$@"; do
