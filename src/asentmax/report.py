@@ -12,7 +12,8 @@ samples = step x batch size), where a loss plateau and a still-rising validation
 
 Runs of one recipe (seeds, or repeats of a seed) are also summarised together (repeat_table: the median and
 the range per length), since length generalisation can differ far more between seeds than a test interval
-suggests.
+suggests, and recipes that share seeds side by side by seed (seed_table), which tells a seed that fails under
+every recipe from a recipe that fails.
 
 Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured), training.png
 (when a run directory holds its logs) and repeats.png (when runs share a recipe: repeat_table's groups as a
@@ -316,6 +317,45 @@ def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
+    """Markdown table of the repeat groups (repeat_groups) side by side by seed, for the seeds that two or
+    more of them ran: each run's exact match % at the two longest lengths its group's evaluated runs share (a
+    stopped run: the step it stopped at, in the first group of its recipe only), so whether a seed fails under
+    one recipe only or under all of them shows. "" with fewer than two groups or no shared seed."""
+    groups = repeat_groups(results, stalled)
+    if len(groups) < 2:
+        return ""
+    columns, placed = [], set()  # per group: its lengths and seed label -> the texts of its runs
+    for group in groups:
+        summary = repeat_summary(group)
+        shown = sorted(summary["median"])[-2:]
+        by_seed = {}
+        for r in group:
+            if "stalled" in r and id(r) in placed:
+                continue
+            if "stalled" in r:
+                placed.add(id(r))
+                text = f"stopped at step {r['stalled']['step']}"
+            else:
+                values = {_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]}
+                text = " / ".join(f"{values[m]:.1f}" for m in shown)
+            by_seed.setdefault(seed_label(r), []).append(text)
+        lengths = " / ".join(_column_name(m) for m in shown)
+        columns.append((f"{method_label(group[0])}, recipe of {run_name(group[0])}: {lengths}", by_seed))
+    seeds = [seed for seed in dict.fromkeys(seed for _, by_seed in columns for seed in by_seed)
+             if sum(seed in by_seed for _, by_seed in columns) > 1]
+    if not seeds:
+        return ""
+    lines = ["By seed (the recipes above side by side, for the seeds two or more of them ran): exact match % "
+             "at the lengths each column names, a seed's runs in one recipe separated by ';'", "",
+             "| seed | " + " | ".join(label for label, _ in columns) + " |",
+             "|" + "---|" * (len(columns) + 1)]
+    for seed in seeds:
+        runs = ("; ".join(by_seed.get(seed, [])) or "-" for _, by_seed in columns)
+        lines.append("| " + " | ".join([seed, *runs]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def run_colours(n: int) -> list:
     """n distinct colours, one per compared run: matplotlib's default ten for up to ten runs, tab20 for up to
     twenty, else evenly spaced on a continuous colormap (the default cycle repeats after ten, so an eleventh
@@ -595,9 +635,9 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
-    repeats = repeat_table(results, stalled)
-    if repeats:
-        table += "\n" + repeats
+    for part in (repeat_table(results, stalled), seed_table(results, stalled)):
+        if part:
+            table += "\n" + part
     _plot_accuracy(results, output_dir / "accuracy.png")
     files = ["accuracy.png"]
     for name, plot in (("dispersion.png", _plot_dispersion), ("training.png", _plot_training),
