@@ -5,6 +5,7 @@ single-process gradients of the concatenated batch."""
 import csv
 import math
 import os
+from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -260,16 +261,16 @@ def test_checkpoint_holds_configs_states_and_provenance(tmp_path):
 def test_data_seed_seeds_the_batches_and_validation_and_seed_the_init(tmp_path, monkeypatch):
     """--data-seed D with --seed S: the weights start as seed S's, the batches and validation sets are seed
     D's; without it both follow --seed (runs saved before the flag read as -1)."""
-    consumed = {}
+    consumed = defaultdict(lambda: {"batches": [], "val_seeds": []})  # per run
     original_batches, original_validate = TaskWorkload.batches, TaskWorkload.validate
 
     def recorded_batches(self, **kwargs):
         for batch in original_batches(self, **kwargs):
-            consumed.setdefault(run, {"batches": [], "val_seeds": []})["batches"].append(batch)
+            consumed[run]["batches"].append(batch)
             yield batch
 
     def recorded_validate(self, model, **kwargs):
-        consumed.setdefault(run, {"batches": [], "val_seeds": []})["val_seeds"].append(kwargs["seed"])
+        consumed[run]["val_seeds"].append(kwargs["seed"])
         return original_validate(self, model, **kwargs)
 
     monkeypatch.setattr(TaskWorkload, "batches", recorded_batches)

@@ -331,9 +331,9 @@ def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
         shown = sorted(summary["median"])[-2:]
         by_seed = {}
         for r in group:
-            if "stalled" in r and id(r) in placed:
-                continue
             if "stalled" in r:
+                if id(r) in placed:
+                    continue
                 placed.add(id(r))
                 text = f"stopped at step {r['stalled']['step']}"
             else:
