@@ -187,4 +187,21 @@ def test_a_graphed_forward_starts_a_cudagraph_step_at_every_call(monkeypatch, mo
     for _ in range(2):
         torch.testing.assert_close(forward(ids), model(ids))
     steps = ["step", "step"] if mode else []
-    assert calls == [{"backend": "inductor", "mode": mode}, *steps]
+    # the mode as Inductor options, with mm padding off (trainer.INDUCTOR_OPTIONS)
+    options = {"triton.cudagraphs": True} if mode else {}
+    assert calls == [{"backend": "inductor", "options": {**options, "shape_padding": False}}, *steps]
+
+
+def test_another_backend_gets_the_mode_and_no_inductor_options(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda model, **options: calls.append(options) or model)
+    trainer.compiled_for_training(torch.nn.Linear(2, 2), backend="aot_eager", mode="reduce-overhead")
+    assert calls == [{"backend": "aot_eager", "mode": "reduce-overhead"}]
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_torch_compile_takes_the_inductor_options(mode):
+    """torch.compile checks option names and types when it is called (the compile itself waits for the
+    first forward): a name this torch does not know would raise here."""
+    forward = trainer.compiled_for_training(torch.nn.Linear(2, 2), mode=mode)
+    assert callable(forward)

@@ -8,8 +8,9 @@ bucket width records one forward and one backward graph, at its second step, and
 after that (no graph per batch, no re-recording); Inductor skips no graph; and the graphed steps after the
 recordings never wait for the device.
 
-Also: the training benchmark's StepGraph (the whole step as one CUDA graph per width) trains as the trainer's
-step.
+Also: with Inductor made to pad every mm it may (force_shape_pad), ASEntmax with 8 heads still trains over
+two widths, compiled and graphed (pad_mm is off in the trainer's compile). And the training benchmark's
+StepGraph (the whole step as one CUDA graph per width) trains as the trainer's step.
 
 Run: PYTHONPATH=src python -m pytest -q -m gpu tests/test_cuda_graphs_gpu.py
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
 from asentmax.nn import Transformer
@@ -178,3 +180,23 @@ def test_the_benchmarks_step_graph_trains_as_the_trainers_step(attention):
     assert len(graph.graphs) == 2
     assert loss_difference < 1e-4, loss_difference
     assert update_difference < 1e-3, update_difference
+
+
+@pytest.mark.parametrize("cuda_graphs", ["off", "on"])
+def test_training_survives_inductor_padding_every_mm_it_may(cuda_graphs, tmp_path):
+    """ASEntmax under NAPE with 8 heads has a 4-output temperature projection, which Inductor's pad_mm pads
+    to 8 in bf16 where it judges padding faster. A (B, T, 4) output of row stride 8 (that projection, by its
+    shape) is kept for the backward, whose compiled graph then fixed that stride at the first width's value
+    and failed `assert_size_stride` at the second width (results/session40_gpu/README.md). With padding
+    forced wherever Inductor allows it, the trainer (compiled_for_training: pad_mm off) trains over both
+    widths in bf16 autocast (amp auto)."""
+    torch._dynamo.reset()
+    config = TrainConfig(steps=8, batch_size=BATCH, lr=1e-3, warmup_steps=2, log_every=1, val_every=0,
+                         checkpoint_every=0, device="cuda", cuda_graphs=cuda_graphs)
+    observed = workload().observe([])
+    model_config = observed.model_config({**MODEL, "n_heads": 8, "attention": "asentmax"})
+    with inductor_config.patch(force_shape_pad=True):
+        train(observed, config, model_config, tmp_path, progress=False)
+    assert len(set(observed.widths)) == 2, observed.widths  # the premise: the width changes
+    with open(tmp_path / "log.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == 8

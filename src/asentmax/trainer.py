@@ -251,6 +251,16 @@ LR_SCALINGS = ("none", "sqrt")
 LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3), where the presets' lr holds
 
 
+# Inductor's mm padding off for the compiled training step. Where pad_mm pads an mm whose output the backward
+# keeps (the ASEntmax temperature projection of an 8-head model: 4 outputs, padded to 8 in bf16), the backward
+# is compiled with that output's stride fixed at the length it was compiled for, and the next length fails
+# `assert_size_stride` (seen with PyTorch 2.11; 2.13's set_tracing_context_output_strides still evaluates the
+# symbolic stride). pad_mm pads where timing both versions on the GPU favours padding, so the crash came and
+# went; with padding forced it came at the third step, and with pad_mm off the same run trained
+# (results/session40_gpu/README.md).
+INDUCTOR_OPTIONS = {"shape_padding": False}
+
+
 def compiled_for_training(model, backend: str = "inductor", mode: str | None = None):
     """torch.compile'd `model` as a function of input_ids whose sequence dimension is marked dynamic: the
     batches of every length bucket share one graph (a dimension that cannot stay symbolic falls back to
@@ -265,8 +275,16 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
     call (the first warms up). Each call then starts a new training step
     (torch.compiler.cudagraph_mark_step_begin): the outputs of the previous call, and the gradients its
     backward left, belong to the graphs' memory and are overwritten, so the caller runs one forward and
-    one backward per step and sets the gradients to None (zero_grad) before the next call."""
-    compiled = torch.compile(model, backend=backend, mode=mode)
+    one backward per step and sets the gradients to None (zero_grad) before the next call.
+
+    With Inductor, its mm padding (pad_mm) is off (INDUCTOR_OPTIONS)."""
+    if backend == "inductor":
+        from torch._inductor import list_mode_options
+
+        options = {**list_mode_options(mode or "default"), **INDUCTOR_OPTIONS}
+        compiled = torch.compile(model, backend=backend, options=options)
+    else:
+        compiled = torch.compile(model, backend=backend, mode=mode)
     graphed = mode == "reduce-overhead"
     plain = getattr(model, "module", model)  # under DDP, the wrapped model
     primed = False
