@@ -16,7 +16,8 @@ both exit 130); the next call continues both. A training that a stall check (--s
 stopped (exit 3) ends its chain as "stalled", unevaluated. A run with `"after": OTHER` starts only once OTHER
 has trained (its chain waits; in a call without OTHER, OTHER must be trained already): with `{work}` in its
 flags, which stands for --work, it can start from OTHER's weights (`--init-from {work}/OTHER`). A step that
-fails (any other exit code) stops its own chain only; its log says why. `--continuing` refuses (exit 2,
+fails (any other exit code) stops its own chain only; its log says why, and the printed line quotes the log's
+last line that names an error. `--continuing` refuses (exit 2,
 nothing started) a call in which a run would start again from step 0: on a machine that lost --work between
 calls it saves the window. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
 (<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; <work>/status.json and the printed
@@ -188,6 +189,15 @@ def _chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval
     return state
 
 
+def error_line(log: Path) -> str:
+    """The last line of a failed step's log that names an error ("AssertionError: ...", "asentmax train:
+    error: ..."), else its last line: the printed state says why without the log."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    named = [line for line in lines if "Error:" in line or "error:" in line]
+    return (named or lines or [f"nothing in {log.name}"])[-1]
+
+
 def summary(name: str, run: dict, work: Path, state: dict) -> dict:
     """A run's state after this call: trained or not, evaluations done, this call's steps."""
     evals = [(work / f"{name}.eval{i}.done").exists() for i in range(len(run["evals"]))]
@@ -239,7 +249,10 @@ def main() -> int:
     for name, s in status.items():
         steps = ", ".join(f"{step['step']} exit {step['exit']} in {step['seconds']:g} s"
                           for step in s["steps"])
-        failed = f"; FAILED at {s['failed']}" if "failed" in s else ""
+        failed = ""
+        if "failed" in s:
+            stage = "train" if s["failed"] == "train" else "eval"
+            failed = f"; FAILED at {s['failed']}: {error_line(args.work / f'{name}.{stage}.log')}"
         if s["stalled"]:
             failed += "; stopped by a stall check (--stall-step, --stall-val-step), not evaluated"
         failed += f"; waiting for {s['waiting_for']} to train" if "waiting_for" in s else ""

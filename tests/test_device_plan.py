@@ -45,7 +45,10 @@ def test_runs_train_then_evaluate_and_a_failing_run_stops_only_itself(tmp_path):
     assert "lr" in (work / "bad.train.log").read_text()
     rows = json.loads((work / "good" / "eval.json").read_text())["rows"]
     assert [row["length"] for row in rows] == [6, 12]  # the second evaluation continued the first
-    assert "FAILED at train" in result.stdout and "good: trained, evaluations 2/2" in result.stdout
+    assert "good: trained, evaluations 2/2" in result.stdout
+    # the failed step's line quotes the error its log names
+    failed_line = next(line for line in result.stdout.splitlines() if line.startswith("bad:"))
+    assert "FAILED at train: asentmax train: error: " in failed_line and "lr" in failed_line, failed_line
     again = call(tmp_path, {"good": plan["good"]}, "--seconds", "240")  # all done: nothing runs
     assert again.returncode == 0 and "good: trained, evaluations 2/2 (nothing to do)" in again.stdout
 
@@ -55,7 +58,8 @@ def test_eval_flags_reach_every_evaluation(tmp_path):
     so the evaluation fails and its log shows the flag arrived."""
     plan = {"run": {"train": TINY + " --steps 2", "evals": ["--multipliers 1 --samples 2"]}}
     result = call(tmp_path, plan, "--seconds", "240", "--eval-flags", "--cuda-graphs on")
-    assert result.returncode == 1 and "FAILED at eval0" in result.stdout
+    assert result.returncode == 1
+    assert "FAILED at eval0: asentmax eval: error: --cuda-graphs on" in result.stdout
     assert "--cuda-graphs on: cuda_graph=True needs" in (tmp_path / "work" / "run.eval.log").read_text()
 
 
@@ -228,3 +232,17 @@ def test_committed_plans_parse():
             parser.parse_args(["train", "--run-dir", name, *run["train"]])
             for flags in run["evals"]:
                 parser.parse_args(["eval", name, *flags])
+
+
+def test_error_line_quotes_the_last_line_that_names_an_error(tmp_path):
+    """As Inductor's assertion in the fortieth session: hint lines follow the error, and are not quoted."""
+    device_plan = load_device_plan()
+    log = tmp_path / "run.train.log"
+    log.write_text("$ asentmax train ...\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "AssertionError: expected size 128==128, stride 640==912 at dim=0\n"
+                   "This error most often comes from a incorrect fake (aka meta) kernel for a custom op.\n"
+                   "See https://pytorch.org/docs/stable/library.html#torch.library.opcheck\n\n")
+    assert device_plan.error_line(log) == "AssertionError: expected size 128==128, stride 640==912 at dim=0"
+    log.write_text("step 20\nKilled\n")
+    assert device_plan.error_line(log) == "Killed"
+    assert device_plan.error_line(tmp_path / "missing.log") == "nothing in missing.log"
