@@ -202,10 +202,10 @@ def test_a_data_seed_is_a_seed_not_a_recipe_and_the_tables_name_it():
 
 
 def test_recipes_that_share_seeds_are_set_side_by_side_by_seed():
-    """seed_table: a row per seed that two or more recipes ran, each run's exact match at the two longest
+    """seed_table: a row per data seed that two or more recipes ran, each run's exact match at the two longest
     lengths its recipe's evaluated runs share (runs of one seed joined by ';', a stopped run by its step, in
-    the first group of its recipe only); seeds only one recipe ran are left out; one recipe, or none shared,
-    gives ""."""
+    the first group of its recipe only, a run initialised from another seed marked so); seeds only one recipe
+    ran are left out; one recipe, or none shared, gives ""."""
     from asentmax.report import seed_table
 
     def entmax(name, seed, accuracies, **train):
@@ -223,21 +223,27 @@ def test_recipes_that_share_seeds_are_set_side_by_side_by_seed():
     stopped = [stopped_run("a3", 3),
                {**stopped_run("e3", 3, step=60), "model_config": entmaxes[0]["model_config"]}]
     lines = seed_table([*asentmax, *entmaxes], stopped).splitlines()
-    assert lines[0].startswith("By seed (the recipes above side by side, for the seeds two or more of them")
-    assert lines[2:] == ["| seed | ASEntmax, recipe of a1: 4x / 8x | Entmax, recipe of e8: 4x / 8x |",
+    assert lines[0].startswith("By seed (the recipes above side by side, for the data seeds two or more of")
+    assert lines[2:] == ["| data seed | ASEntmax, recipe of a1: 4x / 8x | Entmax, recipe of e8: 4x / 8x |",
                          "|---|---|---|",
                          "| 1 | 98.3 / 91.0; 97.3 / 91.7 | 99.3 / 86.7 |",
                          "| 8 | 18.7 / 0.0 | 0.0 / 0.0 |",
                          "| 3 | stopped at step 40 | stopped at step 60 |"]
+    # a run on another seed's batches goes in its data seed's row, marked with its init
+    swapped = [recipe_run("a1_data8", 1, {1: 1.0, 2: 1.0, 4: 0.99, 8: 0.91}, data_seed=8),
+               stopped_run("a8_data3", 8, step=50, data_seed=3)]
+    lines = seed_table([*asentmax, *entmaxes, swapped[0]], [*stopped, swapped[1]]).splitlines()
+    assert lines[5:] == ["| 8 | 18.7 / 0.0; 99.0 / 91.0 (init 1) | 0.0 / 0.0 |",
+                         "| 3 | stopped at step 40; stopped at step 50 (init 8) | stopped at step 60 |"]
     asentmax[0]["rows"].pop()  # one run untested at 8x: its recipe's column shows the lengths all share
     lines = seed_table([*asentmax, *entmaxes]).splitlines()
-    assert lines[2] == "| seed | ASEntmax, recipe of a1: 2x / 4x | Entmax, recipe of e8: 4x / 8x |"
+    assert lines[2] == "| data seed | ASEntmax, recipe of a1: 2x / 4x | Entmax, recipe of e8: 4x / 8x |"
     assert lines[4] == "| 1 | 100.0 / 98.3; 100.0 / 97.3 | 99.3 / 86.7 |"
     # the same recipe tested two ways is two groups: a stopped run of the recipe goes in the first only
     best = [{**run, "run_dir": run["run_dir"] + "_best",
              "eval_config": {"checkpoint": "best", "samples": 300}} for run in asentmax[1:3]]
     lines = seed_table([*asentmax[1:3], *best], [stopped_run("a4", 4)]).splitlines()
-    assert lines[2] == ("| seed | ASEntmax, recipe of a8: 4x / 8x "
+    assert lines[2] == ("| data seed | ASEntmax, recipe of a8: 4x / 8x "
                         "| ASEntmax, recipe of a8_best, best.pt: 4x / 8x |")
     assert [line.split(" | ")[0] for line in lines[4:]] == ["| 8", "| 1"]
     assert seed_table(asentmax) == ""

@@ -250,8 +250,8 @@ def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[di
 def seed_label(record: dict) -> str:
     """A run's seed for the reports: "8", or "8, data 1" where --data-seed set the data apart."""
     train_config = record["train_config"]
-    data_seed = train_config.get("data_seed", -1)
-    return str(train_config["seed"]) + ("" if data_seed == -1 else f", data {data_seed}")
+    data = train_config.get("data_seed", -1)
+    return str(train_config["seed"]) + ("" if data == -1 else f", data {data}")
 
 
 def _stalled_entry(run: dict) -> dict:
@@ -317,19 +317,30 @@ def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def batch_seed(record: dict) -> int:
+    """TrainConfig.batch_seed of a run's record: the seed of its training batches and validation sets,
+    --data-seed, or --seed where that is -1 (or the run predates it)."""
+    train_config = record["train_config"]
+    data = train_config.get("data_seed", -1)
+    return train_config["seed"] if data == -1 else data
+
+
 def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
-    """Markdown table of the repeat groups (repeat_groups) side by side by seed, for the seeds that two or
-    more of them ran: each run's exact match % at the two longest lengths its group's evaluated runs share (a
-    stopped run: the step it stopped at, in the first group of its recipe only), so whether a seed fails under
-    one recipe only or under all of them shows. "" with fewer than two groups or no shared seed."""
+    """Markdown table of the repeat groups (repeat_groups) side by side by data seed (batch_seed), for the
+    data seeds that two or more of them ran: each run's exact match % at the two longest lengths its group's
+    evaluated runs share (a stopped run: the step it stopped at, in the first group of its recipe only),
+    followed by "(init S)" where its --seed is another. Rows go by the data because that is what runs of one
+    seed share across recipes: models that differ (ASEntmax's temperature projections, entmax without) draw
+    their initial weights from other stretches of the seed's random stream. "" with fewer than two groups or
+    no shared data seed."""
     groups = repeat_groups(results, stalled)
     if len(groups) < 2:
         return ""
-    columns, placed = [], set()  # per group: its lengths and seed label -> the texts of its runs
+    columns, placed = [], set()  # per group: its lengths and data seed -> the texts of its runs
     for group in groups:
         summary = repeat_summary(group)
         shown = sorted(summary["median"])[-2:]
-        by_seed = {}
+        by_data = {}
         for r in group:
             if "stalled" in r:
                 if id(r) in placed:
@@ -339,19 +350,23 @@ def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
             else:
                 values = {_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]}
                 text = " / ".join(f"{values[m]:.1f}" for m in shown)
-            by_seed.setdefault(seed_label(r), []).append(text)
+            init = r["train_config"]["seed"]
+            text += "" if init == batch_seed(r) else f" (init {init})"
+            by_data.setdefault(str(batch_seed(r)), []).append(text)
         lengths = " / ".join(_column_name(m) for m in shown)
-        columns.append((f"{method_label(group[0])}, recipe of {run_name(group[0])}: {lengths}", by_seed))
-    seeds = [seed for seed in dict.fromkeys(seed for _, by_seed in columns for seed in by_seed)
-             if sum(seed in by_seed for _, by_seed in columns) > 1]
+        columns.append((f"{method_label(group[0])}, recipe of {run_name(group[0])}: {lengths}", by_data))
+    seeds = [seed for seed in dict.fromkeys(seed for _, by_data in columns for seed in by_data)
+             if sum(seed in by_data for _, by_data in columns) > 1]
     if not seeds:
         return ""
-    lines = ["By seed (the recipes above side by side, for the seeds two or more of them ran): exact match % "
-             "at the lengths each column names, a seed's runs in one recipe separated by ';'", "",
-             "| seed | " + " | ".join(label for label, _ in columns) + " |",
+    lines = ["By seed (the recipes above side by side, for the data seeds two or more of them ran: the same "
+             "training batches and validation sets, where the initial weights differ between recipes whose "
+             "models differ): exact match % at the lengths each column names, a seed's runs in one recipe "
+             "separated by ';', a run initialised from another seed marked (init S)", "",
+             "| data seed | " + " | ".join(label for label, _ in columns) + " |",
              "|" + "---|" * (len(columns) + 1)]
     for seed in seeds:
-        runs = ("; ".join(by_seed.get(seed, [])) or "-" for _, by_seed in columns)
+        runs = ("; ".join(by_data.get(seed, [])) or "-" for _, by_data in columns)
         lines.append("| " + " | ".join([seed, *runs]) + " |")
     return "\n".join(lines) + "\n"
 
