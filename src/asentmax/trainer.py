@@ -256,8 +256,8 @@ LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3)
 # is compiled with that output's stride fixed at the length it was compiled for, and the next length fails
 # `assert_size_stride` (seen with PyTorch 2.11; 2.13's set_tracing_context_output_strides still evaluates the
 # symbolic stride). pad_mm pads where timing both versions on the GPU favours padding, so the crash came and
-# went; with padding forced it came at the third step, and with pad_mm off the same run trained
-# (results/session40_gpu/README.md).
+# went (why it timed so small an mm is open); with padding forced it came at the third step, on the same
+# tensor, and with pad_mm off the same run trained (results/session40_gpu/README.md).
 INDUCTOR_OPTIONS = {"shape_padding": False}
 
 
