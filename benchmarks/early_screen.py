@@ -13,21 +13,16 @@ more at 4x (256 tokens) on validation at step 4,000 of 40,000, and every other A
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
+from asentmax.report import _csv_rows
 from asentmax.runs import EVAL_NAME, VAL_NAME, read_json
 
 
 def validation_at(run_dir: Path, length: int, steps: list[int]) -> list[float | None]:
     """Validation exact match % at `length` tokens at each of `steps` (None where val.csv has no such row)."""
-    found = {}
-    path = run_dir / VAL_NAME
-    if path.is_file():
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if int(row["length"]) == length:
-                    found[int(row["step"])] = 100 * float(row["exact_match"])
+    rows = _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []
+    found = {int(row["step"]): 100 * row["exact_match"] for row in rows if row["length"] == length}
     return [found.get(step) for step in steps]
 
 

@@ -317,22 +317,14 @@ def repeat_table(results: list[dict], stalled: list[dict] = ()) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def batch_seed(record: dict) -> int:
-    """TrainConfig.batch_seed of a run's record: the seed of its training batches and validation sets,
-    --data-seed, or --seed where that is -1 (or the run predates it)."""
-    train_config = record["train_config"]
-    data = train_config.get("data_seed", -1)
-    return train_config["seed"] if data == -1 else data
-
-
 def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
-    """Markdown table of the repeat groups (repeat_groups) side by side by data seed (batch_seed), for the
-    data seeds that two or more of them ran: each run's exact match % at the two longest lengths its group's
-    evaluated runs share (a stopped run: the step it stopped at, in the first group of its recipe only),
-    followed by "(init S)" where its --seed is another. Rows go by the data because that is what runs of one
-    seed share across recipes: models that differ (ASEntmax's temperature projections, entmax without) draw
-    their initial weights from other stretches of the seed's random stream. "" with fewer than two groups or
-    no shared data seed."""
+    """Markdown table of the repeat groups (repeat_groups) side by side by data seed (TrainConfig.batch_seed),
+    for the data seeds that two or more of them ran: each run's exact match % at the two longest lengths its
+    group's evaluated runs share (a stopped run: the step it stopped at, in the first group of its recipe
+    only), followed by "(init S)" where its --seed is another. Rows go by the data because that is what runs
+    of one seed share across recipes: models that differ (ASEntmax's temperature projections, entmax without)
+    draw their initial weights from other stretches of the seed's random stream. "" with fewer than two groups
+    or no shared data seed."""
     groups = repeat_groups(results, stalled)
     if len(groups) < 2:
         return ""
@@ -350,9 +342,10 @@ def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
             else:
                 values = {_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]}
                 text = " / ".join(f"{values[m]:.1f}" for m in shown)
-            init = r["train_config"]["seed"]
-            text += "" if init == batch_seed(r) else f" (init {init})"
-            by_data.setdefault(str(batch_seed(r)), []).append(text)
+            # a grouped record is one TrainConfig reads (_recipe)
+            init, data = r["train_config"]["seed"], TrainConfig.from_dict(r["train_config"]).batch_seed()
+            text += "" if init == data else f" (init {init})"
+            by_data.setdefault(str(data), []).append(text)
         lengths = " / ".join(_column_name(m) for m in shown)
         columns.append((f"{method_label(group[0])}, recipe of {run_name(group[0])}: {lengths}", by_data))
     seeds = [seed for seed in dict.fromkeys(seed for _, by_data in columns for seed in by_data)
