@@ -256,8 +256,11 @@ LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3)
 # is compiled with that output's stride fixed at the length it was compiled for, and the next length fails
 # `assert_size_stride` (seen with PyTorch 2.11; 2.13's set_tracing_context_output_strides still evaluates the
 # symbolic stride). pad_mm pads where timing both versions on the GPU favours padding, so the crash came and
-# went (why it timed so small an mm is open); with padding forced it came at the third step, on the same
-# tensor, and with pad_mm off the same run trained (results/session40_gpu/README.md).
+# went; with padding forced it came at the third step, on the same tensor, and with pad_mm off the same run
+# trained (results/session40_gpu/README.md). It timed so small an mm because its roofline check read the H100's
+# peak as 0.535 TFLOPS, not about 535 (a GPU missing from Inductor's datasheet table gets Triton's estimate, fed
+# the clock in MHz where it wants kHz; upstream PR 196372), so every mm looked compute-bound. Turning pad_mm off
+# cost nothing measurable: 4.98 against 5.01 ms a step (results/session41_gpu/README.md).
 INDUCTOR_OPTIONS = {"shape_padding": False}
 
 
