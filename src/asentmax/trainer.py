@@ -257,11 +257,21 @@ LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3)
 # `assert_size_stride` (seen with PyTorch 2.11; 2.13's set_tracing_context_output_strides still evaluates the
 # symbolic stride). pad_mm pads where timing both versions on the GPU favours padding, so the crash came and
 # went; with padding forced it came at the third step, on the same tensor, and with pad_mm off the same run
-# trained (results/session40_gpu/README.md). It timed so small an mm because its roofline check read the H100's
-# peak as 0.535 TFLOPS, not about 535 (a GPU missing from Inductor's datasheet table gets Triton's estimate, fed
-# the clock in MHz where it wants kHz; upstream PR 196372), so every mm looked compute-bound. Turning pad_mm off
-# cost nothing measurable: 4.98 against 5.01 ms a step (results/session41_gpu/README.md).
+# trained (results/session40_gpu/README.md). It timed so small an mm because its roofline check read the
+# H100's peak as 0.535 TFLOPS, not about 535 (a GPU missing from Inductor's datasheet table gets Triton's
+# estimate, fed the clock in MHz where it wants kHz; upstream PR 196372), so every mm looked compute-bound.
+# Turning pad_mm off cost nothing measurable: 4.98 against 5.01 ms a step (results/session41_gpu/README.md).
 INDUCTOR_OPTIONS = {"shape_padding": False}
+
+
+def initial_model(model_config, seed: int):
+    """The model a run of `seed` starts from: torch's generators seeded with `seed` (train's later draws
+    continue from there), then the model drawn on the CPU, so its weights depend on the seed alone, not on the
+    device it trains on."""
+    from asentmax.nn import Transformer
+
+    torch.manual_seed(seed)
+    return Transformer(model_config)
 
 
 def compiled_for_training(model, backend: str = "inductor", mode: str | None = None):
@@ -699,8 +709,6 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
            checkpoint: dict | None, stop_at_step: int | None, progress: bool,
            initial_weights: tuple[dict, dict] | None) -> dict:
     """train's run (see train), inside its deterministic_algorithms block."""
-    from asentmax.nn import Transformer
-
     run_dir = Path(run_dir)
     train_config.validate()
     workload.check_model(model_config)
@@ -715,8 +723,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     use_bf16 = train_config.amp == "bf16" or (train_config.amp == "auto" and world.device.type == "cuda")
     autocast_dtype = torch.bfloat16 if use_bf16 else None
 
-    torch.manual_seed(train_config.seed)
-    model = Transformer(model_config).to(world.device)
+    model = initial_model(model_config, train_config.seed).to(world.device)
     if initial_weights is not None:
         if checkpoint is not None:
             raise ValueError("initial weights start a new run; a resumed run has its own")
