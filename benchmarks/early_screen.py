@@ -1,13 +1,15 @@
 """Does a run's early validation tell how far it will generalise? Its validation exact match at one length and
 a few early steps (val.csv) beside its test exact match at the end (eval.json), a row per run, sorted by the
-validation at the last step given; a run a stall check stopped has no test and shows what it logged.
+validation at the last step given; a run a stall check stopped has no test and shows what it logged. With
+--loss-below, also the first step at which its training loss (log.csv) fell below each given value.
 
 On Reverse with the paper code's blocks, every ASEntmax run that reached 90 % or more at 4x on test had 6 % or
 more at 4x (256 tokens) on validation at step 4,000 of 40,000, and every other ASEntmax run 2 % or less
-(results/paper/reverse.md, "Fortieth session"): a screen there costs a tenth of a run.
+(results/paper/reverse.md, "Fortieth session" and "Forty-first session"): a screen there costs a tenth of a
+run.
 
     PYTHONPATH=src python benchmarks/early_screen.py results/paper/reverse/*paper_blocks* \
-        --length 256 --steps 2000 4000 6000 --eval-lengths 256 512
+        --length 256 --steps 2000 4000 6000 --eval-lengths 256 512 --loss-below 0.1 0.01
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from asentmax.report import _csv_rows
-from asentmax.runs import EVAL_NAME, VAL_NAME, read_json
+from asentmax.runs import EVAL_NAME, LOG_NAME, VAL_NAME, read_json
 
 
 def validation_at(run_dir: Path, length: int, steps: list[int]) -> list[float | None]:
@@ -35,8 +37,17 @@ def test_at(run_dir: Path, lengths: list[int]) -> list[float | None] | None:
     return [rows.get(length) for length in lengths]
 
 
-def screen_table(run_dirs: list[Path], length: int, steps: list[int], eval_lengths: list[int]) -> str:
-    """The markdown table of the module docstring."""
+def first_steps_below(run_dir: Path, thresholds: list[float]) -> list[int | None]:
+    """The first logged step whose training loss (log.csv) is below each of `thresholds` (None: never)."""
+    rows = _csv_rows(run_dir / LOG_NAME, ("step", "loss")) or []
+    return [next((int(row["step"]) for row in rows if row["loss"] < threshold), None)
+            for threshold in thresholds]
+
+
+def screen_table(run_dirs: list[Path], length: int, steps: list[int], eval_lengths: list[int],
+                 loss_below: list[float] = ()) -> str:
+    """The markdown table of the module docstring, with a column per `loss_below` threshold: the first step
+    whose training loss fell below it."""
     def cell(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
@@ -44,11 +55,13 @@ def screen_table(run_dirs: list[Path], length: int, steps: list[int], eval_lengt
     for run_dir in run_dirs:
         validation, test = validation_at(run_dir, length, steps), test_at(run_dir, eval_lengths)
         tested = " | ".join(cell(v) for v in test) if test else " | ".join(["not tested"] * len(eval_lengths))
-        rows.append((validation[-1] if validation[-1] is not None else -1.0,
-                     f"| {run_dir.name} | " + " | ".join(cell(v) for v in validation) + f" | {tested} |"))
+        below = "".join(f"{'-' if s is None else s} | " for s in first_steps_below(run_dir, list(loss_below)))
+        line = f"| {run_dir.name} | " + " | ".join(cell(v) for v in validation) + f" | {below}{tested} |"
+        rows.append((validation[-1] if validation[-1] is not None else -1.0, line))
     header = ("| run | " + " | ".join(f"validation at {length} tokens, step {s}" for s in steps) + " | "
+              + "".join(f"training loss first below {x:g} at step | " for x in loss_below)
               + " | ".join(f"test at {n} tokens" for n in eval_lengths) + " |")
-    rule = "|---" * (1 + len(steps) + len(eval_lengths)) + "|"
+    rule = "|---" * (1 + len(steps) + len(loss_below) + len(eval_lengths)) + "|"
     return "\n".join([header, rule, *(line for _, line in sorted(rows, key=lambda r: -r[0]))]) + "\n"
 
 
@@ -59,11 +72,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", required=True,
                         help="validation steps; the rows sort by the last")
     parser.add_argument("--eval-lengths", type=int, nargs="+", required=True, help="test lengths in tokens")
+    parser.add_argument("--loss-below", type=float, nargs="+", default=[],
+                        help="training losses: a column each, the first step (log.csv) below it")
     args = parser.parse_args()
     missing = [str(d) for d in args.run_dirs if not (d / VAL_NAME).is_file()]
     if missing:
         raise SystemExit(f"early_screen: no {VAL_NAME} in {', '.join(missing)}")
-    print(screen_table(args.run_dirs, args.length, args.steps, args.eval_lengths), end="")
+    print(screen_table(args.run_dirs, args.length, args.steps, args.eval_lengths, args.loss_below), end="")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """benchmarks/early_screen.py: a run's validation at early steps beside its test at the end, sorted by the
 validation at the last step given; a run without a test (stopped by a stall check) says so, a step val.csv
-lacks is '-', and a directory without val.csv is refused in one line."""
+lacks is '-', and a directory without val.csv is refused in one line; --loss-below adds the first step whose
+training loss fell below each value."""
 
 import json
 import sys
@@ -45,3 +46,18 @@ def test_a_directory_without_validation_is_refused_in_one_line(tmp_path, monkeyp
                                       "--steps", "4000", "--eval-lengths", "256"])
     with pytest.raises(SystemExit, match="early_screen: no val.csv in .*empty"):
         screen.main()
+
+
+def test_loss_columns_give_the_first_step_strictly_below_each_value(tmp_path):
+    screen = load_benchmark("early_screen")
+    run = make_run(tmp_path / "run", {(4000, 256): 0.3}, {256: 0.9})
+    (run / "log.csv").write_text("step,loss,lr\n20,3.6,1e-6\n40,0.1,1e-6\n60,0.05,1e-6\n80,0.2,1e-6\n"
+                                 "100,0.009,1e-6\n")
+    unlogged = make_run(tmp_path / "unlogged", {(4000, 256): 0.0})
+    assert screen.first_steps_below(run, [0.1, 0.01, 1e-4]) == [60, 100, None]  # 0.1 at step 40 is not below
+    lines = screen.screen_table([unlogged, run], 256, [4000], [256], loss_below=[0.1, 1e-4]).splitlines()
+    assert lines[0] == ("| run | validation at 256 tokens, step 4000 | "
+                        "training loss first below 0.1 at step | "
+                        "training loss first below 0.0001 at step | test at 256 tokens |")
+    assert lines[1] == "|---|---|---|---|---|"
+    assert lines[2:] == ["| run | 30.0 | 60 | - | 90.0 |", "| unlogged | 0.0 | - | - | not tested |"]
