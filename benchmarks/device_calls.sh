@@ -8,10 +8,14 @@
 #     eval.json record_runs.py keeps as eval_at_stall.json
 #   OUT=$OUT bash benchmarks/device_calls.sh pack RUN...
 #     carry_checkpoint.py pack of finished runs into $OUT (two 15 MB parts each), for reading heads on the CPU
+#   bash benchmarks/device_calls.sh chimeras
+#     benchmarks/chimera_init.py's four start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
+#     (seed 8's init with seed 1's embedding and head, lower or upper three blocks; seed 1's with seed 8's
+#     embedding and head); run it before their `plan` call on a fresh machine
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-part=${1:?plan, eval or pack}
+part=${1:?plan, eval, pack or chimeras}
 shift
 case $part in
 plan)
@@ -42,8 +46,20 @@ pack)
     done
     ls -la "$OUT"
     ;;
+chimeras)
+    source=results/paper/reverse/asentmax_b128_paper_blocks
+    chimera() {  # NAME BASE DONOR PREFIX...
+        python benchmarks/chimera_init.py "$source" --base-seed "$2" --donor-seed "$3" --from-donor "${@:4}" \
+            --out "runs/chimera/$1.pt" || exit 2
+    }
+    chimera io1_rest8 8 1 embed. head.
+    chimera lower1_rest8 8 1 blocks.0. blocks.1. blocks.2.
+    chimera upper1_rest8 8 1 blocks.3. blocks.4. blocks.5.
+    chimera io8_rest1 1 8 embed. head.
+    exit 0
+    ;;
 *)
-    echo "part must be plan, eval or pack" >&2; exit 2
+    echo "part must be plan, eval, pack or chimeras" >&2; exit 2
     ;;
 esac
 tar czf "$OUT/plan.tgz" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache runs/plan
