@@ -248,10 +248,11 @@ def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[di
 
 
 def seed_label(record: dict) -> str:
-    """A run's seed for the reports: "8", or "8, data 1" where --data-seed set the data apart."""
-    train_config = record["train_config"]
-    data = train_config.get("data_seed", -1)
-    return str(train_config["seed"]) + ("" if data == -1 else f", data {data}")
+    """A run's seed for the reports: "8", or "8, data 1" where its data seed (TrainConfig.batch_seed) is not
+    its init seed."""
+    train_config = TrainConfig.from_dict(record["train_config"])
+    data = train_config.batch_seed()
+    return str(train_config.seed) + ("" if data == train_config.seed else f", data {data}")
 
 
 def _stalled_entry(run: dict) -> dict:
