@@ -4,6 +4,7 @@ runner reproduce_paper.py and plateau_study.py share, names the commands that fa
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,9 +187,15 @@ def test_side_by_side_returns_every_result_and_raises_a_failure():
         side_by_side({"a": lambda: 1, "b": lambda: 1 / 0})
 
 
+CHIMERA_DIR = "runs/chimera/"  # where `bash benchmarks/device_calls.sh chimeras` writes its start checkpoints
+CHIMERA_SOURCE = SCRIPT.parents[1] / "results/paper/reverse/asentmax_b128_paper_blocks"  # the model it reads
+CHIMERAS = set(re.findall(r"^    chimera (\w+) ", (SCRIPT.parent / "device_calls.sh").read_text(), re.M))
+
+
 def test_every_committed_plan_builds_valid_configs(tmp_path):
     from asentmax.cli import _given, _new_run, build_parser
     from asentmax.eval import EvalConfig
+    from asentmax.nn import ModelConfig
     from asentmax.tasks.registry import has_fresh_tables
 
     device_plan = load_device_plan()
@@ -201,13 +208,22 @@ def test_every_committed_plan_builds_valid_configs(tmp_path):
         for name, run in sorted(plan.items(), key=lambda item: item[1]["after"] is not None):
             flags = [flag.replace("{work}", str(tmp_path / path.stem)) for flag in run["train"]]
             init_from = flags.index("--init-from") if "--init-from" in flags else None
-            if init_from is not None:  # the prerequisite's weights: its run dir, a model of the same shape
+            chimera = None
+            if init_from is not None and flags[init_from + 1].startswith(CHIMERA_DIR):
+                chimera = Path(flags[init_from + 1]).stem  # a start that device_calls.sh chimeras writes
+                assert chimera in CHIMERAS, name
+                del flags[init_from:init_from + 2]
+            elif init_from is not None:  # the prerequisite's weights: its run dir, a model of the same shape
                 assert run["after"] and flags[init_from + 1] == str(tmp_path / path.stem / run["after"]), name
                 del flags[init_from:init_from + 2]
             args = parser.parse_args(["train", "--run-dir", str(tmp_path / path.stem / name), *flags])
             workload, train_config, model_config, _ = _new_run(args)  # the trainer's own checks
             models[name] = model_config
-            if init_from is not None:  # the same model, except the normaliser's own fields (a dense start)
+            if chimera is not None:  # the model of the run whose config chimera_init reads
+                source = ModelConfig.from_dict(json.loads((CHIMERA_SOURCE / "config.json").read_text())
+                                               ["model_config"])
+                assert not model_config.init_from_differences(source), name
+            elif init_from is not None:  # the same model, except the normaliser's own fields (a dense start)
                 source = models[run["after"]]
                 assert not model_config.init_from_differences(source), name
                 assert model_config.attention_backend == source.attention_backend, name
