@@ -2,9 +2,10 @@
 one recipe that differ in their init seed, this rebuilds each seed's initial model on the CPU (exactly as
 `asentmax train` draws it: asentmax.trainer.initial_model) and measures it before any training:
 
-- per layer and head, at the answer queries of a teacher-forced pass over the run's own validation set at each
-  --multipliers length (asentmax.eval.answer_dispersion): the support size (keys with p > 0) and theta, the
-  inverse temperature (ASEntmax's delta + beta log(n + 1)^gamma, arXiv:2506.16640, section 2);
+- per layer and head, at the answer queries of a teacher-forced pass over the first --samples of the run's own
+  validation set at each --multipliers length (asentmax.eval.answer_dispersion): the support size (keys with
+  p > 0) and theta, the inverse temperature (ASEntmax's delta + beta log(n + 1)^gamma, arXiv:2506.16640,
+  section 2);
 - the mean cross-entropy there, and the gradient norm of every parameter tensor at the first of those lengths.
 
 Each seed's outcome is whether its validation exact match at --label-length tokens and step --label-step
