@@ -188,8 +188,10 @@ def test_side_by_side_returns_every_result_and_raises_a_failure():
 
 
 CHIMERA_DIR = "runs/chimera/"  # where `bash benchmarks/device_calls.sh chimeras` writes its start checkpoints
-CHIMERA_SOURCE = SCRIPT.parents[1] / "results/paper/reverse/asentmax_b128_paper_blocks"  # the model it reads
-CHIMERAS = set(re.findall(r"^    chimera (\w+) ", (SCRIPT.parent / "device_calls.sh").read_text(), re.M))
+DEVICE_CALLS = (SCRIPT.parent / "device_calls.sh").read_text()
+CHIMERAS = set(re.findall(r"^    chimera (\w+) ", DEVICE_CALLS, re.M))  # the starts it writes
+# the run whose model they take
+CHIMERA_SOURCE = SCRIPT.parents[1] / re.search(r"^    source=(\S+)$", DEVICE_CALLS, re.M).group(1)
 
 
 def test_every_committed_plan_builds_valid_configs(tmp_path):

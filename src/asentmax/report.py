@@ -247,12 +247,16 @@ def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[di
     return [group for group in groups.values() if len(group) > 1]
 
 
-def seed_label(record: dict) -> str:
-    """A run's seed for the reports: "8", or "8, data 1" where its data seed (TrainConfig.batch_seed) is not
-    its init seed."""
+def init_and_data_seeds(record: dict) -> tuple[int, int]:
+    """A run's init seed (--seed) and data seed (TrainConfig.batch_seed)."""
     train_config = TrainConfig.from_dict(record["train_config"])
-    data = train_config.batch_seed()
-    return str(train_config.seed) + ("" if data == train_config.seed else f", data {data}")
+    return train_config.seed, train_config.batch_seed()
+
+
+def seed_label(record: dict) -> str:
+    """A run's seed for the reports: "8", or "8, data 1" where its data seed is not its init seed."""
+    init, data = init_and_data_seeds(record)
+    return str(init) + ("" if data == init else f", data {data}")
 
 
 def _stalled_entry(run: dict) -> dict:
@@ -343,8 +347,7 @@ def seed_table(results: list[dict], stalled: list[dict] = ()) -> str:
             else:
                 values = {_multiplier(row, r): 100 * row["exact_match"] for row in r["rows"]}
                 text = " / ".join(f"{values[m]:.1f}" for m in shown)
-            # a grouped record is one TrainConfig reads (_recipe)
-            init, data = r["train_config"]["seed"], TrainConfig.from_dict(r["train_config"]).batch_seed()
+            init, data = init_and_data_seeds(r)
             text += "" if init == data else f" (init {init})"
             by_data.setdefault(str(data), []).append(text)
         lengths = " / ".join(_column_name(m) for m in shown)
