@@ -9,9 +9,10 @@
 #   OUT=$OUT bash benchmarks/device_calls.sh pack RUN...
 #     carry_checkpoint.py pack of finished runs into $OUT (two 15 MB parts each), for reading heads on the CPU
 #   bash benchmarks/device_calls.sh chimeras
-#     benchmarks/chimera_init.py's four start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
-#     (seed 8's init with seed 1's embedding and head, lower or upper three blocks; seed 1's with seed 8's
-#     embedding and head); run it before their `plan` call on a fresh machine
+#     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
+#     (seed 8's init with seed 1's embedding and head, lower or upper three blocks, or embedding, head and either
+#     half; seed 1's with seed 8's embedding, head or both; seed 1's own as a control); run it before their
+#     `plan` call on a fresh machine
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -56,6 +57,11 @@ chimeras)
     chimera lower1_rest8 8 1 blocks.0. blocks.1. blocks.2.
     chimera upper1_rest8 8 1 blocks.3. blocks.4. blocks.5.
     chimera io8_rest1 1 8 embed. head.
+    chimera control1 1 1 embed. head.  # seed 1's own init, through chimera_init and --init-from
+    chimera embed8_rest1 1 8 embed.
+    chimera head8_rest1 1 8 head.
+    chimera io1_lower1_rest8 8 1 embed. head. blocks.0. blocks.1. blocks.2.
+    chimera io1_upper1_rest8 8 1 embed. head. blocks.3. blocks.4. blocks.5.
     exit 0
     ;;
 *)
