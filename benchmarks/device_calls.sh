@@ -11,7 +11,7 @@
 #   bash benchmarks/device_calls.sh chimeras
 #     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
 #     (seed 8's init with seed 1's embedding and head, lower or upper three blocks, or embedding, head and either
-#     half; seed 1's with seed 8's embedding, head or both; seed 1's own as a control); run it before their
+#     half or one block; seed 1's with seed 8's embedding, head or both; seed 1's own as a control); run it before their
 #     `plan` call on a fresh machine
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
@@ -62,6 +62,12 @@ chimeras)
     chimera head8_rest1 1 8 head.
     chimera io1_lower1_rest8 8 1 embed. head. blocks.0. blocks.1. blocks.2.
     chimera io1_upper1_rest8 8 1 embed. head. blocks.3. blocks.4. blocks.5.
+    chimera io1_block0_rest8 8 1 embed. head. blocks.0.
+    chimera io1_block1_rest8 8 1 embed. head. blocks.1.
+    chimera io1_block2_rest8 8 1 embed. head. blocks.2.
+    chimera io1_block3_rest8 8 1 embed. head. blocks.3.
+    chimera io1_block4_rest8 8 1 embed. head. blocks.4.
+    chimera io1_block5_rest8 8 1 embed. head. blocks.5.
     exit 0
     ;;
 *)
