@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asentmax.report import _csv_rows
-from asentmax.runs import EVAL_NAME, LOG_NAME, VAL_NAME, read_json
+from asentmax.runs import EVAL_NAME, VAL_NAME, read_json, training_loss, validation_exact_match
 
 
 def validation_at(run_dir: Path, length: int, steps: list[int]) -> list[float | None]:
     """Validation exact match % at `length` tokens at each of `steps` (None where val.csv has no such row)."""
-    rows = _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []
-    found = {int(row["step"]): 100 * row["exact_match"] for row in rows if row["length"] == length}
-    return [found.get(step) for step in steps]
+    found = validation_exact_match(run_dir)
+    return [None if (step, length) not in found else 100 * found[step, length] for step in steps]
 
 
 def test_at(run_dir: Path, lengths: list[int]) -> list[float | None] | None:
@@ -39,9 +37,8 @@ def test_at(run_dir: Path, lengths: list[int]) -> list[float | None] | None:
 
 def first_steps_below(run_dir: Path, thresholds: list[float]) -> list[int | None]:
     """The first logged step whose training loss (log.csv) is below each of `thresholds` (None: never)."""
-    rows = _csv_rows(run_dir / LOG_NAME, ("step", "loss")) or []
-    return [next((int(row["step"]) for row in rows if row["loss"] < threshold), None)
-            for threshold in thresholds]
+    log = training_loss(run_dir)
+    return [next((step for step, loss in log if loss < threshold), None) for threshold in thresholds]
 
 
 def screen_table(run_dirs: list[Path], length: int, steps: list[int], eval_lengths: list[int],

@@ -39,8 +39,15 @@ import torch.nn.functional as F
 from asentmax.data import IGNORE_INDEX, collate
 from asentmax.eval import answer_dispersion
 from asentmax.nn import ModelConfig
-from asentmax.report import _csv_rows
-from asentmax.runs import CONFIG_NAME, EVAL_NAME, VAL_NAME, read_json, write_json, write_text
+from asentmax.runs import (
+    CONFIG_NAME,
+    EVAL_NAME,
+    VAL_NAME,
+    read_json,
+    validation_exact_match,
+    write_json,
+    write_text,
+)
 from asentmax.tasks import make_eval_set
 from asentmax.train import workload_from_dict
 from asentmax.trainer import TrainConfig, initial_model
@@ -103,16 +110,15 @@ def read_runs(run_dirs: list[Path], label_step: int, label_length: int) -> list[
         elif this != recipe[0]:
             raise ProbeError(f"{run_dir} has another model or workload than {recipe[1]}: "
                              "give runs of one recipe")
-        rows = _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []
-        screen = [r["exact_match"] for r in rows if r["step"] == label_step and r["length"] == label_length]
-        if not screen:
+        screen = validation_exact_match(run_dir).get((label_step, label_length))
+        if screen is None:
             raise ProbeError(f"{run_dir / VAL_NAME} has no validation at step {label_step}, "
                              f"length {label_length}")
         train_config = TrainConfig.from_dict(config["train_config"])
         test = read_json(run_dir / f"{EVAL_NAME}.json", "evaluation")["rows"] \
             if (run_dir / f"{EVAL_NAME}.json").is_file() else None
         records.setdefault(train_config.seed, {"run": run_dir.name, "seed": train_config.seed,
-                                               "data_seed": train_config.batch_seed(), "screen": screen[0],
+                                               "data_seed": train_config.batch_seed(), "screen": screen,
                                                "test": test, "config": config})
     return sorted(records.values(), key=lambda r: r["seed"])
 

@@ -23,7 +23,6 @@ median curve in a band from the lowest run to the highest), after every eval.jso
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from dataclasses import asdict, fields
@@ -36,8 +35,6 @@ from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.positions import scaled_head_count
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.runs import (
-    LOG_NAME,
-    VAL_NAME,
     RunError,
     format_multiplier,
     load_evaluation,
@@ -48,6 +45,8 @@ from asentmax.runs import (
     saved_layout,
     stall_reason,
     stalled_unevaluated,
+    training_loss,
+    validation_exact_match,
     write_json,
 )
 from asentmax.tasks.registry import eval_multipliers, get_task
@@ -552,21 +551,6 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     return True
 
 
-def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict] | None:
-    """Rows of a run's CSV log with `columns` as floats, or None when the file is missing, lacks a column
-    or holds a row that is not numbers (a log of another tool, a truncated file)."""
-    if not path.is_file():
-        return None
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or not set(columns) <= set(reader.fieldnames):
-            return None
-        try:
-            return [{name: float(row[name]) for name in columns} for row in reader]
-        except (TypeError, ValueError):
-            return None
-
-
 def training_curves(result: dict) -> dict | None:
     """{"samples", "loss"} of the run's training log and {"validation": {length: (samples, exact match)}} of
     its validation log (samples at a logged step: runs.samples_trained, as in samples_seen), or None when its
@@ -574,18 +558,18 @@ def training_curves(result: dict) -> dict | None:
     run_dir = Path(result["run_dir"])
     train_config, prior = result["train_config"], result.get("prior_samples", 0)
 
-    def samples(row):
-        return samples_trained(int(row["step"]), train_config, prior)
+    def samples(step):
+        return samples_trained(step, train_config, prior)
 
-    log = _csv_rows(run_dir / LOG_NAME, ("step", "loss"))
+    log = training_loss(run_dir)
     if not log:
         return None
     validation = {}
-    for row in _csv_rows(run_dir / VAL_NAME, ("step", "length", "exact_match")) or []:
-        at_length, matches = validation.setdefault(int(row["length"]), ([], []))
-        at_length.append(samples(row))
-        matches.append(row["exact_match"])
-    return {"samples": [samples(row) for row in log], "loss": [row["loss"] for row in log],
+    for (step, length), exact_match in validation_exact_match(run_dir).items():
+        at_length, matches = validation.setdefault(length, ([], []))
+        at_length.append(samples(step))
+        matches.append(exact_match)
+    return {"samples": [samples(step) for step, _ in log], "loss": [loss for _, loss in log],
             "validation": validation}
 
 

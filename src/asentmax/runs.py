@@ -18,6 +18,8 @@ tensors and lists (numpy's and python's own state objects are converted on the w
 `load_evaluation` reads an eval.json back (for `asentmax compare` and a continued `asentmax eval`) and
 checks that it is shaped like what asentmax.eval writes; `load_stalled` reads a run that a stall check ended
 (config.json and stalled.json), which `asentmax compare` counts beside the evaluated runs of its recipe.
+`training_loss` and `validation_exact_match` read log.csv and val.csv back (compare's training plot, the
+benchmarks that screen runs by their early validation).
 
 `RunError` is the one exception for a run directory a user can damage (a missing, truncated or foreign
 checkpoint; an unreadable config.json or eval.json): its message is one line naming the file and what to do.
@@ -25,6 +27,7 @@ checkpoint; an unreadable config.json or eval.json): its message is one line nam
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -123,6 +126,34 @@ def read_json(path: Path | str, what: str = "file") -> dict:
 
 
 # ---- the state of a run directory ----
+
+def _csv_rows(path: Path, columns: tuple[str, ...]) -> list[dict] | None:
+    """Rows of a run's CSV log with `columns` as floats, or None when the file is missing, lacks a column
+    or holds a row that is not numbers (a log of another tool, a truncated file)."""
+    if not path.is_file():
+        return None
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or not set(columns) <= set(reader.fieldnames):
+            return None
+        try:
+            return [{name: float(row[name]) for name in columns} for row in reader]
+        except (TypeError, ValueError):
+            return None
+
+
+def training_loss(run_dir: Path | str) -> list[tuple[int, float]]:
+    """[(step, loss)] of a run's log.csv in its order; [] where it has none that can be read."""
+    rows = _csv_rows(Path(run_dir) / LOG_NAME, ("step", "loss")) or []
+    return [(int(row["step"]), row["loss"]) for row in rows]
+
+
+def validation_exact_match(run_dir: Path | str) -> dict[tuple[int, int], float]:
+    """{(step, length): exact match (0-1)} of a run's val.csv in its order; {} where it has none that can be
+    read."""
+    rows = _csv_rows(Path(run_dir) / VAL_NAME, ("step", "length", "exact_match")) or []
+    return {(int(row["step"]), int(row["length"])): row["exact_match"] for row in rows}
+
 
 def restartable(run_dir: Path | str) -> bool:
     """True for a run directory without a checkpoint that holds only what a run writes before its first
