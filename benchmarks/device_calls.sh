@@ -3,6 +3,10 @@
 # give them; chain the calls while the machine is warm, since runs/plan lives only on it:
 #   OUT=$OUT bash benchmarks/device_calls.sh plan SECONDS RUN... [--continuing]
 #     device_plan.py with the named runs side by side for SECONDS (runs a stall check stopped stay stopped)
+#   OUT=$OUT bash benchmarks/device_calls.sh screens SECONDS RUN...
+#     the same in a --work of their own (runs/screens; $OUT/screens_plan.log, $OUT/screens.tgz), to run with `&`
+#     beside a `plan` part with a longer window: short screens (runs whose readout is an early validation) share a
+#     call with long runs, and no screen outlives its own window
 #   OUT=$OUT bash benchmarks/device_calls.sh eval RUN...
 #     `asentmax eval` (300 samples a length) of runs a stall check stopped: their last checkpoint, whose
 #     eval.json record_runs.py keeps as eval_at_stall.json
@@ -16,7 +20,7 @@
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-part=${1:?plan, eval, pack or chimeras}
+part=${1:?plan, screens, eval, pack or chimeras}
 shift
 case $part in
 plan)
@@ -32,6 +36,15 @@ plan)
                 '/^\| [0-9]+ \| [0-9.]+x \|/ {gsub(/ /, "", $3); gsub(/ /, "", $4); printf "%s %s  ", $3, $4}' "$table")"
         done
     done
+    ;;
+screens)
+    seconds=${1:?SECONDS}
+    shift
+    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/screens \
+        --seconds "$seconds" --runs "$@" > "$OUT/screens_plan.log" 2>&1
+    tail -14 "$OUT/screens_plan.log"
+    tar czf "$OUT/screens.tgz" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache runs/screens
+    exit 0  # the `plan` part beside it ends the call's processes
     ;;
 eval)
     for run in "$@"; do
@@ -71,7 +84,7 @@ chimeras)
     exit 0
     ;;
 *)
-    echo "part must be plan, eval, pack or chimeras" >&2; exit 2
+    echo "part must be plan, screens, eval, pack or chimeras" >&2; exit 2
     ;;
 esac
 tar czf "$OUT/plan.tgz" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache runs/plan
