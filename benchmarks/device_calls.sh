@@ -15,7 +15,8 @@
 #   bash benchmarks/device_calls.sh chimeras
 #     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
 #     (seed 8's init with seed 1's embedding and head, lower or upper three blocks, or embedding, head and either
-#     half or one block; seed 1's with seed 8's embedding, head or both; seed 1's own as a control); run it before their
+#     half or one block; seed 1's with seed 8's embedding, head or both, or the embedding rows of the special tokens
+#     or of the symbols; seed 1's own as a control); run it before their
 #     `plan` call on a fresh machine
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
@@ -62,8 +63,9 @@ pack)
     ;;
 chimeras)
     source=results/paper/reverse/asentmax_b128_paper_blocks
-    chimera() {  # NAME BASE DONOR PREFIX...
-        python benchmarks/chimera_init.py "$source" --base-seed "$2" --donor-seed "$3" --from-donor "${@:4}" \
+    chimera() {  # NAME BASE DONOR PREFIX... | NAME BASE DONOR --donor-embedding-tokens TOKEN...
+        if [ "$4" = --donor-embedding-tokens ]; then from=("${@:4}"); else from=(--from-donor "${@:4}"); fi
+        python benchmarks/chimera_init.py "$source" --base-seed "$2" --donor-seed "$3" "${from[@]}" \
             --out "runs/chimera/$1.pt" || exit 2
     }
     chimera io1_rest8 8 1 embed. head.
@@ -81,6 +83,8 @@ chimeras)
     chimera io1_block3_rest8 8 1 embed. head. blocks.3.
     chimera io1_block4_rest8 8 1 embed. head. blocks.4.
     chimera io1_block5_rest8 8 1 embed. head. blocks.5.
+    chimera special8_rest1 1 8 --donor-embedding-tokens 0 1 2 3  # <pad> <bos> <sep> <eos>
+    chimera symbols8_rest1 1 8 --donor-embedding-tokens $(seq 4 35)  # the 32 symbols
     exit 0
     ;;
 *)
