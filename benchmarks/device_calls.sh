@@ -6,7 +6,7 @@
 #   OUT=$OUT bash benchmarks/device_calls.sh screens SECONDS RUN...
 #     the same in a --work of their own (runs/screens; $OUT/screens_plan.log, $OUT/screens.tgz), to run with `&`
 #     beside a `plan` part with a longer window: short screens (runs whose readout is an early validation) share a
-#     call with long runs, and no screen outlives its own window
+#     call with long runs, and no screen outlives its own window (a plan part that ends first stops them)
 #   OUT=$OUT bash benchmarks/device_calls.sh eval RUN...
 #     `asentmax eval` (300 samples a length) of runs a stall check stopped: their last checkpoint, whose
 #     eval.json record_runs.py keeps as eval_at_stall.json
@@ -23,13 +23,18 @@ set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 part=${1:?plan, screens, eval, pack or chimeras}
 shift
+side_by_side() {  # WORK LOG SECONDS RUN...: device_plan.py, its printed states into $OUT/LOG
+    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work "$1" --seconds "${3:?SECONDS}" \
+        --runs "${@:4}" > "$OUT/$2" 2>&1
+    tail -14 "$OUT/$2"
+}
+without_weights() {  # TGZ WORK: WORK without weights, caches and tensorboard into $OUT/TGZ
+    tar czf "$OUT/$1" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache "$2"
+}
 case $part in
 plan)
-    seconds=${1:?SECONDS}
+    side_by_side runs/plan device_plan.log "$@"
     shift
-    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/plan \
-        --seconds "$seconds" --runs "$@" > "$OUT/device_plan.log" 2>&1
-    tail -14 "$OUT/device_plan.log"
     # each evaluated run's exact match per length, to choose the next call while the machine is warm
     for run in "$@"; do
         for table in runs/plan/"$run"/eval*.md; do
@@ -39,12 +44,8 @@ plan)
     done
     ;;
 screens)
-    seconds=${1:?SECONDS}
-    shift
-    python benchmarks/device_plan.py benchmarks/plans/issue15_b128.json --work runs/screens \
-        --seconds "$seconds" --runs "$@" > "$OUT/screens_plan.log" 2>&1
-    tail -14 "$OUT/screens_plan.log"
-    tar czf "$OUT/screens.tgz" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache runs/screens
+    side_by_side runs/screens screens_plan.log "$@"
+    without_weights screens.tgz runs/screens
     exit 0  # the `plan` part beside it ends the call's processes
     ;;
 eval)
@@ -91,6 +92,6 @@ chimeras)
     echo "part must be plan, screens, eval, pack or chimeras" >&2; exit 2
     ;;
 esac
-tar czf "$OUT/plan.tgz" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache runs/plan
+without_weights plan.tgz runs/plan
 # a timed-out step's children must not outlive the call; patterns that cannot match this shell's command line
 pkill -f -- "-m asentmax (train|eval)"; pkill -x nvidia-smi; true
