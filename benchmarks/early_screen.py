@@ -17,7 +17,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from asentmax.runs import EVAL_NAME, VAL_NAME, read_json, training_loss, validation_exact_match
+from asentmax.runs import (
+    EVAL_NAME,
+    VAL_NAME,
+    RunError,
+    load_evaluation,
+    training_loss,
+    validation_exact_match,
+)
 
 
 def validation_at(run_dir: Path, length: int, steps: list[int]) -> list[float | None]:
@@ -27,11 +34,11 @@ def validation_at(run_dir: Path, length: int, steps: list[int]) -> list[float | 
 
 
 def test_at(run_dir: Path, lengths: list[int]) -> list[float | None] | None:
-    """eval.json's exact match % at each of `lengths` (None for a length it lacks); None without eval.json."""
-    path = run_dir / f"{EVAL_NAME}.json"
-    if not path.is_file():
+    """eval.json's exact match % at each of `lengths` (None for a length it lacks); None without eval.json;
+    RunError for one that is not an asentmax evaluation."""
+    if not (run_dir / f"{EVAL_NAME}.json").is_file():
         return None
-    rows = {row["length"]: 100 * row["exact_match"] for row in read_json(path, "evaluation")["rows"]}
+    rows = {row["length"]: 100 * row["exact_match"] for row in load_evaluation(run_dir)["rows"]}
     return [rows.get(length) for length in lengths]
 
 
@@ -75,7 +82,11 @@ def main() -> None:
     missing = [str(d) for d in args.run_dirs if not (d / VAL_NAME).is_file()]
     if missing:
         raise SystemExit(f"early_screen: no {VAL_NAME} in {', '.join(missing)}")
-    print(screen_table(args.run_dirs, args.length, args.steps, args.eval_lengths, args.loss_below), end="")
+    try:
+        table = screen_table(args.run_dirs, args.length, args.steps, args.eval_lengths, args.loss_below)
+    except RunError as error:
+        raise SystemExit(f"early_screen: {error}") from None
+    print(table, end="")
 
 
 if __name__ == "__main__":

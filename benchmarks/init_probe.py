@@ -9,12 +9,13 @@ one recipe that differ in their init seed, this rebuilds each seed's initial mod
 - the mean cross-entropy there, and the gradient norm of every parameter tensor at the first of those lengths.
 
 Each seed's outcome is whether its validation exact match at --label-length tokens and step --label-step
-(val.csv) reached --screen-score: on Reverse that step-4,000 screen separated every run that reached 90 % at
-4x from every other (results/paper/reverse.md). Each measurement's AUC (how often a kept seed measures above a
-stopped one) is computed on the seeds below --held-out-from and, as a check, on the seeds from it. The
-permutation line gives the best |AUC - 0.5| that labels shuffled among the first group reach over all
-measurements (its 95th percentile over --permutations shuffles): only a measurement above it, and holding on
-the second group, says more than the number of measurements tried.
+(val.csv) reached --screen-score: on Reverse every tested run that passed that step-4,000 screen reached 85 %
+or more at 4x, every other 75 % or less (results/paper/reverse.md, benchmarks/early_screen.py). Each
+measurement's AUC (how often a kept seed measures above a stopped one) is computed on the seeds below
+--held-out-from and, as a check, on the seeds from it. The permutation line gives the best |AUC - 0.5| that
+labels shuffled among the first group reach over all measurements (its 95th percentile over --permutations
+shuffles): only a measurement above it, and holding on the second group, says more than the number of
+measurements tried.
 
     PYTHONPATH=src python benchmarks/init_probe.py results/paper/reverse/asentmax_b128_paper_blocks \\
         results/paper/reverse/asentmax_b128_paper_blocks_seed{0,2,3,7,8,10} \\
@@ -43,6 +44,8 @@ from asentmax.runs import (
     CONFIG_NAME,
     EVAL_NAME,
     VAL_NAME,
+    RunError,
+    load_evaluation,
     read_json,
     validation_exact_match,
     write_json,
@@ -115,8 +118,7 @@ def read_runs(run_dirs: list[Path], label_step: int, label_length: int) -> list[
             raise ProbeError(f"{run_dir / VAL_NAME} has no validation at step {label_step}, "
                              f"length {label_length}")
         train_config = TrainConfig.from_dict(config["train_config"])
-        test = read_json(run_dir / f"{EVAL_NAME}.json", "evaluation")["rows"] \
-            if (run_dir / f"{EVAL_NAME}.json").is_file() else None
+        test = load_evaluation(run_dir)["rows"] if (run_dir / f"{EVAL_NAME}.json").is_file() else None
         records.setdefault(train_config.seed, {"run": run_dir.name, "seed": train_config.seed,
                                                "data_seed": train_config.batch_seed(), "screen": screen,
                                                "test": test, "config": config})
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         label = f"validation % at {args.label_length} tokens, step {args.label_step}"
         text, data = report(records, measurements, args.held_out_from, args.permutations, label,
                             args.screen_score, args.top)
-    except ProbeError as error:
+    except (ProbeError, RunError) as error:
         print(f"init_probe: error: {error}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)

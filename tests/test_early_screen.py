@@ -1,7 +1,7 @@
 """benchmarks/early_screen.py: a run's validation at early steps beside its test at the end, sorted by the
 validation at the last step given; a run without a test (stopped by a stall check) says so, a step val.csv
-lacks is '-', and a directory without val.csv is refused in one line; --loss-below adds the first step whose
-training loss fell below each value."""
+lacks is '-', and a directory without val.csv, or with an eval.json that is not an evaluation, is refused in
+one line; --loss-below adds the first step whose training loss fell below each value."""
 
 import json
 import sys
@@ -17,9 +17,11 @@ def make_run(path, validation: dict, test: dict | None = None):
     lines = ["step,length,exact_match,token_accuracy"]
     lines += [f"{step},{length},{value},0.5" for (step, length), value in validation.items()]
     (path / "val.csv").write_text("\n".join(lines) + "\n")
-    if test is not None:
-        rows = [{"length": length, "exact_match": value} for length, value in test.items()]
-        (path / "eval.json").write_text(json.dumps({"rows": rows}))
+    if test is not None:  # shaped like what `asentmax eval` writes (runs.load_evaluation checks it)
+        rows = [{"length": length, "n": 300, "n_exact": round(300 * value), "exact_match": value,
+                 "token_accuracy": value, "ci_low": 0.0, "ci_high": 1.0} for length, value in test.items()]
+        (path / "eval.json").write_text(json.dumps({"task": "reverse", "run_dir": str(path), "id_length": 64,
+                                                    "model_config": {"attention": "asentmax"}, "rows": rows}))
     return path
 
 
@@ -45,6 +47,16 @@ def test_a_directory_without_validation_is_refused_in_one_line(tmp_path, monkeyp
     monkeypatch.setattr(sys, "argv", ["early_screen.py", str(tmp_path / "empty"), "--length", "256",
                                       "--steps", "4000", "--eval-lengths", "256"])
     with pytest.raises(SystemExit, match="early_screen: no val.csv in .*empty"):
+        screen.main()
+
+
+def test_an_eval_json_that_is_not_an_evaluation_is_refused_in_one_line(tmp_path, monkeypatch):
+    screen = load_benchmark("early_screen")
+    run = make_run(tmp_path / "run", {(4000, 256): 0.3}, {256: 0.9})
+    (run / "eval.json").write_text(json.dumps({"rows": [{"length": 256, "exact_match": 0.9}]}))
+    monkeypatch.setattr(sys, "argv", ["early_screen.py", str(run), "--length", "256", "--steps", "4000",
+                                      "--eval-lengths", "256"])
+    with pytest.raises(SystemExit, match=r"^early_screen: .*eval\.json is not an asentmax evaluation"):
         screen.main()
 
 
