@@ -5,8 +5,9 @@
 #     device_plan.py with the named runs side by side for SECONDS (runs a stall check stopped stay stopped)
 #   OUT=$OUT bash benchmarks/device_calls.sh screens SECONDS RUN...
 #     the same in a --work of their own (runs/screens; $OUT/screens_plan.log, $OUT/screens.tgz), to run with `&`
-#     beside a `plan` part with a longer window: short screens (runs whose readout is an early validation) share a
-#     call with long runs, and no screen outlives its own window (a plan part that ends first stops them)
+#     beside a `plan` part, then `wait`: short screens (runs whose readout is an early validation) share a call
+#     with long runs; each part stops only its own leftover processes, so a plan part that ends first leaves the
+#     screens to their window (before the forty-third session it stopped them)
 #   OUT=$OUT bash benchmarks/device_calls.sh eval RUN...
 #     `asentmax eval` (300 samples a length) of runs a stall check stopped: their last checkpoint, whose
 #     eval.json record_runs.py keeps as eval_at_stall.json
@@ -31,6 +32,10 @@ side_by_side() {  # WORK LOG SECONDS RUN...: device_plan.py, its printed states 
 without_weights() {  # TGZ WORK: WORK without weights, caches and tensorboard into $OUT/TGZ
     tar czf "$OUT/$1" --exclude='*.pt' --exclude=tensorboard --exclude=.compile_cache "$2"
 }
+stop_leftovers() {  # WORK: a timed-out step's processes of WORK's runs must not outlive the call (a pattern that
+    # cannot match this shell's command line); the runs of another part's --work go on
+    pkill -f -- "-m asentmax (train --run-dir |eval )$1/"; true
+}
 case $part in
 plan)
     side_by_side runs/plan device_plan.log "$@"
@@ -46,7 +51,8 @@ plan)
 screens)
     side_by_side runs/screens screens_plan.log "$@"
     without_weights screens.tgz runs/screens
-    exit 0  # the `plan` part beside it ends the call's processes
+    stop_leftovers runs/screens
+    exit 0
     ;;
 eval)
     for run in "$@"; do
@@ -93,5 +99,5 @@ chimeras)
     ;;
 esac
 without_weights plan.tgz runs/plan
-# a timed-out step's children must not outlive the call; patterns that cannot match this shell's command line
-pkill -f -- "-m asentmax (train|eval)"; pkill -x nvidia-smi; true
+stop_leftovers runs/plan
+pkill -x nvidia-smi; true
