@@ -44,6 +44,14 @@ BAD = [
     (dict(gamma_range=0.0), "gamma_range must be > 0"),
     (dict(attention="ssmax", ssmax_form="plain", ssmax_s_init=0.0),
      "plain-form SSMax needs ssmax_s_init > 0"),
+    (dict(asentmax_beta_init=0.0), "asentmax_beta_init must be in (0, 100]"),
+    (dict(asentmax_beta_init=-1.0), "asentmax_beta_init must be in (0, 100]"),
+    (dict(asentmax_beta_init=float("nan")), "asentmax_beta_init must be in (0, 100]"),
+    (dict(asentmax_beta_init=1000.0), "asentmax_beta_init must be in (0, 100]"),
+    (dict(asentmax_gamma_init=2.0), "asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-2, 2)"),
+    (dict(asentmax_gamma_init=-1.5, gamma_range=1.0),
+     "asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-1, 1)"),
+    (dict(asentmax_gamma_init=float("nan")), "asentmax_gamma_init must be inside"),
 ]
 
 
@@ -163,8 +171,40 @@ def test_initialisation_choices():
     assert t_ref.beta_proj.weight.abs().max() > 0 and t_ref.beta_proj.bias.eq(0).all()
     theta = t_zero(torch.randn(1, 3, 16), torch.tensor([[1, 2, 3]]))  # 1 + log 2 * log(n+1)^0
     torch.testing.assert_close(theta, torch.full_like(theta, 1 + math.log(2)))
+    assert t_zero.beta_proj.bias.eq(0).all() and t_zero.gamma_proj.bias.eq(0).all()  # the default: exactly 0
     ssmax = Transformer(ModelConfig(**small, attention="ssmax", ssmax_form="plain"))
     assert ssmax.blocks[0].attn.temperature.s.tolist() == pytest.approx([1 / math.log(65)])  # 1 NoPE head
+
+
+@pytest.mark.parametrize("beta_init, gamma_init, gamma_range", [(1.0, 1.0, 2.0), (0.05, -0.7, 1.0),
+                                                                (30.0, 1.9, 2.0), (None, 0.4, 0.5)])
+@pytest.mark.parametrize("init", ["zero", "normal"])
+def test_initial_beta_and_gamma_set_the_biases(beta_init, gamma_init, gamma_range, init, request):
+    """beta = softplus(w.x + b_beta) and gamma = gamma_range tanh(w.x + b_gamma) start at the configured values
+    where w.x = 0: with zero weights theta = 1 + beta_init log(n+1)^gamma_init at every query (fp64 closed
+    form); normal weights keep their draw and only the biases move."""
+    config = ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init, asentmax_beta_init=beta_init,
+                         asentmax_gamma_init=gamma_init, gamma_range=gamma_range)
+    torch.set_default_dtype(torch.float64)  # parameters made in fp64: the biases as set, not rounded to fp32
+    request.addfinalizer(lambda: torch.set_default_dtype(torch.float32))
+    torch.manual_seed(0)
+    temperature = Transformer(config).blocks[0].attn.temperature
+    assert temperature.beta_proj.bias.dtype == torch.float64
+    beta = torch.nn.functional.softplus(temperature.beta_proj.bias)
+    gamma = gamma_range * torch.tanh(temperature.gamma_proj.bias)
+    expected_beta = math.log(2) if beta_init is None else beta_init
+    torch.testing.assert_close(beta, torch.full_like(beta, expected_beta), rtol=1e-12, atol=0)
+    torch.testing.assert_close(gamma, torch.full_like(gamma, gamma_init), rtol=1e-12, atol=1e-15)
+    n_keys = torch.tensor([[1, 2, 5, 64, 4096]])
+    theta = temperature(torch.zeros(1, 5, 16, dtype=torch.float64), n_keys)  # w.x = 0 whatever the weights
+    closed = 1 + expected_beta * torch.log(n_keys.double() + 1) ** gamma_init
+    torch.testing.assert_close(theta[:, 2:], closed[:, None].expand(1, 2, 5), rtol=1e-12, atol=0)
+    assert theta[:, :2].eq(1).all()  # the ALiBi heads of NAPE
+    if init == "normal":
+        torch.manual_seed(0)
+        default = Transformer(ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init,
+                                          gamma_range=gamma_range)).blocks[0].attn.temperature
+        assert torch.equal(temperature.beta_proj.weight, default.beta_proj.weight)
 
 
 def test_summarise_stats():

@@ -46,6 +46,7 @@ def test_model_follows_the_entry(normaliser):
 # drawn at random: at their zero init gamma is 0 and gamma_range changes nothing)
 PARAMETER_VALUES = [("alpha", (1.5, 1.8), {}), ("topk_k", (2, 5), {}), ("theta_delta", (1.0, 0.5), {}),
                     ("gamma_range", (1.0, 2.0), {"asentmax_init": "normal"}),
+                    ("asentmax_beta_init", (None, 2.0), {}), ("asentmax_gamma_init", (0.0, 1.0), {}),
                     ("ssmax_form", ("delta", "plain"), {}),
                     ("ssmax_s_init", (0.5, 1.0), {})]
 

@@ -163,7 +163,8 @@ def test_topk_k_for_a_normaliser_without_one_is_refused(tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("attention, flag, value",
                          [("entmax", "--theta-delta", "0.5"), ("softmax", "--gamma-range", "1"),
-                          ("asentmax", "--ssmax-form", "plain"), ("entmax", "--ssmax-s-init", "1")])
+                          ("asentmax", "--ssmax-form", "plain"), ("entmax", "--ssmax-s-init", "1"),
+                          ("ssmax", "--asentmax-gamma-init", "1"), ("softmax", "--asentmax-beta-init", "1")])
 def test_temperature_flags_for_a_normaliser_without_that_temperature_are_refused(tmp_path, capsys, attention,
                                                                                   flag, value):
     run = tmp_path / "new"

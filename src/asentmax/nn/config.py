@@ -30,7 +30,7 @@ SSMAX_FORMS = ("delta", "plain")
 # the fields that belong to the attention normaliser: a model of another normaliser can start from this one's
 # weights (`asentmax train --init-from`) when only these differ
 NORMALISER_FIELDS = ("attention", "alpha", "topk_k", "theta_delta", "gamma_range", "asentmax_init",
-                     "ssmax_form", "ssmax_s_init")
+                     "asentmax_beta_init", "asentmax_gamma_init", "ssmax_form", "ssmax_s_init")
 # the allowed values of every field with a fixed set of them (validation below, the CLI's choices)
 CHOICES = {"attention": ATTENTIONS, "position": POSITIONS, "mlp": MLPS, "alibi_slopes": ALIBI_SLOPES,
            "asentmax_init": ASENTMAX_INITS, "ssmax_form": SSMAX_FORMS, "attention_backend": BACKENDS,
@@ -75,6 +75,13 @@ class ModelConfig:
         "zero", "ASEntmax beta/gamma projections at init: zero (weights and biases 0: beta = log 2, "
         "gamma = 0) | reference (nn.Linear's random weights, zero biases: beta ~ softplus(0), gamma ~ 0) | "
         "normal (weights normal(0, init_std), zero biases: transformers' init, the paper's code)")
+    asentmax_beta_init: float | None = _field(
+        None, "ASEntmax: beta where the projection's weights give 0 (its bias is set to softplus^-1 of "
+        "this); None = log 2 (bias 0). With asentmax_gamma_init 1, beta 1 starts ASEntmax at theta = "
+        "delta + log(n+1), the length scaling that SSMax starts from")
+    asentmax_gamma_init: float = _field(
+        0.0, "ASEntmax: gamma where the projection's weights give 0 (its bias is set to atanh(this / "
+        "gamma_range)); in (-gamma_range, gamma_range); 0: the paper's, theta independent of n at the start")
     ssmax_form: str = _field("delta", "SSMax: delta (theta = delta + s_h log(n+1), the paper's runs) | "
                                       "plain (theta = s_h log(n+1))")
     ssmax_s_init: float | None = _field(
@@ -135,6 +142,14 @@ class ModelConfig:
         need(self.gamma_range > 0, f"gamma_range must be > 0, got {self.gamma_range!r}")
         need(math.isfinite(self.theta_delta) and self.theta_delta >= 0,
              f"theta_delta must be finite and >= 0, got {self.theta_delta!r}")
+        beta_init = self.asentmax_beta_init
+        need(beta_init is None or (isinstance(beta_init, (int, float)) and math.isfinite(beta_init)
+                                   and 0 < beta_init <= 100),
+             f"asentmax_beta_init must be in (0, 100] (beta = softplus(.) > 0) or None, got {beta_init!r}")
+        need(isinstance(self.asentmax_gamma_init, (int, float))
+             and abs(self.asentmax_gamma_init) < self.gamma_range,
+             f"asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-{self.gamma_range:g}, "
+             f"{self.gamma_range:g}) (gamma = gamma_range tanh(.)), got {self.asentmax_gamma_init!r}")
         if normaliser.temperature == "ssmax" and self.ssmax_form == "plain":
             need(self.ssmax_s_init is None or self.ssmax_s_init > 0,
                  f"plain-form SSMax needs ssmax_s_init > 0 (theta = s log(n+1)), got {self.ssmax_s_init!r}")

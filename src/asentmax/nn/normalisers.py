@@ -16,7 +16,8 @@ Fields:
   label        the method's name in the paper's tables;
 and the ModelConfig fields that set some normalisers' weights only (PARAMETERS, `Normaliser.reads`): alpha
 (the entmax family without a fixed alpha), topk_k (the top-k family), the temperature's theta_delta (SSMax and
-ASEntmax), gamma_range (ASEntmax), ssmax_form and ssmax_s_init (SSMax); `asentmax train` refuses a flag for
+ASEntmax), gamma_range, asentmax_beta_init and asentmax_gamma_init (ASEntmax), ssmax_form and ssmax_s_init
+(SSMax); `asentmax train` refuses a flag for
 one that the chosen normaliser does not read. asentmax_init is not among them: it belongs to the paper code's
 block options (presets.PAPER_CODE_BLOCKS), which its commands give to every method alike.
 
@@ -39,7 +40,8 @@ from asentmax.ops.entmax import entmax
 
 FAMILIES = ("softmax", "entmax", "topk")
 # ModelConfig fields that only some normalisers read (Normaliser.reads)
-PARAMETERS = ("alpha", "topk_k", "theta_delta", "gamma_range", "ssmax_form", "ssmax_s_init")
+PARAMETERS = ("alpha", "topk_k", "theta_delta", "gamma_range", "asentmax_beta_init", "asentmax_gamma_init",
+              "ssmax_form", "ssmax_s_init")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Normaliser:
             return self.family == "topk"
         if parameter == "theta_delta":
             return self.temperature is not None
-        if parameter == "gamma_range":
+        if parameter in ("gamma_range", "asentmax_beta_init", "asentmax_gamma_init"):
             return self.temperature == "asentmax"
         if parameter in ("ssmax_form", "ssmax_s_init"):
             return self.temperature == "ssmax"

@@ -5,12 +5,16 @@ ASEntmax: theta_hi = delta + beta_hi * log(n_i + 1) ^ gamma_hi,
           x_i the block's normed input, n_i the number of keys query i sees, s the gamma range.
 SSMax:    theta_hi = s_h * log(n_i + 1)  ("plain") or delta + s_h * log(n_i + 1)  ("delta"), s_h learned.
 Only the scaled heads get a temperature (the last H/2 under NAPE); the other heads get theta = 1.
+The ASEntmax projections' weights start as ModelConfig.asentmax_init says and their biases so that beta and
+gamma start at asentmax_beta_init (default log 2) and asentmax_gamma_init (default 0) where w . x = 0.
 Theta is computed in fp32 (fp64 when the input is fp64) and returned as (B, H, T): the `q_scale` of
 asentmax.ops.attention.entmax_attention (that name from here down to the kernels). Which normaliser gets
 which module: the `temperature` field of nn/normalisers.py, keys of TEMPERATURES.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -49,16 +53,20 @@ class ASEntmaxTemperature(nn.Module):
         self.gamma_proj = nn.Linear(config.d_model, m, bias=True)
         self.init = config.asentmax_init
         self.init_std = config.init_std
+        # the biases that give beta = asentmax_beta_init and gamma = asentmax_gamma_init where w . x = 0
+        beta_init = config.asentmax_beta_init
+        self.beta_bias = 0.0 if beta_init is None else math.log(math.expm1(beta_init))
+        self.gamma_bias = math.atanh(config.asentmax_gamma_init / config.gamma_range)
 
     def reset_parameters(self):
-        for proj in (self.beta_proj, self.gamma_proj):
+        for proj, bias in ((self.beta_proj, self.beta_bias), (self.gamma_proj, self.gamma_bias)):
             if self.init == "zero":
                 nn.init.zeros_(proj.weight)
             elif self.init == "normal":
                 nn.init.normal_(proj.weight, std=self.init_std)
             else:
                 proj.reset_parameters()
-            nn.init.zeros_(proj.bias)
+            nn.init.constant_(proj.bias, bias)
 
     def beta_gamma(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, T, d_model) -> beta, gamma of the scaled heads, each (B, m, T)."""
