@@ -268,14 +268,15 @@ def test_error_line_quotes_the_last_line_that_names_an_error(tmp_path):
 
 
 def test_a_part_stops_only_its_own_work_s_leftover_processes():
-    """device_calls.sh's stop_leftovers WORK ends the `asentmax train`/`eval` processes of WORK's runs and leaves
-    another part's: a plan part that ended first stopped the screens beside it (forty-third session)."""
+    """device_calls.sh's stop_leftovers WORK ends the `asentmax train`/`eval` processes of WORK's runs and
+    leaves another part's: a plan part that ended first stopped the screens beside it (forty-third
+    session)."""
     function = re.search(r"^stop_leftovers\(\) \{.*?^\}$", DEVICE_CALLS, re.M | re.S).group(0)
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "asentmax"]
     procs = {name: subprocess.Popen(sleeper + args) for name, args in
              {"plan_train": ["train", "--run-dir", "runs/plan/a"], "plan_eval": ["eval", "runs/plan/a"],
-              "screen": ["train", "--run-dir", "runs/screens/b"], "other": ["train", "--run-dir", "runs/planb/c"]}
-             .items()}
+              "screen": ["train", "--run-dir", "runs/screens/b"],
+              "other": ["train", "--run-dir", "runs/planb/c"]}.items()}
     try:
         time.sleep(0.5)
         subprocess.run(["bash", "-c", f"{function}\nstop_leftovers runs/plan"], check=True, timeout=30)

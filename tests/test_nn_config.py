@@ -48,7 +48,8 @@ BAD = [
     (dict(asentmax_beta_init=-1.0), "asentmax_beta_init must be in (0, 100]"),
     (dict(asentmax_beta_init=float("nan")), "asentmax_beta_init must be in (0, 100]"),
     (dict(asentmax_beta_init=1000.0), "asentmax_beta_init must be in (0, 100]"),
-    (dict(asentmax_gamma_init=2.0), "asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-2, 2)"),
+    (dict(asentmax_gamma_init=2.0),
+     "asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-2, 2)"),
     (dict(asentmax_gamma_init=-1.5, gamma_range=1.0),
      "asentmax_gamma_init must be inside (-gamma_range, gamma_range) = (-1, 1)"),
     (dict(asentmax_gamma_init=float("nan")), "asentmax_gamma_init must be inside"),
@@ -180,11 +181,11 @@ def test_initialisation_choices():
                                                                 (30.0, 1.9, 2.0), (None, 0.4, 0.5)])
 @pytest.mark.parametrize("init", ["zero", "normal"])
 def test_initial_beta_and_gamma_set_the_biases(beta_init, gamma_init, gamma_range, init, request):
-    """beta = softplus(w.x + b_beta) and gamma = gamma_range tanh(w.x + b_gamma) start at the configured values
-    where w.x = 0: with zero weights theta = 1 + beta_init log(n+1)^gamma_init at every query (fp64 closed
-    form); normal weights keep their draw and only the biases move."""
-    config = ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init, asentmax_beta_init=beta_init,
-                         asentmax_gamma_init=gamma_init, gamma_range=gamma_range)
+    """beta = softplus(w.x + b_beta) and gamma = gamma_range tanh(w.x + b_gamma) start at the configured
+    values where w.x = 0: with zero weights theta = 1 + beta_init log(n+1)^gamma_init at every query (fp64
+    closed form); normal weights keep their draw and only the biases move."""
+    config = ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init,
+    torch.set_default_dtype(torch.float64)  # parameters made in fp64: the biases as set, not fp32-rounded
     torch.set_default_dtype(torch.float64)  # parameters made in fp64: the biases as set, not rounded to fp32
     request.addfinalizer(lambda: torch.set_default_dtype(torch.float32))
     torch.manual_seed(0)
