@@ -184,8 +184,8 @@ def test_initial_beta_and_gamma_set_the_biases(beta_init, gamma_init, gamma_rang
     """beta = softplus(w.x + b_beta) and gamma = gamma_range tanh(w.x + b_gamma) start at the configured
     values where w.x = 0: with zero weights theta = 1 + beta_init log(n+1)^gamma_init at every query (fp64
     closed form); normal weights keep their draw and only the biases move."""
-    config = ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init,
-                         asentmax_beta_init=beta_init, asentmax_gamma_init=gamma_init, gamma_range=gamma_range)
+    config = ModelConfig(vocab_size=5, d_model=16, n_heads=4, asentmax_init=init, gamma_range=gamma_range,
+                         asentmax_beta_init=beta_init, asentmax_gamma_init=gamma_init)
     torch.set_default_dtype(torch.float64)  # parameters made in fp64: the biases as set, not fp32-rounded
     request.addfinalizer(lambda: torch.set_default_dtype(torch.float32))
     torch.manual_seed(0)
