@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call of issue 15's plan (benchmarks/plans/issue15_b128.json), as results/session*_gpu/README.md
-# give them; chain the calls while the machine is warm, since runs/plan lives only on it:
+# give them; chain the calls while the machine is warm, since runs/plan lives only on it (a machine may also keep
+# it from an earlier session: device_plan.py then refuses the old runs it names, so a session's first call starts
+# with `rm -rf runs/plan runs/screens;`):
 #   OUT=$OUT bash benchmarks/device_calls.sh plan SECONDS RUN... [--continuing]
 #     device_plan.py with the named runs side by side for SECONDS (runs a stall check stopped stay stopped)
 #   OUT=$OUT bash benchmarks/device_calls.sh screens SECONDS RUN...

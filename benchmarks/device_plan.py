@@ -20,7 +20,9 @@ fails (any other exit code) stops its own chain only; its log says why, and the 
 last line that names an error. `--continuing` refuses (exit 2,
 nothing started) a call in which a run would start again from step 0: on a machine that lost --work between
 calls it saves the window. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
-(<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; <work>/status.json and the printed
+(<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; a call naming a run (or the run it
+is after) last written there more than --stale-hours ago, an earlier session's on a machine that kept --work,
+is refused, nothing started; <work>/status.json and the printed
 lines give every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
 `--eval-flags` appends flags to every evaluation of a call (a setting that leaves results as they are, such as
 `--cuda-graphs on`, without editing the plan).
@@ -52,6 +54,9 @@ from asentmax.runs import STALLED_EXIT  # `asentmax train --stall-step` or `--st
 
 COMPILE_CACHE = ".compile_cache"  # under --work: each run's own Inductor cache (run_step)
 GRACE_S = 30.0  # after SIGINT, how long a step may take to save and exit before it is killed
+# a session's calls come minutes apart; a device machine can keep --work (ignored files) from one session to
+# the next, and a run found there from hours before would be resumed, or its old weights evaluated, as if new
+STALE_HOURS = 4.0
 T = TypeVar("T")
 
 
@@ -198,6 +203,13 @@ def error_line(log: Path) -> str:
     return (named or lines or [f"nothing in {log.name}"])[-1]
 
 
+def last_written(work: Path, name: str) -> float | None:
+    """When run `name` last wrote anything under `work` (its directory, logs and markers), as time.time();
+    None when it has nothing there."""
+    paths = [*work.glob(f"{name}.*"), *((work / name).rglob("*") if (work / name).is_dir() else ())]
+    return max((path.stat().st_mtime for path in paths), default=None)
+
+
 def summary(name: str, run: dict, work: Path, state: dict) -> dict:
     """A run's state after this call: trained or not, evaluations done, this call's steps."""
     evals = [(work / f"{name}.eval{i}.done").exists() for i in range(len(run["evals"]))]
@@ -220,6 +232,10 @@ def main() -> int:
     parser.add_argument("--continuing", action="store_true",
                         help="this call continues an earlier window: start nothing if a run would begin "
                              "again from step 0 (a fresh machine has lost --work)")
+    parser.add_argument("--stale-hours", type=float, default=STALE_HOURS,
+                        help="start nothing if a named run (or the run it is after) was last written under "
+                             "--work longer ago than this: a machine that kept an earlier session's files "
+                             f"(default {STALE_HOURS:g})")
     args = parser.parse_args()
     plan = read_plan(args.plan)
     unknown = sorted(set(args.runs or ()) - set(plan))
@@ -232,6 +248,14 @@ def main() -> int:
                and not (args.work / f"{plan[n]['after']}.trained").exists()]
     if waiting:
         parser.error(f"{', '.join(waiting)}: that run is neither trained under {args.work} nor in --runs")
+    now = time.time()
+    stale = [f"{n} ({(now - written) / 3600:.1f} h ago)" for n in dict.fromkeys(
+        [*names, *(plan[n]["after"] for n in names if plan[n]["after"] is not None)])
+        if (written := last_written(args.work, n)) is not None and now - written > args.stale_hours * 3600]
+    if stale:
+        parser.error(f"{', '.join(stale)}: last written under {args.work} longer ago than --stale-hours "
+                     f"{args.stale_hours:g}, by an earlier session; remove them to start afresh (or raise "
+                     "--stale-hours to continue them); nothing started")
     if args.continuing:  # a run after another may not have started yet; its prerequisite is checked instead
         fresh = [n for n in names if plan[n]["after"] is None and not (args.work / f"{n}.trained").exists()
                  and not (args.work / n / "checkpoint.pt").exists()]

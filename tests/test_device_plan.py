@@ -4,6 +4,7 @@ runner reproduce_paper.py and plateau_study.py share, names the commands that fa
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -287,3 +288,24 @@ def test_a_part_stops_only_its_own_work_s_leftover_processes():
         for proc in procs.values():
             proc.kill()
             proc.wait()
+
+
+def test_a_run_left_by_an_earlier_session_is_refused(tmp_path):
+    """A machine that kept --work from an earlier session must not resume (or evaluate) that session's run as
+    this one's: a run, or the run it is after, last written more than --stale-hours ago stops the call."""
+    plan = {"base": {"train": TINY + " --steps 2", "evals": []},
+            "later": {"after": "base", "train": TINY + " --steps 2", "evals": []}}
+    assert call(tmp_path, {"base": plan["base"]}, "--seconds", "120").returncode == 0
+    assert call(tmp_path, plan, "--seconds", "120").returncode == 0  # minutes apart: one session's calls
+    work = tmp_path / "work"
+    old = time.time() - 5 * 3600
+    for path in [*work.glob("base*"), *(work / "base").rglob("*")]:
+        os.utime(path, (old, old))
+    result = call(tmp_path, plan, "--seconds", "60", "--runs", "later")
+    assert result.returncode == 2
+    message = result.stderr.splitlines()[-1]
+    assert "base (5.0 h ago): last written under" in message and "nothing started" in message
+    assert "later (" not in message  # written just now
+    before = (work / "status.json").stat().st_mtime  # the earlier call's: the refused one wrote nothing
+    assert call(tmp_path, plan, "--seconds", "60", "--runs", "later", "--stale-hours", "6").returncode == 0
+    assert (work / "status.json").stat().st_mtime > before  # raised, the call runs
