@@ -72,9 +72,10 @@ class ModelConfig:
     # Default "zero" is provisional: an independent reproduction of the paper reportedly escaped the MQMTAR
     # plateau only with zero-initialised projections; to be confirmed by measurement.
     asentmax_init: str = _field(
-        "zero", "ASEntmax beta/gamma projections at init: zero (weights and biases 0: beta = log 2, "
-        "gamma = 0) | reference (nn.Linear's random weights, zero biases: beta ~ softplus(0), gamma ~ 0) | "
-        "normal (weights normal(0, init_std), zero biases: transformers' init, the paper's code)")
+        "zero", "ASEntmax beta/gamma projections' weights at init: zero (beta = log 2, gamma = 0 everywhere "
+        "with the default biases) | reference (nn.Linear's random weights: beta ~ softplus(0), gamma ~ 0) | "
+        "normal (normal(0, init_std): transformers' init, the paper's code); their biases are set by "
+        "asentmax_beta_init and asentmax_gamma_init (0 by default)")
     asentmax_beta_init: float | None = _field(
         None, "ASEntmax: beta where the projection's weights give 0 (its bias is set to softplus^-1 of "
         "this); None = log 2 (bias 0). With asentmax_gamma_init 1, beta 1 starts ASEntmax at theta = "
