@@ -271,16 +271,17 @@ def test_error_line_quotes_the_last_line_that_names_an_error(tmp_path):
 def test_a_part_stops_only_its_own_work_s_leftover_processes():
     """device_calls.sh's stop_leftovers WORK ends the `asentmax train`/`eval` processes of WORK's runs and
     leaves another part's: a plan part that ended first stopped the screens beside it (forty-third
-    session)."""
+    session). The work folders are named after this process, so no one else's runs can match."""
     function = re.search(r"^stop_leftovers\(\) \{.*?^\}$", DEVICE_CALLS, re.M | re.S).group(0)
+    plan, screens = f"runs/test{os.getpid()}plan", f"runs/test{os.getpid()}screens"
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "-m", "asentmax"]
     procs = {name: subprocess.Popen(sleeper + args) for name, args in
-             {"plan_train": ["train", "--run-dir", "runs/plan/a"], "plan_eval": ["eval", "runs/plan/a"],
-              "screen": ["train", "--run-dir", "runs/screens/b"],
-              "other": ["train", "--run-dir", "runs/planb/c"]}.items()}
+             {"plan_train": ["train", "--run-dir", f"{plan}/a"], "plan_eval": ["eval", f"{plan}/a"],
+              "screen": ["train", "--run-dir", f"{screens}/b"],
+              "other": ["train", "--run-dir", f"{plan}b/c"]}.items()}
     try:
         time.sleep(0.5)
-        subprocess.run(["bash", "-c", f"{function}\nstop_leftovers runs/plan"], check=True, timeout=30)
+        subprocess.run(["bash", "-c", f"{function}\nstop_leftovers {plan}"], check=True, timeout=30)
         time.sleep(0.5)
         alive = {name for name, proc in procs.items() if proc.poll() is None}
         assert alive == {"screen", "other"}
