@@ -18,9 +18,9 @@
 #   bash benchmarks/device_calls.sh chimeras
 #     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
 #     (seed 8's init with seed 1's embedding and head, lower or upper three blocks, or embedding, head and either
-#     half or one block; seed 1's with seed 8's embedding, head or both, or the embedding rows of the special tokens
-#     or of the symbols; seed 1's own as a control); run it before their
-#     `plan` call on a fresh machine
+#     half, one block or two blocks of one half; seed 1's with seed 8's embedding, head or both, or the embedding
+#     rows of the special tokens or of the symbols; seed 1's own as a control); run it before their `plan` call
+#     on a fresh machine
 # Each part ends by putting runs/plan without weights into $OUT/plan.tgz (record_runs.py's --work).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
@@ -92,6 +92,12 @@ chimeras)
     chimera io1_block3_rest8 8 1 embed. head. blocks.3.
     chimera io1_block4_rest8 8 1 embed. head. blocks.4.
     chimera io1_block5_rest8 8 1 embed. head. blocks.5.
+    chimera io1_blocks01_rest8 8 1 embed. head. blocks.0. blocks.1.  # pairs of blocks within one half
+    chimera io1_blocks02_rest8 8 1 embed. head. blocks.0. blocks.2.
+    chimera io1_blocks12_rest8 8 1 embed. head. blocks.1. blocks.2.
+    chimera io1_blocks34_rest8 8 1 embed. head. blocks.3. blocks.4.
+    chimera io1_blocks35_rest8 8 1 embed. head. blocks.3. blocks.5.
+    chimera io1_blocks45_rest8 8 1 embed. head. blocks.4. blocks.5.
     chimera special8_rest1 1 8 --donor-embedding-tokens 0 1 2 3  # <pad> <bos> <sep> <eos>
     chimera symbols8_rest1 1 8 --donor-embedding-tokens $(seq 4 35)  # the 32 symbols
     exit 0
