@@ -15,8 +15,9 @@
 #     eval.json record_runs.py keeps as eval_at_stall.json
 #   OUT=$OUT bash benchmarks/device_calls.sh pack RUN...
 #     carry_checkpoint.py pack of finished runs into $OUT (two 15 MB parts each), for reading heads on the CPU
-#   bash benchmarks/device_calls.sh chimeras
-#     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera
+#   bash benchmarks/device_calls.sh chimeras [NAME...]
+#     benchmarks/chimera_init.py's start checkpoints of the plan's reverse_..._chimera_* runs into runs/chimera,
+#     only the NAMEs given (e.g. io1_blocks01_rest8; each start draws both seeds' models again) or else all
 #     (seed 8's init with seed 1's embedding and head, lower or upper three blocks, or embedding, head and either
 #     half, one block or two blocks of one half; seed 1's with seed 8's embedding, head or both, or the embedding
 #     rows of the special tokens or of the symbols; seed 1's own as a control); run it before their `plan` call
@@ -72,10 +73,13 @@ pack)
     ;;
 chimeras)
     source=results/paper/reverse/asentmax_b128_paper_blocks
+    wanted=" $* " written=" "
     chimera() {  # NAME BASE DONOR PREFIX... | NAME BASE DONOR --donor-embedding-tokens TOKEN...
+        [ "$wanted" = "  " ] || [[ $wanted == *" $1 "* ]] || return 0
         if [ "$4" = --donor-embedding-tokens ]; then from=("${@:4}"); else from=(--from-donor "${@:4}"); fi
         python benchmarks/chimera_init.py "$source" --base-seed "$2" --donor-seed "$3" "${from[@]}" \
             --out "runs/chimera/$1.pt" || exit 2
+        written+="$1 "
     }
     chimera io1_rest8 8 1 embed. head.
     chimera lower1_rest8 8 1 blocks.0. blocks.1. blocks.2.
@@ -100,6 +104,9 @@ chimeras)
     chimera io1_blocks45_rest8 8 1 embed. head. blocks.4. blocks.5.
     chimera special8_rest1 1 8 --donor-embedding-tokens 0 1 2 3  # <pad> <bos> <sep> <eos>
     chimera symbols8_rest1 1 8 --donor-embedding-tokens $(seq 4 35)  # the 32 symbols
+    for name in $wanted; do
+        [[ $written == *" $name "* ]] || { echo "chimeras: no start named $name" >&2; exit 2; }
+    done
     exit 0
     ;;
 *)

@@ -310,3 +310,21 @@ def test_a_run_left_by_an_earlier_session_is_refused(tmp_path):
     before = (work / "status.json").stat().st_mtime  # the earlier call's: the refused one wrote nothing
     assert call(tmp_path, plan, "--seconds", "60", "--runs", "later", "--stale-hours", "6").returncode == 0
     assert (work / "status.json").stat().st_mtime > before  # raised, the call runs
+
+
+def test_chimeras_writes_only_the_starts_named(tmp_path):
+    """`device_calls.sh chimeras NAME...` writes those starts alone (each draws both seeds' models again); a
+    name it has no start for is refused."""
+    repo = SCRIPT.parents[1]
+    for folder in ("benchmarks", "src", "results"):
+        (tmp_path / folder).symlink_to(repo / folder)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+
+    def chimeras(*names):
+        return subprocess.run(["bash", "benchmarks/device_calls.sh", "chimeras", *names], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    assert chimeras("io1_block1_rest8").returncode == 0
+    assert sorted(p.name for p in (tmp_path / "runs" / "chimera").iterdir()) == ["io1_block1_rest8.pt"]
+    result = chimeras("io1_block9_rest8")
+    assert result.returncode == 2 and "chimeras: no start named io1_block9_rest8" in result.stderr
