@@ -75,6 +75,41 @@ def test_n_keys_while_decoding():
     assert len(stats) == 2 and stats[0].theta.shape == (2, 4, 1)
 
 
+STAT_NAMES = ("entropy", "normalised_entropy", "support_size", "theta", "n_keys")
+
+
+@pytest.mark.parametrize("attention,position", [("asentmax", "nape"), ("softmax", "alibi"), ("topk", "rope"),
+                                                ("ssmax", "nope")], ids=lambda v: str(v))
+@pytest.mark.parametrize("elements", [1, 2 * 2 * 4 * 12], ids=["one_query_a_block", "a_few_queries_a_block"])
+def test_stats_in_query_blocks_equal_one_block(attention, position, elements, monkeypatch):
+    """Attention._stats over blocks of queries (STATS_CHUNK_ELEMENTS) gives every layer's statistics of one
+    dense block, for a left-padded prompt and then a cached chunk (queries at an offset), fp64; and a padded
+    row's real queries get the statistics of the row alone."""
+    model = make_model(attention, position)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[True] * 12, [False] * 3 + [True] * 9])
+
+    def stats_of(chunk_elements):
+        monkeypatch.setattr(attention_module, "STATS_CHUNK_ELEMENTS", chunk_elements)
+        cache = KVCache()
+        _, prompt = model(ids[:, :5], attention_mask=mask[:, :5], cache=cache, return_stats=True)
+        _, chunk = model(ids[:, 5:], cache=cache, return_stats=True)  # 7 queries after 5 cached slots
+        return prompt + chunk
+
+    blocked, whole = stats_of(elements), stats_of(2**40)
+    for got, want in zip(blocked, whole, strict=True):
+        for name in STAT_NAMES:
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-12, atol=1e-12,
+                                       equal_nan=True)
+    monkeypatch.setattr(attention_module, "STATS_CHUNK_ELEMENTS", elements)
+    _, alone = model(ids[1:, 3:], return_stats=True)
+    _, padded = model(ids, attention_mask=mask, return_stats=True)
+    for got, want in zip(padded, alone, strict=True):
+        for name in STAT_NAMES[:4]:
+            torch.testing.assert_close(getattr(got, name)[1:, ..., 3:], getattr(want, name), rtol=1e-10,
+                                       atol=1e-10, equal_nan=True)
+
+
 @pytest.mark.parametrize("attention", ["entmax", "asentmax"])
 def test_backend_parity_reference_vs_chunked(attention):
     ids = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(3))

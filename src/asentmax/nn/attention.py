@@ -28,7 +28,7 @@ from asentmax.nn.cache import KVCache
 from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import get_normaliser
 from asentmax.nn.positions import apply_rotary
-from asentmax.nn.stats import AttentionStats, attention_stats
+from asentmax.nn.stats import AttentionStats, attention_stats, probability_dispersion
 from asentmax.nn.temperature import log_key_counts, make_temperature
 from asentmax.ops.attention import entmax_attention, resolve_backend
 from asentmax.ops.entmax import compute_dtype
@@ -36,6 +36,10 @@ from asentmax.ops.entmax import compute_dtype
 # Largest explicit SDPA mask (elements) before softmax/SSMax switch to entmax_attention(alpha=1):
 # 2^27 fp32 elements = 512 MiB.
 SDPA_MASK_LIMIT = 2**27
+# Most logits Attention._stats holds at once (B * H * queries * Nk): it computes the dense probabilities a
+# block of queries at a time, 2^24 fp32 elements = 64 MiB per block, so statistics of a 65,536-token
+# evaluation sample need no T x Nk tensor (16 heads would take 256 GiB).
+STATS_CHUNK_ELEMENTS = 2**24
 
 # entmax_attention backends that read the device inside a call (whether a row is empty picks a branch; a
 # row's support size sets a shape): CUDA stream capture refuses such reads.
@@ -94,29 +98,36 @@ class AttentionContext:
         """Slot of the first new query."""
         return self.n_total - self.n_new
 
-    def visible(self, device) -> torch.Tensor:
-        """(B|1, 1, T, Nk) bool: causal and real key. A padding query also sees its own slot, so that no
-        row is empty (its output is never used, but must stay finite)."""
-        rows = torch.arange(self.n_new, device=device)[:, None] + self.offset
+    def visible(self, device, rows: slice = slice(None)) -> torch.Tensor:
+        """(B|1, 1, R, Nk) bool for the new queries `rows` (all T by default): causal and real key. A padding
+        query also sees its own slot, so that no row is empty (its output is never used, but must stay
+        finite)."""
+        rows = torch.arange(self.n_new, device=device)[rows, None] + self.offset
         cols = torch.arange(self.n_total, device=device)[None, :]
         causal = cols <= rows
         if self.key_padding_mask is None:
             return causal[None, None]
         return ((causal & self.key_padding_mask[:, None, None, :]) | (cols == rows))
 
-    def additive(self, dtype: torch.dtype, device) -> torch.Tensor:
-        """(B|1, H|1, T, Nk) float: ALiBi bias m_h (j - i) on visible entries, -inf elsewhere."""
+    def additive(self, dtype: torch.dtype, device, rows: slice = slice(None)) -> torch.Tensor:
+        """(B|1, H|1, R, Nk) float for the new queries `rows` (all T by default, kept for the call's other
+        layers): ALiBi bias m_h (j - i) on visible entries, -inf elsewhere."""
+        if rows != slice(None):
+            return self._additive_rows(dtype, device, rows)
         if dtype not in self._additive:
-            visible = self.visible(device)
-            if self.slopes is None:
-                bias = torch.zeros((), dtype=dtype, device=device)
-            else:
-                rows = torch.arange(self.n_new, device=device)[:, None] + self.offset
-                cols = torch.arange(self.n_total, device=device)[None, :]
-                distance = (cols - rows).to(torch.float64)  # j - i <= 0 on visible entries
-                bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, T, Nk)
-            self._additive[dtype] = torch.where(visible, bias, float("-inf"))  # a scalar: no host copy
+            self._additive[dtype] = self._additive_rows(dtype, device, rows)
         return self._additive[dtype]
+
+    def _additive_rows(self, dtype: torch.dtype, device, rows: slice) -> torch.Tensor:
+        visible = self.visible(device, rows)
+        if self.slopes is None:
+            bias = torch.zeros((), dtype=dtype, device=device)
+        else:
+            slots = torch.arange(self.n_new, device=device)[rows, None] + self.offset
+            cols = torch.arange(self.n_total, device=device)[None, :]
+            distance = (cols - slots).to(torch.float64)  # j - i <= 0 on visible entries
+            bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, R, Nk)
+        return torch.where(visible, bias, float("-inf"))  # a scalar: no host copy
 
     def log_n_keys(self, dtype: torch.dtype) -> torch.Tensor:
         """temperature.log_key_counts(n_keys, dtype), (B|1, 1, T), computed once per forward call for every
@@ -168,15 +179,16 @@ class AttentionContext:
 
 
 def dense_logits(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor | None, ctx: AttentionContext,
-                 dtype: torch.dtype) -> torch.Tensor:
-    """z (B, H, T, Nk) in `dtype`: q_scale * scale * q.k + ALiBi, -inf where not visible (k: H or Hkv)."""
+                 dtype: torch.dtype, rows: slice = slice(None)) -> torch.Tensor:
+    """z (B, H, R, Nk) in `dtype` for the new queries `rows` (all T by default): q_scale * scale * q.k +
+    ALiBi, -inf where not visible (k: H or Hkv)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1) if group > 1 else k
     factor = 1.0 / math.sqrt(q.shape[-1])
-    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * factor
+    scores = torch.matmul(q[:, :, rows].to(dtype), k.to(dtype).transpose(-1, -2)) * factor
     if q_scale is not None:
-        scores = scores * q_scale.to(dtype)[..., None]
-    return scores + ctx.additive(dtype, q.device)
+        scores = scores * q_scale[..., rows].to(dtype)[..., None]
+    return scores + ctx.additive(dtype, q.device, rows)
 
 
 class Attention(nn.Module):
@@ -237,11 +249,21 @@ class Attention(nn.Module):
 
     @torch.no_grad()
     def _stats(self, q, k, q_scale, ctx: AttentionContext) -> AttentionStats:
+        """The layer's statistics (nn/stats.py) from its dense probabilities, computed for blocks of at most
+        STATS_CHUNK_ELEMENTS logits."""
         cfg = self.config
-        z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype))
-        p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k,
-                                          cfg.attention_backend)
-        return attention_stats(p, q_scale, ctx.n_keys, ctx.query_mask)
+        b, h, t, _ = q.shape
+        block = max(1, STATS_CHUNK_ELEMENTS // (b * h * ctx.n_total))
+        entropy, support = [], []
+        for start in range(0, t, block):
+            z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype), slice(start, start + block))
+            p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k,
+                                              cfg.attention_backend)
+            block_entropy, block_support = probability_dispersion(p)
+            entropy.append(block_entropy)
+            support.append(block_support)
+        return attention_stats(torch.cat(entropy, -1), torch.cat(support, -1), q_scale, ctx.n_keys,
+                               ctx.query_mask)
 
 
 def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Per layer, per head, per query: Shannon entropy H(p), entropy normalised by log n_i (-> 1 means fully
 dispersed attention; undefined when n_i = 1), support size |{j : p_j > 0}|, and theta (the inverse
 temperature actually used, 1 where there is none). Padding queries are NaN (support -1).
-Computed from dense probabilities, so O(T * Nk) memory per layer: meant for evaluation batches.
+Computed from dense probabilities a block of queries at a time (nn/attention.py, STATS_CHUNK_ELEMENTS), so
+memory stays bounded at any length while time is O(T * Nk) per layer: meant for evaluation batches.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ class AttentionStats(NamedTuple):
     n_keys: torch.Tensor  # (B, T) long, n_i
 
 
-def attention_stats(p: torch.Tensor, theta: torch.Tensor | None, n_keys: torch.Tensor,
-                    query_mask: torch.Tensor | None) -> AttentionStats:
-    """p (B, H, T, Nk) attention probabilities -> AttentionStats."""
-    entropy = -torch.special.xlogy(p, p).sum(-1)
+def probability_dispersion(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """p (B, H, R, Nk) probabilities of R queries -> each query's entropy H(p) and support size, (B, H, R)."""
+    return -torch.special.xlogy(p, p).sum(-1), (p > 0).sum(-1)
+
+
+def attention_stats(entropy: torch.Tensor, support: torch.Tensor, theta: torch.Tensor | None,
+                    n_keys: torch.Tensor, query_mask: torch.Tensor | None) -> AttentionStats:
+    """Every query's entropy and support size (B, H, T; probability_dispersion) -> AttentionStats."""
     log_n = torch.log(n_keys.to(entropy.dtype))[:, None, :]
     nan = torch.full_like(entropy, float("nan"))
     normalised = torch.where(log_n > 0, entropy / log_n.clamp_min(1e-30), nan)
-    support = (p > 0).sum(-1)
     theta = torch.ones_like(entropy) if theta is None else theta.detach().to(entropy.dtype)
     if query_mask is not None:
         pad = ~query_mask[:, None, :]
