@@ -158,6 +158,14 @@ def measure(record: dict, multipliers: list[int], samples: int) -> dict[str, flo
     return out
 
 
+def value_columns(values: list[float], kept: list[bool], digits: int) -> str:
+    """The report's last two columns: every kept seed's value, then the stopped seeds' range, to `digits`
+    significant digits."""
+    kept_values = ", ".join(f"{v:.{digits}g}" for v, k in zip(values, kept, strict=True) if k)
+    stopped = sorted(v for v, k in zip(values, kept, strict=True) if not k)
+    return f"{kept_values} | {stopped[0]:.{digits}g} to {stopped[-1]:.{digits}g}"
+
+
 def report(records: list[dict], measurements: list[dict[str, float]], held_out_from: int, permutations: int,
            label: str, screen_score: float, top: int) -> tuple[str, dict]:
     """init_probe.md's text and init_probe.json's content."""
@@ -194,11 +202,8 @@ def report(records: list[dict], measurements: list[dict[str, float]], held_out_f
               f"| measurement | AUC, seeds < {held_out_from} | AUC, seeds >= {held_out_from} | "
               "kept seeds' values | stopped seeds' values |", "|---|---|---|---|---|"]
     for name, first_auc, second_auc in usable[:top]:
-        values = table[name]
-        kept_values = ", ".join(f"{v:.3g}" for v, k in zip(values, kept, strict=True) if k)
-        stopped = sorted(v for v, k in zip(values, kept, strict=True) if not k)
         lines.append(f"| {name} | {first_auc:.3f} | {'-' if second_auc is None else f'{second_auc:.3f}'} | "
-                     f"{kept_values} | {stopped[0]:.3g} to {stopped[-1]:.3g} |")
+                     f"{value_columns(table[name], kept, 3)} |")
     whole = [name for name in names if name.startswith("loss ") or " mean " in name]
     lines += ["", "Model-wide measurements (the loss; support and theta averaged over every layer and head), "
               f"few enough to test one by one: AUC over all {len(records)} seeds and p, the share of "
@@ -209,10 +214,8 @@ def report(records: list[dict], measurements: list[dict[str, float]], held_out_f
     for name in whole:
         values = table[name]
         whole_auc[name] = (auc(values, kept), shuffled_p(values, kept, permutations))
-        kept_values = ", ".join(f"{v:.4g}" for v, k in zip(values, kept, strict=True) if k)
-        stopped = sorted(v for v, k in zip(values, kept, strict=True) if not k)
-        lines.append(f"| {name} | {whole_auc[name][0]:.3f} | {whole_auc[name][1]:.2f} | {kept_values} | "
-                     f"{stopped[0]:.4g} to {stopped[-1]:.4g} |")
+        lines.append(f"| {name} | {whole_auc[name][0]:.3f} | {whole_auc[name][1]:.2f} | "
+                     f"{value_columns(values, kept, 4)} |")
     data = {"label": label, "screen_score": screen_score, "held_out_from": held_out_from,
             "chance_separation": chance, "permutations": permutations,
             "seeds": [{"seed": r["seed"], "run": r["run"], "screen": r["screen"], "kept": k,
