@@ -1,5 +1,6 @@
 """Per layer and head of a trained run: its inverse temperature and attention support against the test length,
-and whether holding the temperature at its training range, or dropping heads, changes its generalisation.
+and whether holding the temperature at its training range, raising it, or dropping heads changes its
+generalisation.
 
 ASEntmax and SSMax scale a head's logits by theta_hi = delta + beta_hi log(n_i + 1) ^ gamma_hi (SSMax:
 [delta +] s_h log(n_i + 1)), n_i the keys query i sees (arXiv:2506.16640, section 2; asentmax.nn.temperature).
@@ -12,6 +13,8 @@ this writes:
 - greedy exact match of --samples samples as trained and, with --cap N, with every temperature computed from
   min(n_i, N) keys instead of n_i: a probe of whether a run's failure beyond its training length comes from
   theta's growth with n (N = the most keys a training query saw: Reverse's 64-symbol samples give 130);
+- with --key-factor F, the same with every temperature computed from F * n_i keys, as if each query saw F
+  times as many: a probe of whether attention sharper than the learned growth gives retrieves better far out;
 - with --drop-heads L.H ..., the same with those heads' outputs set to 0 (layer L, head H, from 0; the
   attention output before its output projection): a probe of which heads a run needs at each length.
 
@@ -42,26 +45,37 @@ NAME = "head_temperatures"
 
 
 @contextmanager
-def capped_key_counts(model, cap: int | None):
-    """Within the block, every temperature module of `model` computes theta from min(n_i, cap) keys (cap None:
-    unchanged)."""
-    if cap is None:
+def changed_key_counts(model, change):
+    """Within the block, every temperature module of `model` computes theta from change(n_i) keys instead of
+    n_i (change None: unchanged)."""
+    if change is None:
         yield
         return
     modules = [m for m in model.modules() if isinstance(m, tuple(TEMPERATURES.values()))]
 
-    def capped(forward):
-        def capped_forward(x, n_keys, log_n=None):  # log_n, from the uncapped counts, is recomputed
-            return forward(x, n_keys.clamp(max=cap))
-        return capped_forward
+    def changed(forward):
+        def changed_forward(x, n_keys, log_n=None):  # log_n, from the true counts, is recomputed
+            return forward(x, change(n_keys))
+        return changed_forward
 
     for module in modules:
-        module.forward = capped(module.forward)
+        module.forward = changed(module.forward)
     try:
         yield
     finally:
         for module in modules:
             del module.forward  # the instance attribute: the class's forward again
+
+
+def capped_key_counts(model, cap: int | None):
+    """changed_key_counts with theta from min(n_i, cap) keys (cap None: unchanged)."""
+    return changed_key_counts(model, None if cap is None else lambda n_keys: n_keys.clamp(max=cap))
+
+
+def scaled_key_counts(model, factor: float | None):
+    """changed_key_counts with theta from factor * n_i keys, as if each query saw that many (None:
+    unchanged)."""
+    return changed_key_counts(model, None if factor is None else lambda n_keys: n_keys * factor)
 
 
 @contextmanager
@@ -124,9 +138,10 @@ def head_statistics(model, task, examples, device) -> list[dict]:
     return layers
 
 
-def analyse(plan, cap: int | None, drop: list[tuple[int, int]], stats_samples: int, command: str) -> dict:
+def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, int]], stats_samples: int,
+            command: str) -> dict:
     """Every length's head statistics and greedy exact match: as trained, with the key count capped (cap not
-    None) and with the heads of `drop` silenced (when there are any)."""
+    None), with it times `factor` (not None) and with the heads of `drop` silenced (when there are any)."""
     from asentmax.nn import Transformer
 
     config = plan.config
@@ -138,25 +153,29 @@ def analyse(plan, cap: int | None, drop: list[tuple[int, int]], stats_samples: i
         examples = make_eval_set(plan.task, length, config.samples, config.seed)
         row = {"length": length, "samples": len(examples),
                "layers": head_statistics(model, plan.task, examples[:stats_samples], plan.device)}
-        conditions = {"exact_match": (None, [])}
+        conditions = {"exact_match": (capped_key_counts(model, None), [])}
         if cap is not None:
-            conditions["exact_match_capped"] = (cap, [])
+            conditions["exact_match_capped"] = (capped_key_counts(model, cap), [])
+        if factor is not None:
+            conditions["exact_match_scaled"] = (scaled_key_counts(model, factor), [])
         if drop:
-            conditions["exact_match_dropped"] = (None, drop)
-        for label, (limit, silenced) in conditions.items():
-            with capped_key_counts(model, limit), dropped_heads(model, silenced):
+            conditions["exact_match_dropped"] = (capped_key_counts(model, None), drop)
+        for label, (key_counts, silenced) in conditions.items():
+            with key_counts, dropped_heads(model, silenced):
                 scores = greedy_accuracy(model, plan.task, examples, device=plan.device,
                                          autocast_dtype=plan.autocast_dtype, batch_size=config.batch_size,
                                          max_batch_tokens=config.max_batch_tokens)
             row[label] = scores["exact_match"]
         rows.append(row)
         capped = f", theta from at most {cap} keys {100 * row['exact_match_capped']:.1f} %" if cap else ""
+        scaled = f", theta from {factor:g} x n keys {100 * row['exact_match_scaled']:.1f} %" if factor else ""
         dropped = f", heads dropped {100 * row['exact_match_dropped']:.1f} %" if drop else ""
-        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}{dropped}",
+        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}{scaled}{dropped}",
               file=sys.stderr, flush=True)
     return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
             "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
-            "seed": config.seed, "cap": cap, "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
+            "seed": config.seed, "cap": cap, "key_factor": factor,
+            "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
             "stats_samples": stats_samples, "device": plan.header["device"], "rows": rows}
 
 
@@ -166,17 +185,19 @@ def _cells(values: list[float], digits: int) -> str:
 
 def markdown(result: dict) -> str:
     """The command, the exact match per length, then per length a table of layers x heads."""
-    cap, drop = result["cap"], result["dropped_heads"]
+    cap, factor, drop = result["cap"], result.get("key_factor"), result["dropped_heads"]
+    columns = [(label, f" {header} |") for label, header, shown in (
+        ("exact_match_capped", f"theta from at most {cap} keys", cap),
+        ("exact_match_scaled", f"theta from {factor:g} x n keys" if factor else "", factor),
+        ("exact_match_dropped", f"heads {' '.join(drop)} dropped", drop)) if shown]
     lines = [f"## Temperatures and support per head of {result['run_dir']} ({result['checkpoint']} "
              f"checkpoint, step {result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", "",
-             "| length | exact match % |" + (f" theta from at most {cap} keys |" if cap else "")
-             + (f" heads {' '.join(drop)} dropped |" if drop else ""),
-             "|---|---|" + ("---|" if cap else "") + ("---|" if drop else "")]
+             "| length | exact match % |" + "".join(header for _, header in columns),
+             "|---|---|" + "---|" * len(columns)]
     for row in result["rows"]:
         name = f"{row['length']} ({format_multiplier(row['length'] / result['id_length'])})"
-        capped = f" {100 * row['exact_match_capped']:.1f} |" if cap else ""
-        dropped = f" {100 * row['exact_match_dropped']:.1f} |" if drop else ""
-        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |{capped}{dropped}")
+        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |"
+                     + "".join(f" {100 * row[label]:.1f} |" for label, _ in columns))
     for row in result["rows"]:
         lines += ["", f"Length {row['length']}, {result['stats_samples']} samples teacher-forced: per head "
                   "(space-separated), theta over every query (mean, min-max), at the answer queries, and the "
@@ -202,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="of those, how many go through the teacher-forced pass of the head statistics")
     parser.add_argument("--cap", type=int, default=None,
                         help="also decode with every temperature computed from at most this many keys")
+    parser.add_argument("--key-factor", type=float, default=None,
+                        help="also decode with every temperature computed from this many times n_i keys")
     parser.add_argument("--drop-heads", nargs="+", default=[], metavar="LAYER.HEAD",
                         help="also decode with these heads' outputs set to 0 (layers and heads from 0)")
     parser.add_argument("--checkpoint", choices=("last", "best"), default="last")
@@ -214,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.cap is not None and args.cap < 1:
             raise ValueError(f"--cap must be a number of keys >= 1, got {args.cap}")
+        if args.key_factor is not None and not args.key_factor > 0:
+            raise ValueError(f"--key-factor must be a positive number, got {args.key_factor}")
         if args.stats_samples < 1:
             raise ValueError(f"--stats-samples must be >= 1, got {args.stats_samples}")
         config = EvalConfig(multipliers=tuple(args.multipliers), samples=args.samples,
@@ -224,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as error:  # RunError is a ValueError
         print(f"{NAME}: error: {error}", file=sys.stderr)
         return 2
-    result = analyse(plan, args.cap, drop, args.stats_samples, command)
+    result = analyse(plan, args.cap, args.key_factor, drop, args.stats_samples, command)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / f"{NAME}.json", result)
     write_text(args.out / f"{NAME}.md", markdown(result))

@@ -1,9 +1,9 @@
 """benchmarks/head_temperatures.py: capping the key count gives theta = delta + beta log(min(n, N) + 1)^gamma
-in fp64 and is undone on leaving; dropping heads equals zeroing their columns of the output projection, and is
-undone on leaving; the per-head statistics agree with `asentmax eval`'s dispersion at the
-answer queries and with theta's minimum and maximum over every query; an end-to-end run on a tiny CPU run
-agrees with `asentmax eval`'s exact match (a cap above the longest sequence changes nothing); bad input is
-refused on one line."""
+in fp64 and is undone on leaving, and so does scaling it (log(F n + 1)); dropping heads equals zeroing their
+columns of the output projection, and is undone on leaving; the per-head statistics agree with `asentmax
+eval`'s dispersion at the answer queries and with theta's minimum and maximum over every query; an end-to-end
+run on a tiny CPU run agrees with `asentmax eval`'s exact match (a cap above the longest sequence or a key
+factor of 1 changes nothing); bad input is refused on one line."""
 
 import json
 
@@ -58,6 +58,28 @@ def test_a_capped_key_count_gives_the_closed_form_theta_and_is_undone(cap):
         assert not torch.allclose(theta[:, -m:, cap:], uncapped[:, -m:, cap:])  # the queries above the cap
     _, after = model(ids, return_stats=True)
     for before_layer, after_layer in zip(trained, after, strict=True):  # the trained forward is back
+        torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("factor", [0.5, 4.0])
+def test_a_scaled_key_count_gives_the_closed_form_theta_and_is_undone(factor):
+    model = tiny_model()
+    task, examples = reverse_batch()
+    ids = collate(task, examples).input_ids
+    _, trained = model(ids, return_stats=True)
+    x = torch.randn(2, ids.shape[1], 32, dtype=torch.float64)
+    n_keys = torch.arange(1, ids.shape[1] + 1)[None].expand(2, -1)
+    for block in model.blocks:
+        temperature = block.attn.temperature
+        with heads.scaled_key_counts(model, factor):
+            theta = temperature(x, n_keys)
+        beta, gamma = temperature.beta_gamma(x)
+        expected = temperature.delta + beta * torch.log(factor * n_keys.double() + 1)[:, None] ** gamma
+        m = beta.shape[1]
+        torch.testing.assert_close(theta[:, -m:], expected, rtol=1e-12, atol=1e-12)
+        assert torch.equal(theta[:, :-m], torch.ones_like(theta[:, :-m]))
+    _, after = model(ids, return_stats=True)
+    for before_layer, after_layer in zip(trained, after, strict=True):
         torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
 
 
@@ -118,22 +140,28 @@ def test_end_to_end_agrees_with_asentmax_eval(tmp_path, capsys, one_thread):
                      "--no-progress"]) == 0
     evaluated = {row["length"]: row for row in json.loads((run / "eval.json").read_text())["rows"]}
     assert heads.main([str(run), "--multipliers", "1", "2", "--samples", "6", "--stats-samples", "3",
-                       "--cap", "1000", "--drop-heads", "1.0", "--device", "cpu", "--out", str(out)]) == 0
+                       "--cap", "1000", "--key-factor", "1", "--drop-heads", "1.0", "--device", "cpu",
+                       "--out", str(out)]) == 0
     result = json.loads((out / "head_temperatures.json").read_text())
     assert result["command"].startswith("PYTHONPATH=src python benchmarks/head_temperatures.py ")
     assert result["checkpoint_step"] == 3 and result["cap"] == 1000 and result["dropped_heads"] == ["1.0"]
+    assert result["key_factor"] == 1
     assert [row["length"] for row in result["rows"]] == sorted(evaluated)
     for row in result["rows"]:
-        assert row["exact_match"] == evaluated[row["length"]]["exact_match"] == row["exact_match_capped"]
+        assert row["exact_match"] == evaluated[row["length"]]["exact_match"] == row["exact_match_capped"] \
+            == row["exact_match_scaled"]  # neither a cap above every n_i nor a factor of 1 changes anything
         assert 0 <= row["exact_match_dropped"] <= 1
         assert len(row["layers"]) == 2 and all(len(layer["theta_mean"]) == 4 for layer in row["layers"])
     text = (out / "head_temperatures.md").read_text()
-    assert "| length | exact match % | theta from at most 1000 keys | heads 1.0 dropped |" in text
+    assert ("| length | exact match % | theta from at most 1000 keys | theta from 1 x n keys | heads 1.0 "
+            "dropped |") in text
     capsys.readouterr()
 
 
 @pytest.mark.parametrize("flags, message", [(["--cap", "0"], "--cap must be"),
                                             (["--stats-samples", "0"], "--stats-samples must be"),
+                                            (["--key-factor", "0"], "--key-factor must be"),
+                                            (["--key-factor", "nan"], "--key-factor must be"),
                                             (["--drop-heads", "2.0"], "is not LAYER.HEAD"),
                                             ([], "does not exist")])
 def test_bad_input_is_refused_on_one_line(tmp_path, capsys, flags, message):
