@@ -98,34 +98,38 @@ class AttentionContext:
         """Slot of the first new query."""
         return self.n_total - self.n_new
 
-    def visible(self, device, rows: slice = slice(None)) -> torch.Tensor:
-        """(B|1, 1, R, Nk) bool for the new queries `rows` (all T by default): causal and real key. A padding
+    def _slots(self, device, rows: slice | None) -> torch.Tensor:
+        """(R, 1) long: the slot of each new query in `rows` (None: all T)."""
+        slots = torch.arange(self.n_new, device=device)
+        return (slots if rows is None else slots[rows])[:, None] + self.offset
+
+    def visible(self, device, rows: slice | None = None) -> torch.Tensor:
+        """(B|1, 1, R, Nk) bool for the new queries `rows` (None: all T): causal and real key. A padding
         query also sees its own slot, so that no row is empty (its output is never used, but must stay
         finite)."""
-        rows = torch.arange(self.n_new, device=device)[rows, None] + self.offset
+        rows = self._slots(device, rows)
         cols = torch.arange(self.n_total, device=device)[None, :]
         causal = cols <= rows
         if self.key_padding_mask is None:
             return causal[None, None]
         return ((causal & self.key_padding_mask[:, None, None, :]) | (cols == rows))
 
-    def additive(self, dtype: torch.dtype, device, rows: slice = slice(None)) -> torch.Tensor:
-        """(B|1, H|1, R, Nk) float for the new queries `rows` (all T by default, kept for the call's other
+    def additive(self, dtype: torch.dtype, device, rows: slice | None = None) -> torch.Tensor:
+        """(B|1, H|1, R, Nk) float for the new queries `rows` (None: all T, kept for the call's other
         layers): ALiBi bias m_h (j - i) on visible entries, -inf elsewhere."""
-        if rows != slice(None):
+        if rows is not None:
             return self._additive_rows(dtype, device, rows)
         if dtype not in self._additive:
             self._additive[dtype] = self._additive_rows(dtype, device, rows)
         return self._additive[dtype]
 
-    def _additive_rows(self, dtype: torch.dtype, device, rows: slice) -> torch.Tensor:
+    def _additive_rows(self, dtype: torch.dtype, device, rows: slice | None) -> torch.Tensor:
         visible = self.visible(device, rows)
         if self.slopes is None:
             bias = torch.zeros((), dtype=dtype, device=device)
         else:
-            slots = torch.arange(self.n_new, device=device)[rows, None] + self.offset
             cols = torch.arange(self.n_total, device=device)[None, :]
-            distance = (cols - slots).to(torch.float64)  # j - i <= 0 on visible entries
+            distance = (cols - self._slots(device, rows)).to(torch.float64)  # j - i <= 0 on visible entries
             bias = (self.slopes.to(device)[:, None, None] * distance)[None].to(dtype)  # (1, H, R, Nk)
         return torch.where(visible, bias, float("-inf"))  # a scalar: no host copy
 
@@ -179,15 +183,17 @@ class AttentionContext:
 
 
 def dense_logits(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor | None, ctx: AttentionContext,
-                 dtype: torch.dtype, rows: slice = slice(None)) -> torch.Tensor:
-    """z (B, H, R, Nk) in `dtype` for the new queries `rows` (all T by default): q_scale * scale * q.k +
-    ALiBi, -inf where not visible (k: H or Hkv)."""
+                 dtype: torch.dtype, rows: slice | None = None) -> torch.Tensor:
+    """z (B, H, R, Nk) in `dtype` for the new queries `rows` (None: all T): q_scale * scale * q.k + ALiBi,
+    -inf where not visible (k: H or Hkv)."""
     group = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(group, dim=1) if group > 1 else k
     factor = 1.0 / math.sqrt(q.shape[-1])
-    scores = torch.matmul(q[:, :, rows].to(dtype), k.to(dtype).transpose(-1, -2)) * factor
+    if rows is not None:
+        q, q_scale = q[:, :, rows], None if q_scale is None else q_scale[..., rows]
+    scores = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * factor
     if q_scale is not None:
-        scores = scores * q_scale[..., rows].to(dtype)[..., None]
+        scores = scores * q_scale.to(dtype)[..., None]
     return scores + ctx.additive(dtype, q.device, rows)
 
 
