@@ -37,8 +37,18 @@ def reverse_batch(length=9, n=3):
     return task, make_eval_set(task, length, n, 7)
 
 
-@pytest.mark.parametrize("cap", [1, 4])
-def test_a_capped_key_count_gives_the_closed_form_theta_and_is_undone(cap):
+# (the probe's context manager, the key counts it should give theta): caps and factors
+KEY_COUNT_CHANGES = {
+    "cap 1": (lambda model: heads.capped_key_counts(model, 1), lambda n: n.clamp(max=1)),
+    "cap 4": (lambda model: heads.capped_key_counts(model, 4), lambda n: n.clamp(max=4)),
+    "factor 0.5": (lambda model: heads.scaled_key_counts(model, 0.5), lambda n: 0.5 * n),
+    "factor 4": (lambda model: heads.scaled_key_counts(model, 4.0), lambda n: 4.0 * n),
+}
+
+
+@pytest.mark.parametrize("change", KEY_COUNT_CHANGES)
+def test_changed_key_counts_give_the_closed_form_theta_and_are_undone(change):
+    probe, counts = KEY_COUNT_CHANGES[change]
     model = tiny_model()
     task, examples = reverse_batch()
     ids = collate(task, examples).input_ids
@@ -47,39 +57,16 @@ def test_a_capped_key_count_gives_the_closed_form_theta_and_is_undone(cap):
     n_keys = torch.arange(1, ids.shape[1] + 1)[None].expand(2, -1)
     for block in model.blocks:
         temperature = block.attn.temperature
-        with heads.capped_key_counts(model, cap):
+        with probe(model):
             theta = temperature(x, n_keys)
         beta, gamma = temperature.beta_gamma(x)
-        expected = temperature.delta + beta * torch.log(n_keys.clamp(max=cap).double() + 1)[:, None] ** gamma
+        expected = temperature.delta + beta * torch.log(counts(n_keys).double() + 1)[:, None] ** gamma
         m = beta.shape[1]
         torch.testing.assert_close(theta[:, -m:], expected, rtol=1e-12, atol=1e-12)
         assert torch.equal(theta[:, :-m], torch.ones_like(theta[:, :-m]))  # the ALiBi heads: no temperature
-        uncapped = temperature(x, n_keys)
-        assert not torch.allclose(theta[:, -m:, cap:], uncapped[:, -m:, cap:])  # the queries above the cap
+        assert not torch.allclose(theta[:, -m:], temperature(x, n_keys)[:, -m:])  # it changed theta
     _, after = model(ids, return_stats=True)
     for before_layer, after_layer in zip(trained, after, strict=True):  # the trained forward is back
-        torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
-
-
-@pytest.mark.parametrize("factor", [0.5, 4.0])
-def test_a_scaled_key_count_gives_the_closed_form_theta_and_is_undone(factor):
-    model = tiny_model()
-    task, examples = reverse_batch()
-    ids = collate(task, examples).input_ids
-    _, trained = model(ids, return_stats=True)
-    x = torch.randn(2, ids.shape[1], 32, dtype=torch.float64)
-    n_keys = torch.arange(1, ids.shape[1] + 1)[None].expand(2, -1)
-    for block in model.blocks:
-        temperature = block.attn.temperature
-        with heads.scaled_key_counts(model, factor):
-            theta = temperature(x, n_keys)
-        beta, gamma = temperature.beta_gamma(x)
-        expected = temperature.delta + beta * torch.log(factor * n_keys.double() + 1)[:, None] ** gamma
-        m = beta.shape[1]
-        torch.testing.assert_close(theta[:, -m:], expected, rtol=1e-12, atol=1e-12)
-        assert torch.equal(theta[:, :-m], torch.ones_like(theta[:, :-m]))
-    _, after = model(ids, return_stats=True)
-    for before_layer, after_layer in zip(trained, after, strict=True):
         torch.testing.assert_close(before_layer.theta, after_layer.theta, rtol=0, atol=0, equal_nan=True)
 
 
