@@ -259,10 +259,12 @@ class Attention(nn.Module):
         STATS_CHUNK_ELEMENTS logits."""
         cfg = self.config
         b, h, t, _ = q.shape
+        dtype = compute_dtype(q.dtype)
+        k = _expand_kv(k, h).to(dtype)  # once for every block: dense_logits would repeat and convert it
         block = max(1, STATS_CHUNK_ELEMENTS // (b * h * ctx.n_total))
         entropy, support = [], []
         for start in range(0, t, block):
-            z = dense_logits(q, k, q_scale, ctx, compute_dtype(q.dtype), slice(start, start + block))
+            z = dense_logits(q, k, q_scale, ctx, dtype, slice(start, start + block))
             p = self.normaliser.probabilities(z, self.normaliser.alpha(cfg.alpha), cfg.topk_k,
                                               cfg.attention_backend)
             block_entropy, block_support = probability_dispersion(p)
