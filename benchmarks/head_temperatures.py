@@ -153,13 +153,13 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
         examples = make_eval_set(plan.task, length, config.samples, config.seed)
         row = {"length": length, "samples": len(examples),
                "layers": head_statistics(model, plan.task, examples[:stats_samples], plan.device)}
-        conditions = {"exact_match": (capped_key_counts(model, None), [])}
+        conditions = {"exact_match": (changed_key_counts(model, None), [])}
         if cap is not None:
             conditions["exact_match_capped"] = (capped_key_counts(model, cap), [])
         if factor is not None:
             conditions["exact_match_scaled"] = (scaled_key_counts(model, factor), [])
         if drop:
-            conditions["exact_match_dropped"] = (capped_key_counts(model, None), drop)
+            conditions["exact_match_dropped"] = (changed_key_counts(model, None), drop)
         for label, (key_counts, silenced) in conditions.items():
             with key_counts, dropped_heads(model, silenced):
                 scores = greedy_accuracy(model, plan.task, examples, device=plan.device,
