@@ -15,17 +15,17 @@ checkpoint at the step it reached (an evaluation gets it 5 s before the end and 
 both exit 130); the next call continues both. A training that a stall check (--stall-step, --stall-val-step)
 stopped (exit 3) ends its chain as "stalled", unevaluated. A run with `"after": OTHER` starts only once OTHER
 has trained (its chain waits; in a call without OTHER, OTHER must be trained already): with `{work}` in its
-flags, which stands for --work, it can start from OTHER's weights (`--init-from {work}/OTHER`). A step that
-fails (any other exit code) stops its own chain only; its log says why, and the printed line quotes the log's
-last line that names an error. `--continuing` refuses (exit 2,
-nothing started) a call in which a run would start again from step 0: on a machine that lost --work between
-calls it saves the window. An evaluation starts only with at least --min-eval-seconds left. Markers in --work
-(<name>.trained, <name>.stalled, <name>.eval<i>.done) record what finished; a call naming a run (or the run it
-is after) last written there more than --stale-hours ago, an earlier session's on a machine that kept --work,
-is refused, nothing started; <work>/status.json and the printed
-lines give every run's state and this call's seconds per step; the exit code is 0 unless a step failed.
-`--eval-flags` appends flags to every evaluation of a call (a setting that leaves results as they are, such as
-`--cuda-graphs on`, without editing the plan).
+flags, which stands for --work, it can start from OTHER's weights (`--init-from {work}/OTHER`); in an
+evaluation's flags `{work}` places a result beside the others (`--amp off --output {work}/NAME/eval_fp32`). A
+step that fails (any other exit code) stops its own chain only; its log says why, and the printed line quotes
+the log's last line that names an error. `--continuing` refuses (exit 2, nothing started) a call in which a
+run would start again from step 0: on a machine that lost --work between calls it saves the window. An
+evaluation starts only with at least --min-eval-seconds left. Markers in --work (<name>.trained,
+<name>.stalled, <name>.eval<i>.done) record what finished; a call naming a run (or the run it is after) last
+written there more than --stale-hours ago, an earlier session's on a machine that kept --work, is refused,
+nothing started; <work>/status.json and the printed lines give every run's state and this call's seconds per
+step; the exit code is 0 unless a step failed. `--eval-flags` appends flags to every evaluation of a call (a
+setting that leaves results as they are, such as `--cuda-graphs on`, without editing the plan).
 
 This module is the one place that runs `asentmax` processes side by side under a deadline: `run_step` (one
 command, appended to its log, SIGINT at the deadline; its exit code and seconds), `side_by_side` (functions at
@@ -182,6 +182,7 @@ def _chain(name: str, run: dict, work: Path, end: float, margin: float, min_eval
                 continue
             if end - time.time() < min_eval_s:
                 break
+            flags = [flag.replace("{work}", str(work)) for flag in flags]
             code, seconds = run_step(["eval", str(run_dir), "--no-progress", *flags, *eval_flags],
                                      work / f"{name}.eval.log", end - 5)
             state["steps"].append({"step": f"eval{i}", "exit": code, "seconds": seconds})

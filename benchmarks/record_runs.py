@@ -2,7 +2,8 @@
 
 A device call's plan runs come back as a tarball of `--work` without weights (benchmarks/device_calls.sh).
 For each PLAN_RUN=NAME this copies <work>/PLAN_RUN's config.json, log.csv, val.csv, stalled.json and
-evaluations (eval*.json, eval*.md) to <out>/NAME/, with <work>/PLAN_RUN.train.log and .eval.log as train.log
+evaluations (eval.json, eval_best, eval_fresh, eval_best_fresh and any other eval_*.json an evaluation's
+--output named, each with its .md) to <out>/NAME/, with <work>/PLAN_RUN.train.log and .eval.log as train.log
 and eval.log, and the lines of the --logs (device_plan.py's printed states) that name the run as
 device_plan.log. A run that a stall check stopped keeps an evaluation of its last checkpoint (and its log) as
 eval_at_stall.json/.md/.log, so that `asentmax compare` still counts it as stopped. Then it appends NAME to
@@ -98,7 +99,8 @@ def copy_run(work: Path, plan_run: str, dst: Path, lines: list[str]) -> None:
     for name in RECORDED_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, dst / name)
-    for name in EVALUATIONS:
+    others = sorted({path.stem for path in src.glob("eval_*.json")} - set(EVALUATIONS))  # e.g. --output
+    for name in (*EVALUATIONS, *others):
         target = AT_STALL_NAME if stalled and name == EVAL_NAME else name
         for suffix in (".json", ".md"):
             if (src / f"{name}{suffix}").is_file():

@@ -66,6 +66,15 @@ def test_eval_flags_reach_every_evaluation(tmp_path):
     assert "--cuda-graphs on: cuda_graph=True needs" in (tmp_path / "work" / "run.eval.log").read_text()
 
 
+def test_work_in_an_evaluation_s_flags_stands_for_work(tmp_path):
+    """`{work}` in an evaluation's flags is --work, as in training's: an --output placed in the run's dir."""
+    plan = {"run": {"train": TINY + " --steps 2",
+                    "evals": ["--multipliers 1 --samples 2 --output {work}/run/eval_x"]}}
+    result = call(tmp_path, plan, "--seconds", "240")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "work" / "run" / "eval_x.json").read_text())["rows"][0]["length"] == 6
+
+
 def test_a_closing_window_checkpoints_and_the_next_call_resumes(tmp_path):
     plan = {"long": {"train": TINY + " --steps 1000000", "evals": ["--multipliers 1 --samples 2"]}}
     first = call(tmp_path, plan, "--seconds", "10", "--margin", "2")

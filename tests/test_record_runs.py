@@ -44,7 +44,8 @@ def plan_run(work, name, *, seed, steps, reached, batch=128, prior=0, stalled=Fa
 @pytest.fixture
 def plan(tmp_path):
     work = tmp_path / "work"
-    plan_run(work, "reverse_done", seed=1, steps=400, reached=400, prior=1000)
+    plan_run(work, "reverse_done", seed=1, steps=400, reached=400, prior=1000,
+             evals=("eval", "eval_best", "eval_fp32"))  # the last as an --output in the run's dir
     plan_run(work, "reverse_screen", seed=7, steps=400, reached=100, stalled=True, evals=("eval",))
     log = tmp_path / "device_plan.log"
     log.write_text("reverse_done: trained, evaluations 2/2 (train exit 0 in 12.5 s, eval0 exit 0 in 2 s, "
@@ -71,7 +72,7 @@ def test_runs_are_copied_and_appended_in_the_files_format(tmp_path, plan, layout
     done, stalled = out / "done", out / "screen_stalled"
     assert sorted(p.name for p in done.iterdir()) == sorted(
         ["config.json", "log.csv", "val.csv", "eval.json", "eval.md", "eval_best.json", "eval_best.md",
-         "train.log", "eval.log", "device_plan.log"])
+         "eval_fp32.json", "eval_fp32.md", "train.log", "eval.log", "device_plan.log"])
     assert sorted(p.name for p in stalled.iterdir()) == sorted(
         ["config.json", "log.csv", "val.csv", "stalled.json", "eval_at_stall.json", "eval_at_stall.md",
          "eval_at_stall.log", "train.log", "device_plan.log"])
