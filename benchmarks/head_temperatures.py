@@ -17,6 +17,8 @@ this writes:
   times as many: a probe of whether attention sharper than the learned growth gives retrieves better far out;
 - with --drop-heads L.H ..., the same with those heads' outputs set to 0 (layer L, head H, from 0; the
   attention output before its output projection): a probe of which heads a run needs at each length.
+Each changed condition also counts the samples whose exact match differs from the run's as trained, either way
+(asentmax.eval's exact_by_sample): equal percentages can hide answers that swapped.
 
     PYTHONPATH=src python benchmarks/head_temperatures.py RUN_DIR --multipliers 1 4 8 --samples 100 \\
         --cap 130 --drop-heads 0.4 0.5 --out DIR
@@ -160,23 +162,38 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
             conditions["exact_match_scaled"] = (scaled_key_counts(model, factor), [])
         if drop:
             conditions["exact_match_dropped"] = (changed_key_counts(model, None), drop)
+        trained = None  # exact_by_sample as trained (the first condition)
         for label, (key_counts, silenced) in conditions.items():
             with key_counts, dropped_heads(model, silenced):
                 scores = greedy_accuracy(model, plan.task, examples, device=plan.device,
                                          autocast_dtype=plan.autocast_dtype, batch_size=config.batch_size,
                                          max_batch_tokens=config.max_batch_tokens)
             row[label] = scores["exact_match"]
+            if trained is None:
+                trained = scores["exact_by_sample"]
+            else:  # samples whose exact match differs from the run's as trained, either way
+                row[f"{label}_changed"] = sum(a != b for a, b in zip(trained, scores["exact_by_sample"],
+                                                                     strict=True))
         rows.append(row)
-        capped = f", theta from at most {cap} keys {100 * row['exact_match_capped']:.1f} %" if cap else ""
-        scaled = f", theta from {factor:g} x n keys {100 * row['exact_match_scaled']:.1f} %" if factor else ""
-        dropped = f", heads dropped {100 * row['exact_match_dropped']:.1f} %" if drop else ""
-        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{capped}{scaled}{dropped}",
-              file=sys.stderr, flush=True)
+        shown = [(label, text) for label, text, given in (
+            ("exact_match_capped", f"theta from at most {cap} keys", cap),
+            ("exact_match_scaled", f"theta from {factor:g} x n keys", factor),
+            ("exact_match_dropped", "heads dropped", drop)) if given]
+        others = "".join(f", {text} {100 * row[label]:.1f} % ({row[label + '_changed']} changed)"
+                         for label, text in shown)
+        print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{others}", file=sys.stderr,
+              flush=True)
     return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
             "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
             "seed": config.seed, "cap": cap, "key_factor": factor,
             "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
             "stats_samples": stats_samples, "device": plan.header["device"], "rows": rows}
+
+
+def _changed(count: int | None) -> str:
+    """The suffix " (N changed)", N the samples whose exact match differs from the run's as trained; none
+    for files written before the count was kept."""
+    return "" if count is None else f" ({count} changed)"
 
 
 def _cells(values: list[float], digits: int) -> str:
@@ -196,8 +213,8 @@ def markdown(result: dict) -> str:
              "|---|---|" + "---|" * len(columns)]
     for row in result["rows"]:
         name = f"{row['length']} ({format_multiplier(row['length'] / result['id_length'])})"
-        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |"
-                     + "".join(f" {100 * row[label]:.1f} |" for label, _ in columns))
+        lines.append(f"| {name} | {100 * row['exact_match']:.1f} |" + "".join(
+            f" {100 * row[label]:.1f}{_changed(row.get(label + '_changed'))} |" for label, _ in columns))
     for row in result["rows"]:
         lines += ["", f"Length {row['length']}, {result['stats_samples']} samples teacher-forced: per head "
                   "(space-separated), theta over every query (mean, min-max), at the answer queries, and the "

@@ -19,7 +19,7 @@ from asentmax.eval import (
 )
 from asentmax.nn import ModelConfig, Transformer
 from asentmax.tasks import BOS, EOS, SEP, get_task, make_eval_set
-from asentmax.tasks.scoring import teacher_forced_accuracy
+from asentmax.tasks.scoring import teacher_forced_accuracy, teacher_forced_counts
 
 
 class StubModel(torch.nn.Module):
@@ -93,6 +93,9 @@ def test_known_partial_accuracy(copy_examples, scorer):
     assert scores["token_accuracy"] == pytest.approx((total - 3) / total)
     assert all(b <= 3 and (b == 1 or b * t <= 30) for b, t in model.shapes)  # both batch budgets
     assert max(b for b, _ in model.shapes) > 1
+    by_sample = (scores["exact_by_sample"] if scorer is greedy_accuracy else teacher_forced_counts(
+        model, task, examples, device="cpu", batch_size=3, max_batch_tokens=30)[0])
+    assert by_sample == [int(i not in (0, 2, 6)) for i in range(8)]  # the examples' order, not the batches'
 
 
 def test_evaluate_rows_per_length_with_interval():
@@ -157,7 +160,7 @@ def test_a_tagging_task_is_scored_on_its_labels_without_decoding(name):
     scores = answer_accuracy(ExactTagger(task, wrong_at), task, examples, device="cpu", batch_size=4)
     assert scores["n_exact"] == n - 2 and scores["token_accuracy"] == pytest.approx(1 - 2 / (64 * n))
     assert scores == {**teacher_forced_accuracy(ExactTagger(task, wrong_at), task, examples, device="cpu"),
-                      "n": n, "n_exact": n - 2}
+                      "n": n, "n_exact": n - 2, "exact_by_sample": [int(i not in (0, 3)) for i in range(n)]}
     budgeted = ExactTagger(task)  # the token budget counts the input's 65 tokens: two rows fit in 130
     answer_accuracy(budgeted, task, examples, device="cpu", max_batch_tokens=130)
     assert set(budgeted.shapes) == {(2, 65)}

@@ -139,10 +139,37 @@ def test_end_to_end_agrees_with_asentmax_eval(tmp_path, capsys, one_thread):
             == row["exact_match_scaled"]  # neither a cap above every n_i nor a factor of 1 changes anything
         assert 0 <= row["exact_match_dropped"] <= 1
         assert len(row["layers"]) == 2 and all(len(layer["theta_mean"]) == 4 for layer in row["layers"])
+        assert row["exact_match_capped_changed"] == row["exact_match_scaled_changed"] == 0
+        moved = round(abs(row["exact_match_dropped"] - row["exact_match"]) * 6)  # of the 6 samples
+        assert moved <= row["exact_match_dropped_changed"] <= 6
     text = (out / "head_temperatures.md").read_text()
     assert ("| length | exact match % | theta from at most 1000 keys | theta from 1 x n keys | heads 1.0 "
             "dropped |") in text
     capsys.readouterr()
+
+
+def test_each_condition_counts_the_samples_whose_answer_changed(tmp_path, capsys, monkeypatch):
+    """Equal exact match with different samples right is counted as changed: the counts compare
+    exact_by_sample with the run's as trained, sample by sample."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert asentmax(["train", "--run-dir", str(run), *TINY_REVERSE]) == 0
+    # as trained, capped, scaled, heads dropped
+    by_condition = iter([[1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 0], [0, 0, 0, 1]])
+
+    def decoded(*args, **kwargs):
+        exact = next(by_condition)
+        return {"exact_match": sum(exact) / len(exact), "exact_by_sample": exact}
+
+    monkeypatch.setattr(heads, "greedy_accuracy", decoded)
+    assert heads.main([str(run), "--multipliers", "1", "--samples", "4", "--cap", "2", "--key-factor", "2",
+                       "--drop-heads", "0.0", "--device", "cpu", "--out", str(out)]) == 0
+    [row] = json.loads((out / "head_temperatures.json").read_text())["rows"]
+    assert (row["exact_match"], row["exact_match_capped"], row["exact_match_scaled"]) == (0.5, 0.5, 0.5)
+    assert (row["exact_match_capped_changed"], row["exact_match_scaled_changed"],
+            row["exact_match_dropped_changed"]) == (2, 0, 3)
+    assert "| 50.0 | 50.0 (2 changed) | 50.0 (0 changed) | 25.0 (3 changed) |" in (
+        out / "head_temperatures.md").read_text()
+    assert "theta from at most 2 keys 50.0 % (2 changed)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [(["--cap", "0"], "--cap must be"),

@@ -184,13 +184,15 @@ def multiplier_lengths(id_length: int, multipliers, task) -> list[int]:
 @torch.no_grad()
 def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
                     max_batch_tokens: int = 32768, on_batch=None, cuda_graph: bool = False) -> dict:
-    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates, and for a
-    task whose answers copy source tokens (Task.answer_sources) "source_tenth_accuracy": the accuracy of the
-    answer tokens copied from each tenth of the source, first tenth first (None for a tenth no answer comes
-    from). `on_batch(n)` (optional) is called after each batch with the number of samples it held."""
+    """Greedy-decode every prompt with the KV cache; score target + EOS. Returns counts and rates,
+    "exact_by_sample" (1 for each example decoded exactly, 0 otherwise, in the order of `examples`: two
+    evaluations of one test set compare sample by sample), and for a task whose answers copy source tokens
+    (Task.answer_sources) "source_tenth_accuracy": the accuracy of the answer tokens copied from each tenth of
+    the source, first tenth first (None for a tenth no answer comes from). `on_batch(n)` (optional) is called
+    after each batch with the number of samples it held."""
     from asentmax.tasks.base import BOS, EOS, SEP
 
-    exact, correct, total = 0, 0, 0
+    exact_by_sample, correct, total = [0] * len(examples), 0, 0
     tenth_correct = np.zeros(SOURCE_PARTS, dtype=np.int64)
     tenth_total = np.zeros(SOURCE_PARTS, dtype=np.int64)
     copies = True
@@ -202,14 +204,16 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         with autocast(device, autocast_dtype):
             out = model.generate(prompts, expected.shape[1], temperature=0.0, cuda_graph=cuda_graph)
         hits = out[:, prompts.shape[1]:] == expected
-        exact += int(hits.all(1).sum())
+        for i, right in zip(indices, hits.all(1).tolist(), strict=True):
+            exact_by_sample[i] = int(right)
         correct += int(hits.sum())
         total += hits.numel()
         copies = copies and _count_by_source_part(task, group, hits.cpu().numpy(), tenth_correct, tenth_total)
         if on_batch is not None:
             on_batch(len(indices))
+    exact = sum(exact_by_sample)
     scores = {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
-              "token_accuracy": correct / total}
+              "token_accuracy": correct / total, "exact_by_sample": exact_by_sample}
     if copies and tenth_total.any():
         scores["source_tenth_accuracy"] = [float(c / t) if t else None
                                            for c, t in zip(tenth_correct, tenth_total, strict=True)]
@@ -224,11 +228,12 @@ def answer_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         return greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
                                batch_size=batch_size, max_batch_tokens=max_batch_tokens, on_batch=on_batch,
                                cuda_graph=cuda_graph)
-    exact, correct, total = teacher_forced_counts(model, task, examples, device=device,
-                                                  autocast_dtype=autocast_dtype, batch_size=batch_size,
-                                                  max_batch_tokens=max_batch_tokens, on_batch=on_batch)
+    exact_by_sample, correct, total = teacher_forced_counts(
+        model, task, examples, device=device, autocast_dtype=autocast_dtype, batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens, on_batch=on_batch)
+    exact = sum(exact_by_sample)
     return {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
-            "token_accuracy": correct / total}
+            "token_accuracy": correct / total, "exact_by_sample": exact_by_sample}
 
 
 def _count_by_source_part(task, examples, hits, part_correct, part_total) -> bool:

@@ -36,11 +36,12 @@ def shape_batches(examples, key, max_batch: int, max_tokens: int):
 
 @torch.no_grad()
 def teacher_forced_counts(model, task, examples, *, device, autocast_dtype=None, batch_size: int = 64,
-                          max_batch_tokens: int = 32768, on_batch=None) -> tuple[int, int, int]:
-    """(examples right at every scored position, scored positions right, scored positions) of the argmax
-    at every position the loss covers (Task.inputs_and_labels). `on_batch(n)` (optional) is called after
-    each batch with the number of examples it held."""
-    exact, correct, total = 0, 0, 0
+                          max_batch_tokens: int = 32768, on_batch=None) -> tuple[list[int], int, int]:
+    """(exact_by_sample: 1 for each example right at every scored position, 0 otherwise, in the order of
+    `examples`; scored positions right; scored positions) of the argmax at every position the loss covers
+    (Task.inputs_and_labels). `on_batch(n)` (optional) is called after each batch with the number of
+    examples it held."""
+    exact_by_sample, correct, total = [0] * len(examples), 0, 0
     key = lambda e: (len(e.source) + (1 if task.tagging else len(e.target) + 2),)  # ~ the input width
     for indices in shape_batches(examples, key, batch_size, max_batch_tokens):
         batch = collate(task, [examples[i] for i in indices]).to(device)
@@ -48,16 +49,17 @@ def teacher_forced_counts(model, task, examples, *, device, autocast_dtype=None,
             logits = model(batch.input_ids)
         scored = batch.labels != IGNORE_INDEX
         hits = (logits.argmax(-1) == batch.labels) & scored
-        exact += int((hits.sum(1) == scored.sum(1)).sum())
+        for i, right in zip(indices, (hits.sum(1) == scored.sum(1)).tolist(), strict=True):
+            exact_by_sample[i] = int(right)
         correct += int(hits.sum())
         total += int(scored.sum())
         if on_batch is not None:
             on_batch(len(indices))
-    return exact, correct, total
+    return exact_by_sample, correct, total
 
 
 def teacher_forced_accuracy(model, task, examples, **options) -> dict:
     """Exact match and per-token accuracy of the argmax at every scored position (target + EOS; a tagging
     task's labels); options as teacher_forced_counts."""
-    exact, correct, total = teacher_forced_counts(model, task, examples, **options)
-    return {"exact_match": exact / len(examples), "token_accuracy": correct / total}
+    exact_by_sample, correct, total = teacher_forced_counts(model, task, examples, **options)
+    return {"exact_match": sum(exact_by_sample) / len(examples), "token_accuracy": correct / total}
