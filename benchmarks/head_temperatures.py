@@ -175,12 +175,10 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
                 row[f"{label}_changed"] = sum(a != b for a, b in zip(trained, scores["exact_by_sample"],
                                                                      strict=True))
         rows.append(row)
-        shown = [(label, text) for label, text, given in (
-            ("exact_match_capped", f"theta from at most {cap} keys", cap),
-            ("exact_match_scaled", f"theta from {factor:g} x n keys", factor),
-            ("exact_match_dropped", "heads dropped", drop)) if given]
-        others = "".join(f", {text} {100 * row[label]:.1f} % ({row[label + '_changed']} changed)"
-                         for label, text in shown)
+        dropped = [f"{layer}.{head}" for layer, head in drop]
+        others = "".join(f", {condition_name(label, cap, factor, dropped)} {100 * row[label]:.1f} % "
+                         f"({row[label + '_changed']} changed)"
+                         for label in conditions if label != "exact_match")
         print(f"length {length}: exact match {100 * row['exact_match']:.1f} %{others}", file=sys.stderr,
               flush=True)
     return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
@@ -188,6 +186,15 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
             "seed": config.seed, "cap": cap, "key_factor": factor,
             "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
             "stats_samples": stats_samples, "device": plan.header["device"], "rows": rows}
+
+
+def condition_name(label: str, cap: int | None, factor: float | None, dropped: list[str]) -> str:
+    """How the report names the condition whose exact match a row keeps under `label`."""
+    if label == "exact_match_capped":
+        return f"theta from at most {cap} keys"
+    if label == "exact_match_scaled":
+        return f"theta from {factor:g} x n keys"
+    return f"heads {' '.join(dropped)} dropped"
 
 
 def _changed(count: int | None) -> str:
@@ -203,18 +210,17 @@ def _cells(values: list[float], digits: int) -> str:
 def markdown(result: dict) -> str:
     """The command, the exact match per length, then per length a table of layers x heads."""
     cap, factor, drop = result["cap"], result.get("key_factor"), result["dropped_heads"]
-    columns = [(label, f" {header} |") for label, header, shown in (
-        ("exact_match_capped", f"theta from at most {cap} keys", cap),
-        ("exact_match_scaled", f"theta from {factor:g} x n keys" if factor else "", factor),
-        ("exact_match_dropped", f"heads {' '.join(drop)} dropped", drop)) if shown]
+    columns = [label for label, shown in (("exact_match_capped", cap), ("exact_match_scaled", factor),
+                                          ("exact_match_dropped", drop)) if shown]
     lines = [f"## Temperatures and support per head of {result['run_dir']} ({result['checkpoint']} "
              f"checkpoint, step {result['checkpoint_step']:,})", "", f"Command: `{result['command']}`", "",
-             "| length | exact match % |" + "".join(header for _, header in columns),
+             "| length | exact match % |" + "".join(f" {condition_name(label, cap, factor, drop)} |"
+                                                  for label in columns),
              "|---|---|" + "---|" * len(columns)]
     for row in result["rows"]:
         name = f"{row['length']} ({format_multiplier(row['length'] / result['id_length'])})"
         lines.append(f"| {name} | {100 * row['exact_match']:.1f} |" + "".join(
-            f" {100 * row[label]:.1f}{_changed(row.get(label + '_changed'))} |" for label, _ in columns))
+            f" {100 * row[label]:.1f}{_changed(row.get(label + '_changed'))} |" for label in columns))
     for row in result["rows"]:
         lines += ["", f"Length {row['length']}, {result['stats_samples']} samples teacher-forced: per head "
                   "(space-separated), theta over every query (mean, min-max), at the answer queries, and the "

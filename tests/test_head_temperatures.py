@@ -148,6 +148,22 @@ def test_end_to_end_agrees_with_asentmax_eval(tmp_path, capsys, one_thread):
     capsys.readouterr()
 
 
+@pytest.mark.parametrize("conditions, header", [
+    ([], "| length | exact match % |"),
+    (["--cap", "3"], "| length | exact match % | theta from at most 3 keys |"),
+    (["--key-factor", "2"], "| length | exact match % | theta from 2 x n keys |"),
+    (["--drop-heads", "0.1", "1.2"], "| length | exact match % | heads 0.1 1.2 dropped |")])
+def test_any_subset_of_the_conditions_is_reported(tmp_path, capsys, conditions, header):
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert asentmax(["train", "--run-dir", str(run), *TINY_REVERSE]) == 0
+    assert heads.main([str(run), "--multipliers", "1", "--samples", "2", "--stats-samples", "1", "--device",
+                       "cpu", *conditions, "--out", str(out)]) == 0
+    assert f"\n{header}\n|---|---|{'---|' * (header.count('|') - 3)}\n" in (
+        out / "head_temperatures.md").read_text()
+    named = header.split("|")[3:-1]  # the condition's column, none without one
+    assert all(f", {name.strip()} 0.0 % (0 changed)" in capsys.readouterr().err for name in named)
+
+
 def test_each_condition_counts_the_samples_whose_answer_changed(tmp_path, capsys, monkeypatch):
     """Equal exact match with different samples right is counted as changed: the counts compare
     exact_by_sample with the run's as trained, sample by sample."""
