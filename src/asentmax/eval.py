@@ -73,6 +73,7 @@ from asentmax.runs import (
     write_json,
     write_text,
 )
+from asentmax.tasks.eval_sets import eval_set_digest
 from asentmax.tasks.scoring import autocast, shape_batches, teacher_forced_counts
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
@@ -328,8 +329,9 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
              dispersion_samples: int = 0, dispersion_max_tokens: int = 2048, done=(), on_row=None,
              progress: bool = False, log=print, note=print_note, tables: str = "train",
              estimate_threshold_s: float = ESTIMATE_THRESHOLD_S, cuda_graph: bool = False) -> list[dict]:
-    """One row per length, shortest first: exact match (+ Wilson interval), per-token accuracy, seconds
-    taken, and (for sequences up to dispersion_max_tokens) attention dispersion on the first
+    """One row per length, shortest first: exact match (+ Wilson interval; which samples in
+    exact_by_sample, and the set's eval_set_digest as test_set_digest), per-token accuracy, seconds taken,
+    and (for sequences up to dispersion_max_tokens) attention dispersion on the first
     dispersion_samples examples. Rows in `done` (earlier results) are kept and their lengths skipped;
     `on_row(rows)` gets every row so far after each length; `progress` shows a bar over the samples;
     `log` gets each length's result line, `note` the estimate announced before a long length.
@@ -354,7 +356,8 @@ def evaluate(model, task, lengths, *, samples: int, seed: int, device, autocast_
                                      max_batch_tokens=max_batch_tokens, on_batch=bar.update,
                                      cuda_graph=cuda_graph)
         low, high = wilson_interval(scores["n_exact"], scores["n"], confidence)
-        row = {"length": length, **scores, "ci_low": low, "ci_high": high}
+        row = {"length": length, **scores, "ci_low": low, "ci_high": high,
+               "test_set_digest": eval_set_digest(examples)}
         subset = examples[:dispersion_samples]
         if subset and max(len(e.source) + len(e.target) + 2 for e in subset) <= dispersion_max_tokens:
             row["dispersion"] = answer_dispersion(model, length_task, subset, device=device)

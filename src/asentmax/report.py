@@ -13,7 +13,8 @@ samples = step x batch size), where a loss plateau and a still-rising validation
 Runs of one recipe (seeds, or repeats of a seed) are also summarised together (repeat_table: the median and
 the range per length), since length generalisation can differ far more between seeds than a test interval
 suggests, and recipes that share seeds side by side by seed (seed_table), which tells a seed that fails under
-every recipe from a recipe that fails.
+every recipe from a recipe that fails. Evaluations that tested the same samples are compared sample by
+sample (asentmax.paired: the "Paired" table, McNemar's exact test).
 
 Writes compare.md, compare.json, accuracy.png, dispersion.png (when dispersion was measured), training.png
 (when a run directory holds its logs) and repeats.png (when runs share a recipe: repeat_table's groups as a
@@ -34,6 +35,7 @@ from asentmax.nn.config import ModelConfig
 from asentmax.nn.normalisers import NORMALISERS
 from asentmax.nn.positions import scaled_head_count
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
+from asentmax.paired import paired_rows, paired_table
 from asentmax.runs import (
     RunError,
     format_multiplier,
@@ -615,23 +617,33 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     return True
 
 
+def evaluation_labels(results: list[dict], paths: list[Path]) -> list[str]:
+    """runs.run_name of each evaluation, with the path given for it (a run directory or an eval JSON) where
+    two evaluations share a name (say eval.json and an --output of the same run and checkpoint)."""
+    names = [run_name(result) for result in results]
+    return [f"{name} ({path})" if names.count(name) > 1 else name
+            for name, path in zip(names, paths, strict=True)]
+
+
 def compare_runs(run_dirs, output_dir: Path | str) -> str:
     """Load and check every run's eval.json (a run directory that a stall check ended, with no evaluation:
     its config.json and stalled.json, runs.load_stalled), then write the table and plots under
     `output_dir`; returns the table. RunError when no run given is evaluated."""
-    stalled, results = [], []
+    stalled, results, paths = [], [], []
     for run_dir in run_dirs:
         if stalled_unevaluated(run_dir):
             stalled.append(load_stalled(run_dir))
         else:
             results.append(load_evaluation(run_dir))
+            paths.append(Path(run_dir))
     if not results:
         raise RunError("no evaluated run among those given (each was stopped by a stall check); run "
                        "`asentmax eval` on one first")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
-    for part in (repeat_table(results, stalled), seed_table(results, stalled)):
+    paired = paired_rows(results, evaluation_labels(results, paths))
+    for part in (repeat_table(results, stalled), seed_table(results, stalled), paired_table(paired)):
         if part:
             table += "\n" + part
     _plot_accuracy(results, output_dir / "accuracy.png")
@@ -643,6 +655,6 @@ def compare_runs(run_dirs, output_dir: Path | str) -> str:
     (output_dir / "compare.md").write_text(table + "\nPlots: " + ", ".join(files) + "\n")
     groups = [repeat_summary(group) for group in repeat_groups(results, stalled)]
     write_json(output_dir / "compare.json", {"runs": [str(d) for d in run_dirs], "results": results,
-                                             "repeat_groups": groups,
+                                             "repeat_groups": groups, "paired": paired,
                                              "stalled": [_stalled_entry(run) for run in stalled]})
     return table

@@ -5,6 +5,8 @@
 prefix of the set for n' > n. Each length draws from its own stream,
 `numpy.random.default_rng([seed, length])`.
 
+`eval_set_digest(examples)` fingerprints a set, so that two evaluations can tell they tested the same samples.
+
 JSONL: one example per line, `{"source": [ids...], "target": [ids...]}`. numpy keeps a seeded
 Generator's stream stable in practice but does not promise it across releases, so to compare results
 exactly across machines share the JSONL files rather than the seed.
@@ -12,6 +14,7 @@ exactly across machines share the JSONL files rather than the seed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -33,6 +36,16 @@ def make_eval_set(task: Task | str, length: int, n: int, seed: int) -> list[Exam
     task.check_length(length)
     rng = np.random.default_rng([int(seed), int(length)])
     return [task.sample(length, rng) for _ in range(n)]
+
+
+def eval_set_digest(examples: list[Example]) -> str:
+    """SHA-256 (hex) of the examples' token ids in order, each source and target with its length: equal
+    digests mean the same test samples, whatever seed, tables or layout drew them (asentmax.paired)."""
+    digest = hashlib.sha256()
+    for example in examples:
+        for ids in (example.source, example.target):
+            digest.update(np.asarray([len(ids), *ids], dtype=np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def save_jsonl(path: str | os.PathLike, examples: list[Example]) -> None:
