@@ -483,6 +483,15 @@ def test_a_first_length_above_1x_says_it_has_no_estimate(tiny_run, capsys):
                                "model_config": {"attention": "softmax"}}),
     ("a row without", {"task": "copy", "run_dir": "r", "id_length": 4, "rows": [{"length": 4}],
                        "model_config": {"attention": "softmax"}}),
+    *[("exact_by_sample at length 4 that is not", {
+        "task": "copy", "run_dir": "r", "id_length": 4, "model_config": {"attention": "softmax"},
+        "rows": [{"length": 4, "n": 3, "n_exact": 2, "exact_match": 2 / 3, "token_accuracy": 0.9,
+                  "ci_low": 0.2, "ci_high": 0.9, "exact_by_sample": by_sample}]})
+      for by_sample in ([1, 1], [1, 1, 2], [1, 1, 1], "110")],  # short, not 0/1, not n_exact, not a list
+    ("test_set_digest at length 4 that is not a string", {
+        "task": "copy", "run_dir": "r", "id_length": 4, "model_config": {"attention": "softmax"},
+        "rows": [{"length": 4, "n": 3, "n_exact": 2, "exact_match": 2 / 3, "token_accuracy": 0.9,
+                  "ci_low": 0.2, "ci_high": 0.9, "exact_by_sample": [1, 0, 1], "test_set_digest": 7}]}),
 ])
 def test_load_evaluation_rejects_what_eval_does_not_write(problem, data, tmp_path):
     import json

@@ -292,6 +292,13 @@ def _evaluation_problem(data: dict) -> str | None:
             return "a row without length, n, n_exact, exact_match, token_accuracy, ci_low, ci_high"
         if not (row["length"] > 0 and row["n"] > 0 and 0 <= row["exact_match"] <= 1):
             return f"an impossible row at length {row['length']}"
+        by_sample = row.get("exact_by_sample")
+        if by_sample is not None and not (isinstance(by_sample, list) and len(by_sample) == row["n"]
+                                          and all(v in (0, 1) for v in by_sample)
+                                          and sum(by_sample) == row["n_exact"]):
+            return f"an exact_by_sample at length {row['length']} that is not n 0/1 values summing to n_exact"
+        if "test_set_digest" in row and not isinstance(row["test_set_digest"], str):
+            return f"a test_set_digest at length {row['length']} that is not a string"
         dispersion = row.get("dispersion")
         if dispersion is not None and not (isinstance(dispersion, dict) and all(
                 _number(dispersion.get(k)) for k in ("normalised_entropy", "support_size"))):
