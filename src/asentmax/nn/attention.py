@@ -186,8 +186,7 @@ def dense_logits(q: torch.Tensor, k: torch.Tensor, q_scale: torch.Tensor | None,
                  dtype: torch.dtype, rows: slice | None = None) -> torch.Tensor:
     """z (B, H, R, Nk) in `dtype` for the new queries `rows` (None: all T): q_scale * scale * q.k + ALiBi,
     -inf where not visible (k: H or Hkv)."""
-    group = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(group, dim=1) if group > 1 else k
+    k = _expand_kv(k, q.shape[1])
     factor = 1.0 / math.sqrt(q.shape[-1])
     if rows is not None:
         q, q_scale = q[:, :, rows], None if q_scale is None else q_scale[..., rows]
