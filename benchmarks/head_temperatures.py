@@ -150,6 +150,7 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
     model = Transformer(plan.model_config)
     model.load_state_dict(plan.model_state)
     model.to(plan.device).eval()
+    dropped = [f"{layer}.{head}" for layer, head in drop]
     rows = []
     for length in plan.lengths:
         examples = make_eval_set(plan.task, length, config.samples, config.seed)
@@ -175,7 +176,6 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
                 row[f"{label}_changed"] = sum(a != b for a, b in zip(trained, scores["exact_by_sample"],
                                                                      strict=True))
         rows.append(row)
-        dropped = [f"{layer}.{head}" for layer, head in drop]
         others = "".join(f", {condition_name(label, cap, factor, dropped)} {100 * row[label]:.1f} % "
                          f"({row[label + '_changed']} changed)"
                          for label in conditions if label != "exact_match")
@@ -184,7 +184,7 @@ def analyse(plan, cap: int | None, factor: float | None, drop: list[tuple[int, i
     return {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
             "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
             "seed": config.seed, "cap": cap, "key_factor": factor,
-            "dropped_heads": [f"{layer}.{head}" for layer, head in drop],
+            "dropped_heads": dropped,
             "stats_samples": stats_samples, "device": plan.header["device"], "rows": rows}
 
 
