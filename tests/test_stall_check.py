@@ -25,7 +25,7 @@ def logged(run_dir):
         return [(int(r["step"]), float(r["loss"])) for r in csv.DictReader(f)]
 
 
-@pytest.mark.parametrize("stall_step, stop_step", [(6, 6), (5, 6), (1, 2)])
+@pytest.mark.parametrize("stall_step, stop_step", [(6, 6), (5, 6), (1, 2), (11, 12), (12, 12)])
 def test_a_run_that_never_gets_below_the_loss_stops_at_the_first_log_step_from_stall_step(
         tmp_path, capsys, stall_step, stop_step):
     run = tmp_path / "run"
@@ -38,6 +38,8 @@ def test_a_run_that_never_gets_below_the_loss_stops_at_the_first_log_step_from_s
     assert logged(run)[-1][0] == stop_step
     checkpoint = torch.load(run / "checkpoint.pt", weights_only=False)
     assert checkpoint["step"] == stop_step and checkpoint["escape_step"] is None
+    # a check at the last step records the run as stopped too (a device_plan chain then ends there)
+    assert (run / "stalled.json").is_file()
 
     # resumed, the run goes on to its last step: the check is behind it
     summary = resume_run(run, progress=False)
@@ -109,7 +111,8 @@ def test_a_checkpoint_without_the_lowest_loss_resumes_without_a_wrong_stop(tmp_p
     (["--stall-step", "-1"], "stall-step"), (["--stall-step", "0"], "stall-step"),
     (["--stall-step", "9", "5"], "increasing"), (["--stall-step", "5", "5"], "increasing"),
     (["--stall-loss", "0"], "stall-loss"), (["--stall-loss", "nan"], "stall-loss"),
-    (["--stall-step", "2", "4", "--stall-loss", "0.3", "0.1", "0.01"], "one per --stall-step (2)")])
+    (["--stall-step", "2", "4", "--stall-loss", "0.3", "0.1", "0.01"], "one per --stall-step (2)"),
+    (["--stall-step", "2", "5"], "stall-step 5 is after the last step (--steps 4)")])
 def test_bad_stall_values_are_refused_in_one_line(tmp_path, capsys, flags, message):
     assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -59,10 +59,10 @@ def val_steps(run_dir):
 def test_a_score_below_stops_the_run_at_the_first_validation_from_the_step(tmp_path, stall_val_step,
                                                                             stop_step):
     """Threshold 0.6: the first validation from S on is at stop_step; it stops the run there where EXACT is
-    below 0.6, else the run goes to step 12 (the last step's validation stops nothing)."""
+    below 0.6 (at the last step too: the run is recorded as stopped), else the run goes to step 12."""
     train_config, model = configs(stall_val_step=stall_val_step, stall_val_score=0.6)
     summary = train(scripted(), train_config, model, tmp_path / "run", progress=False)
-    stops = EXACT[stop_step] < 0.6 and stop_step < 12
+    stops = EXACT[stop_step] < 0.6
     assert summary["step"] == (stop_step if stops else 12)
     if stops:
         assert summary["stalled"] == {"step": stop_step, "score": EXACT[stop_step],
@@ -71,6 +71,7 @@ def test_a_score_below_stops_the_run_at_the_first_validation_from_the_step(tmp_p
         assert val_steps(tmp_path / "run")[-1] == stop_step
     else:
         assert summary["stalled"] is None  # step 6's and 12's scores are below 0.6, and were not checked
+        assert not (tmp_path / "run" / "stalled.json").exists()
 
 
 def test_the_cli_stops_with_one_line_and_exit_3_and_resume_continues(tmp_path, capsys):
@@ -97,7 +98,8 @@ KEEP = ["--keep-best-at", "2"]
     ([*KEEP, "--stall-val-step", "4"], "stall-val-score must be > 0"),
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "-1"], "stall-val-score must be > 0"),
     ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be >= 0"),
-    ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every")])
+    ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every"),
+    ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last step")])
 def test_bad_validation_stall_settings_are_refused_in_one_line(tmp_path, capsys, flags, message):
     assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()

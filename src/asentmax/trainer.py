@@ -138,8 +138,9 @@ class TrainConfig:
         "the temperature parameters keep their initial values for this many steps, then follow the "
         "schedule after a warm-up of their own (0: from the start)")})
     stall_step: tuple[int, ...] = field(default=(), metadata={"default_help": "none", "help": (
-        "steps of the stall checks: stop the run (with a checkpoint, exit code 3) at the first log step "
-        "from each one on if no log line so far had a training loss below its --stall-loss: it has not left "
+        "steps of the stall checks (at most --steps): stop the run (with a checkpoint, exit code 3) at the "
+        "first log step from each one on if no log line so far had a training loss below its --stall-loss "
+        "(at the last step the run ends anyway and is recorded as stopped): it has not left "
         "a loss plateau (MQMTAR, results/paper/mqmtar.md: the plateau near 0.6, where a run that leaves it "
         "late generalises less far, then a second one near 0.01, where runs that stay do not generalise; "
         "e.g. --stall-step 7000 19200 --stall-loss 0.3 0.004)")})
@@ -171,7 +172,11 @@ class TrainConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.data_seed < -1:
             raise ValueError(f"data-seed must be >= 0 (or -1: --seed's), got {self.data_seed}")
-        self.stall_checks()  # raises for bad stall values
+        checks = [("stall-step", step) for step, _ in self.stall_checks()]  # raises for bad stall values
+        for flag, step in [*checks, ("stall-val-step", self.stall_val_step)]:
+            if step > self.steps:
+                raise ValueError(f"{flag} {step} is after the last step (--steps {self.steps}): that check "
+                                 "would never run")
         if self.stall_val_step and not self.stall_val_score > 0:
             raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
                              f"{self.stall_val_score:g}")
@@ -919,7 +924,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                     escape_step = step
                 lowest_loss = min(lowest_loss, last_loss)
                 for stall_step, stall_loss in stall_checks:  # the first log step from stall_step on
-                    if (step - train_config.log_every < stall_step <= step and step < end and stalled is None
+                    if (step - train_config.log_every < stall_step <= step <= end and stalled is None
                             and lowest_loss >= stall_loss):
                         stalled = {"step": step, "loss": last_loss, "lowest_loss": lowest_loss,
                                    "stall_step": stall_step, "stall_loss": stall_loss}
@@ -933,7 +938,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
                 stall_val_step = train_config.stall_val_step  # the first validation from it on
-                if (stall_val_step and step - train_config.val_every < stall_val_step <= step and step < end
+                if (stall_val_step and step - train_config.val_every < stall_val_step <= step <= end
                         and stalled is None):
                     score = below_stall_score(workload, val_rows, train_config.stall_val_score, world, device)
                     if score is not None:
