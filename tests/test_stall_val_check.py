@@ -99,7 +99,7 @@ KEEP = ["--keep-best-at", "2"]
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "-1"], "stall-val-score must be > 0"),
     ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be >= 0"),
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every"),
-    ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last step")])
+    ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last")])
 def test_bad_validation_stall_settings_are_refused_in_one_line(tmp_path, capsys, flags, message):
     assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
