@@ -924,7 +924,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                     escape_step = step
                 lowest_loss = min(lowest_loss, last_loss)
                 for stall_step, stall_loss in stall_checks:  # the first log step from stall_step on
-                    if (step - train_config.log_every < stall_step <= step <= end and stalled is None
+                    if (step - train_config.log_every < stall_step <= step and stalled is None
                             and lowest_loss >= stall_loss):
                         stalled = {"step": step, "loss": last_loss, "lowest_loss": lowest_loss,
                                    "stall_step": stall_step, "stall_loss": stall_loss}
@@ -938,7 +938,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
                 stall_val_step = train_config.stall_val_step  # the first validation from it on
-                if (stall_val_step and step - train_config.val_every < stall_val_step <= step <= end
+                if (stall_val_step and step - train_config.val_every < stall_val_step <= step
                         and stalled is None):
                     score = below_stall_score(workload, val_rows, train_config.stall_val_score, world, device)
                     if score is not None:
