@@ -212,9 +212,7 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         copies = copies and _count_by_source_part(task, group, hits.cpu().numpy(), tenth_correct, tenth_total)
         if on_batch is not None:
             on_batch(len(indices))
-    exact = sum(exact_by_sample)
-    scores = {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
-              "token_accuracy": correct / total, "exact_by_sample": exact_by_sample}
+    scores = exact_scores(exact_by_sample, correct, total)
     if copies and tenth_total.any():
         scores["source_tenth_accuracy"] = [float(c / t) if t else None
                                            for c, t in zip(tenth_correct, tenth_total, strict=True)]
@@ -229,11 +227,16 @@ def answer_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         return greedy_accuracy(model, task, examples, device=device, autocast_dtype=autocast_dtype,
                                batch_size=batch_size, max_batch_tokens=max_batch_tokens, on_batch=on_batch,
                                cuda_graph=cuda_graph)
-    exact_by_sample, correct, total = teacher_forced_counts(
+    return exact_scores(*teacher_forced_counts(
         model, task, examples, device=device, autocast_dtype=autocast_dtype, batch_size=batch_size,
-        max_batch_tokens=max_batch_tokens, on_batch=on_batch)
+        max_batch_tokens=max_batch_tokens, on_batch=on_batch))
+
+
+def exact_scores(exact_by_sample: list[int], correct: int, total: int) -> dict:
+    """An evaluation row's counts and rates from each sample's exact match (1/0) and the answer tokens right
+    out of all scored."""
     exact = sum(exact_by_sample)
-    return {"n": len(examples), "n_exact": exact, "exact_match": exact / len(examples),
+    return {"n": len(exact_by_sample), "n_exact": exact, "exact_match": exact / len(exact_by_sample),
             "token_accuracy": correct / total, "exact_by_sample": exact_by_sample}
 
 
