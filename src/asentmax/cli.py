@@ -384,6 +384,11 @@ def _report_training(summary: dict, run_dir: Path) -> None:
         raise SystemExit(stop[0])
     if not _main_rank():
         return
+    escape = (f"left the loss plateau at step {summary['escape_step']} and ended at step {summary['step']}, "
+              "--steps-after-escape later" if summary.get("ended_after_escape") else None)
+    if summary["step"] == summary["start_step"] and escape:
+        print(f"run {run_dir} {escape}; nothing to do")
+        return
     if summary["step"] == summary["start_step"] and summary["step"] >= summary["total_steps"]:
         print(f"run {run_dir} is already at step {summary['step']}, its last step; extend it with "
               f"`asentmax train --run-dir {run_dir} --resume --steps N` (N > {summary['step']})")
@@ -393,7 +398,7 @@ def _report_training(summary: dict, run_dir: Path) -> None:
         return
     loss = "no log step yet" if summary["loss"] is None else f"last loss {summary['loss']:.4f}"
     print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, {loss}; "
-          f"run dir {summary['run_dir']}")
+          f"run dir {summary['run_dir']}" + (f" ({escape})" if escape else ""))
 
 
 # ---- eval ----

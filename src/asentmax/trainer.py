@@ -147,6 +147,13 @@ class TrainConfig:
     stall_loss: tuple[float, ...] = field(default=(0.3,), metadata={"default_help": "0.3", "help": (
         "the training loss of each stall check (one value: every check's); the first is also the loss below "
         "which a run has left the plateau (escape_step)")})
+    steps_after_escape: int = field(default=0, metadata={"default_help": "none", "help": (
+        "end the run (with a checkpoint, exit code 0) this many steps after it left the loss plateau: "
+        "after escape_step, the first log step with a training loss below the first --stall-loss. For a "
+        "start that only has to leave the plateau, whose step varies by seed (MQMTAR's softmax start with "
+        "the paper code's blocks left it by step 4,000 on two seeds and at 8,740 and 13,160 on two others, "
+        "results/paper/mqmtar.md), e.g. --steps 24000 --stall-step 24000 --stall-loss 0.3 "
+        "--steps-after-escape 2000; 0: none")})
     stall_val_step: int = field(default=0, metadata={"default_help": "none", "help": (
         "the validation stall check: stop the run (with a checkpoint, exit code 3) at the first validation "
         "from this step on whose selection score is below --stall-val-score (TaskWorkload: the exact match "
@@ -167,7 +174,7 @@ class TrainConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
                      "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed",
-                     "stall_val_step"):
+                     "stall_val_step", "steps_after_escape"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.data_seed < -1:
@@ -676,7 +683,10 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
     not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
     the first validation from S on whose selection score is below X. A stopped run's record (summary
-    ["stalled"]) is also written to run_dir/stalled.json, which a continued run removes.
+    ["stalled"]) is also written to run_dir/stalled.json, which a continued run removes. With
+    `train_config.steps_after_escape` K the run ends K steps after its escape_step with a checkpoint, as
+    --stop-at-step would end it there (summary["ended_after_escape"]); a resumed run that reached that step
+    has nothing left to do.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
@@ -684,7 +694,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     signal name, or None), stalled ({"step", "loss", "lowest_loss", "stall_step", "stall_loss"} when a
     stall check ended the run, {"step", "score", "stall_val_step", "stall_val_score"} when the validation
     stall check did, else None), escape_step (the first log step with a loss below the first
-    stall_loss, None when none was).
+    stall_loss, None when none was), ended_after_escape (whether the run ended at escape_step +
+    steps_after_escape).
     `train_config.deterministic` runs all of it under deterministic_algorithms."""
     with deterministic_algorithms(train_config.deterministic):
         return _train(workload, train_config, model_config, run_dir, checkpoint=checkpoint,
@@ -865,8 +876,14 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 "device": describe_device(device), "world_size": world.world_size})
         saved_step = step
 
+    def after_escape(end: int) -> int:
+        """`end`, brought forward to --steps-after-escape steps after escape_step once the run has one."""
+        if not (train_config.steps_after_escape and escape_step is not None):
+            return end
+        return min(end, escape_step + train_config.steps_after_escape)
+
     total = train_config.steps
-    end = total if stop_at_step is None else min(total, stop_at_step)
+    end = after_escape(total if stop_at_step is None else min(total, stop_at_step))
     bar = tqdm(total=total, initial=step, disable=not (progress and world.is_main), dynamic_ncols=True,
                desc=f"train {workload.title}")
     batches = workload.batches(seed=train_config.batch_seed(), start_step=step, rank=world.rank,
@@ -922,6 +939,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
                 if escape_step is None and last_loss < train_config.stall_loss[0]:
                     escape_step = step
+                    end = after_escape(end)
                 lowest_loss = min(lowest_loss, last_loss)
                 for stall_step, stall_loss in stall_checks:  # the first log step from stall_step on
                     if (step - train_config.log_every < stall_step <= step and stalled is None
@@ -970,4 +988,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     return {"step": step, "start_step": start_step, "total_steps": total, "loss": last_loss, "val": val_rows,
             "run_dir": str(run_dir), "elapsed_s": time.perf_counter() - start_time,
             "checkpoint_step": saved_step, "interrupted": interrupted, "stalled": stalled,
-            "escape_step": escape_step}
+            "escape_step": escape_step,
+            "ended_after_escape": bool(train_config.steps_after_escape and escape_step is not None
+                                       and step == escape_step + train_config.steps_after_escape
+                                       and interrupted is None and stalled is None)}
