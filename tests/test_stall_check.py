@@ -161,7 +161,7 @@ def test_a_run_ends_k_steps_after_its_escape_as_stop_at_step_would_end_it(tmp_pa
     run = tmp_path / "run"
     assert main(["train", "--run-dir", str(run), *flags, "--steps-after-escape", "5"]) == 0
     out = capsys.readouterr().out
-    assert "left the loss plateau at step 2 and ended at step 7" in out
+    assert "left the loss plateau at step 2 and ended 5 steps later (--steps-after-escape)" in out
     assert saved(run)["step"] == 7 and saved(run)["escape_step"] == 2
 
     reference = tmp_path / "reference"
@@ -174,7 +174,8 @@ def test_a_run_ends_k_steps_after_its_escape_as_stop_at_step_would_end_it(tmp_pa
     assert summary["step"] == 7 and summary["start_step"] == 7 and summary["ended_after_escape"]
     assert saved(run)["step"] == 7
     assert main(["train", "--run-dir", str(run), "--resume", "--no-progress"]) == 0
-    assert "ended at step 7, --steps-after-escape later; nothing to do" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "at step 2 and ended 5 steps later (--steps-after-escape); nothing to do" in out
 
 
 def test_an_escape_before_or_after_a_resume_ends_the_run_at_the_same_step(tmp_path, capsys):

@@ -384,8 +384,9 @@ def _report_training(summary: dict, run_dir: Path) -> None:
         raise SystemExit(stop[0])
     if not _main_rank():
         return
-    escape = (f"left the loss plateau at step {summary['escape_step']} and ended at step {summary['step']}, "
-              "--steps-after-escape later" if summary.get("ended_after_escape") else None)
+    escape = (f"left the loss plateau at step {summary['escape_step']} and ended "
+              f"{summary['step'] - summary['escape_step']} steps later (--steps-after-escape)"
+              if summary.get("ended_after_escape") else None)
     if summary["step"] == summary["start_step"] and escape:
         print(f"run {run_dir} {escape}; nothing to do")
         return
