@@ -543,6 +543,36 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     assert main(eval_best) == 0 and "last_checkpoint" not in json.loads((run / "eval_best.json").read_text())
 
 
+def test_a_run_ended_after_its_escape_is_not_marked_cut(tmp_path, one_thread, capsys):
+    """A run that --steps-after-escape ended (here 1 step after the escape at the first log step, 2, of 4
+    planned) is finished: eval does not warn and compare does not label it, for its last checkpoint and for
+    best.pt; stopped before that end (--stop-at-step 2, then 3 once the escape is known), it is cut."""
+    import json
+
+    from asentmax.cli import main
+
+    run, out = tmp_path / "run", tmp_path / "compare"
+    flags = [*TINY_RUN, "--val-every", "2", "--keep-best-at", "1", "--stall-loss", "1e9"]
+    assert main(["train", "--run-dir", str(run), *flags, "--steps-after-escape", "1"]) == 0
+    eval_best = ["eval", str(run), *EVAL_ARGS, "--checkpoint", "best"]
+    compare = ["compare", str(run), str(run / "eval_best.json"), "--output-dir", str(out)]
+    capsys.readouterr()
+    assert main(["eval", str(run), *EVAL_ARGS]) == 0 and main(eval_best) == 0
+    assert "warning" not in capsys.readouterr().err
+    result = json.loads((run / "eval.json").read_text())
+    assert (result["train_step"], result["escape_step"], result["train_config"]["steps"]) == (3, 2, 4)
+    assert json.loads((run / "eval_best.json").read_text())["last_checkpoint"] == {"step": 3, "steps": 3}
+    assert main(compare) == 0
+    assert "cut at" not in (out / "compare.md").read_text()
+
+    cut = tmp_path / "cut"
+    assert main(["train", "--run-dir", str(cut), *flags, "--steps-after-escape", "2",
+                 "--stop-at-step", "3"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(cut), *EVAL_ARGS]) == 0
+    assert f"warning: run {cut} stopped at step 3 of 4 planned" in capsys.readouterr().err
+
+
 def test_cuda_graph_eval_is_refused_without_cuda(tiny_run, capsys):
     """--cuda-graphs on, on the CPU: one line naming the flag, exit code 2 (the CUDA graph itself is tested on
     a GPU: test_nn_gpu.py); auto, the default, decodes without graphs there."""

@@ -95,8 +95,8 @@ def test_lm_block_options(data, tmp_path, capsys):
     assert (saved["norm_placement"], saved["mlp"], saved["norm_eps"]) == ("sandwich", "geglu", 1e-6)
     assert saved["tie_embeddings"] is False and saved["scale_embeddings"] is False  # lm_tiny's, ModelConfig's
     assert main(["lm", "train", "--run-dir", str(run), "--resume", "--steps", "4", "--no-progress"]) == 0
-    model, _, step, _ = _load_model(run, "cpu")  # eval's loader: the saved config, weights loaded strictly
-    assert step == 4 and model.config.to_dict() == saved
+    model, _, trained = _load_model(run, "cpu")  # eval's loader: the saved config, weights loaded strictly
+    assert trained["step"] == 4 and model.config.to_dict() == saved
     assert all(block.mlp.kind == "geglu" and None not in (block.attn_post_norm, block.mlp_post_norm)
                for block in model.blocks)
     capsys.readouterr()
@@ -156,5 +156,22 @@ def test_a_run_cut_short_is_evaluated_with_a_warning_and_compared_as_cut(data, t
                  "--stats-max-length", "16", "--stats-windows", "1", "--tasks", "niah_1", "--device",
                  "cpu"]) == 0
     assert "cut short" not in capsys.readouterr().err
+    assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
+    assert "cut at" not in (out / "compare.md").read_text()
+
+
+def test_a_run_ended_after_its_escape_is_not_evaluated_or_compared_as_cut(data, tmp_path, capsys):
+    """--steps-after-escape 2 with every loss below --stall-loss: the escape at the first log step (3) ends
+    the run at step 5 of its 9: finished, so lm eval does not warn and lm compare does not label it."""
+    run, out = tmp_path / "run", tmp_path / "results"
+    flags = ["--steps", "9", "--stall-loss", "1e9", "--steps-after-escape", "2"]
+    assert main(tiny_train(data, run) + flags) == 0
+    capsys.readouterr()
+    assert main(["lm", "eval", str(run), "--multipliers", "1", "--samples", "1", "--batch-size", "1",
+                 "--stats-max-length", "16", "--stats-windows", "1", "--tasks", "niah_1", "--device",
+                 "cpu"]) == 0
+    assert "cut short" not in capsys.readouterr().err
+    result = json.loads((run / "lm_eval.json").read_text())
+    assert (result["step"], result["escape_step"], result["train_config"]["steps"]) == (5, 3, 9)
     assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
     assert "cut at" not in (out / "compare.md").read_text()

@@ -66,6 +66,7 @@ from asentmax.runs import (
     git_commit,
     load_checkpoint,
     load_evaluation,
+    planned_end,
     read_json,
     run_name,
     saved_layout,
@@ -596,6 +597,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "eval_config": {**asdict(config), "multipliers": list(multipliers)}, "protocol": protocol,
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
               "workload": saved_workload, "train_step": checkpoint["step"],
+              "escape_step": checkpoint.get("escape_step"),
               "prior_samples": checkpoint.get("prior_samples", 0), "git_commit": git_commit(),
               "device": describe_device(device), "cuda_graph": cuda_graph}
     if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
@@ -604,8 +606,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
             last = None
         if last is not None:
-            planned = (last.get("train_config") or {}).get("steps")
-            header["last_checkpoint"] = {"step": last["step"], "steps": planned}
+            header["last_checkpoint"] = {"step": last["step"], "steps": planned_end(last.get("train_config"),
+                                                                                   last.get("escape_step"))}
     cut = training_cut(header)
     if cut:
         notes.insert(0, f"warning: run {run_dir} stopped at step {cut[0]} of {cut[1]} planned; evaluating "

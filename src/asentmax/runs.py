@@ -192,16 +192,27 @@ def check_distinct_runs(run_dirs) -> None:
         raise RunError("a run is given twice")
 
 
+def planned_end(train_config: dict | None, escape_step: int | None) -> int | None:
+    """The step a run's training was to end at: its --steps, or escape_step + --steps-after-escape where that
+    comes first (the trainer ends it there); None when the config does not say."""
+    config = train_config or {}
+    steps, after = config.get("steps"), config.get("steps_after_escape") or 0
+    if after and isinstance(escape_step, int) and isinstance(steps, int):
+        return min(steps, escape_step + after)
+    return steps
+
+
 def training_cut(result: dict) -> tuple[int, int] | None:
-    """(step, planned steps) of an evaluated run whose training stopped before its planned steps (Ctrl-C, a
+    """(step, planned steps) of an evaluated run whose training stopped before its planned end (Ctrl-C, a
     time limit, --stop-at-step), None when it finished or the file does not say: the step of its
-    checkpoint.pt against its train_config's steps, which for an evaluation of best.pt (whose own
-    train_step is the best validation's) are its `last_checkpoint` record."""
+    checkpoint.pt against planned_end of its train_config and escape_step, which for an evaluation of
+    best.pt (whose own train_step is the best validation's) are its `last_checkpoint` record."""
     if result.get("eval_config", {}).get("checkpoint") == "best":
         last = result.get("last_checkpoint") or {}
         step, planned = last.get("step"), last.get("steps")
     else:
-        step, planned = result.get("train_step"), (result.get("train_config") or {}).get("steps")
+        step, planned = result.get("train_step"), planned_end(result.get("train_config"),
+                                                               result.get("escape_step"))
     ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (step, planned))
     return (step, planned) if ints and step < planned else None
 

@@ -5,9 +5,9 @@ configs, hands them to asentmax.trainer (new runs) or asentmax.train.resume_run,
 asentmax.cli registers the subcommands with `add_lm_parser(sub, add_config_flags, usage_error)` (the
 shared flag builder and one-line error type are passed in, so that nothing here imports the CLI back).
 
-Run directory additions: lm_eval.json (the results with the step, workload, training and model config
-they come from), lm_eval.md, perplexity.png, retrieval.png. A run whose training stopped before its planned
-steps is evaluated with a warning and compared as "cut at S of N steps" (runs.training_cut).
+Run directory additions: lm_eval.json (the results with the step, escape step, workload, training and
+model config they come from), lm_eval.md, perplexity.png, retrieval.png. A run whose training stopped before
+its planned end is evaluated with a warning and compared as "cut at S of N steps" (runs.training_cut).
 """
 
 from __future__ import annotations
@@ -216,7 +216,9 @@ def _load_model(run_dir: Path, device):
         raise ValueError(f"{run_dir} is not an LM run (workload {workload.get('name')!r})")
     model = Transformer(ModelConfig.from_dict(checkpoint["model_config"]))
     model.load_state_dict(checkpoint["model"])
-    return model.to(device).eval(), workload, checkpoint["step"], checkpoint["train_config"]
+    trained = {"step": checkpoint["step"], "train_config": checkpoint["train_config"],
+               "escape_step": checkpoint.get("escape_step")}
+    return model.to(device).eval(), workload, trained
 
 
 def _eval(args) -> None:
@@ -234,9 +236,10 @@ def _eval(args) -> None:
                           "cpu" if args.device == "auto" else args.device)
     for run_dir in args.run_dirs:
         start = time.perf_counter()
-        model, workload, step, train_config = _load_model(run_dir, device)
+        model, workload, trained = _load_model(run_dir, device)
         cuda_graph = decodes_with_cuda_graph(args.cuda_graphs, model.config, device.type)  # before the data
-        cut = training_cut({"train_step": step, "train_config": train_config})
+        cut = training_cut({"train_step": trained["step"], "train_config": trained["train_config"],
+                            "escape_step": trained["escape_step"]})
         if cut:
             print(f"warning: {run_dir} stopped training at step {cut[0]} of {cut[1]} (cut short); its "
                   "results are those of a partly trained model", file=sys.stderr)
@@ -253,8 +256,8 @@ def _eval(args) -> None:
                                 autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
                                 cuda_graph=cuda_graph)
         elapsed = round(time.perf_counter() - start, 1)
-        result.update({"run_dir": str(run_dir), "step": step, "workload": workload,
-                       "train_config": train_config, "model_config": model.config.to_dict(),
+        result.update({"run_dir": str(run_dir), **trained, "workload": workload,
+                       "model_config": model.config.to_dict(),
                        "n_parameters": model.num_parameters(), "eval_s": elapsed,
                        "device": describe_device(device), "git_commit": git_commit(),
                        "python": platform.python_version(), "command": " ".join(["asentmax"] + sys.argv[1:]),
@@ -262,8 +265,8 @@ def _eval(args) -> None:
                                     if k not in ("run", "run_dirs")}})
         write_json(run_dir / f"{EVAL_NAME}.json", result)
         label = f"{workload['preset']} ({workload['size']})"
-        write_text(run_dir / f"{EVAL_NAME}.md", markdown({label: result}, f"# {run_dir}\n\n"
-                                                         f"step {step}, eval {result['eval_s']} s"))
+        heading = f"# {run_dir}\n\nstep {trained['step']}, eval {result['eval_s']} s"
+        write_text(run_dir / f"{EVAL_NAME}.md", markdown({label: result}, heading))
         plot({label: result}, run_dir)
         print(f"{run_dir}: " + ", ".join(f"{m}x ppl {v['ppl']:.2f}" for m, v in result["perplexity"].items()))
 
@@ -281,7 +284,8 @@ def _compare(args) -> None:
         label = f"{result['workload']['preset']} ({result['workload']['size']})"
         if label in results:  # runs of one preset and size (other seeds, steps or block options)
             label = f"{label} [{run_dir.name}]"
-        cut = training_cut({"train_step": result["step"], "train_config": result.get("train_config")})
+        cut = training_cut({"train_step": result["step"], "train_config": result.get("train_config"),
+                            "escape_step": result.get("escape_step")})
         if cut:  # lm_eval.json files written before the thirteenth session have no train_config
             label = f"{label}, cut at {cut[0]} of {cut[1]} steps"
         if label in results:
