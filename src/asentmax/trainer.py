@@ -76,6 +76,7 @@ from asentmax.runs import (
     RunError,
     describe_device,
     git_commit,
+    planned_end,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -876,14 +877,8 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 "device": describe_device(device), "world_size": world.world_size})
         saved_step = step
 
-    def after_escape(end: int) -> int:
-        """`end`, brought forward to --steps-after-escape steps after escape_step once the run has one."""
-        if not (train_config.steps_after_escape and escape_step is not None):
-            return end
-        return min(end, escape_step + train_config.steps_after_escape)
-
     total = train_config.steps
-    end = after_escape(total if stop_at_step is None else min(total, stop_at_step))
+    end = min(planned_end(asdict(train_config), escape_step), total if stop_at_step is None else stop_at_step)
     bar = tqdm(total=total, initial=step, disable=not (progress and world.is_main), dynamic_ncols=True,
                desc=f"train {workload.title}")
     batches = workload.batches(seed=train_config.batch_seed(), start_step=step, rank=world.rank,
@@ -939,7 +934,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
                 if escape_step is None and last_loss < train_config.stall_loss[0]:
                     escape_step = step
-                    end = after_escape(end)
+                    end = min(end, planned_end(asdict(train_config), escape_step))  # --steps-after-escape
                 lowest_loss = min(lowest_loss, last_loss)
                 for stall_step, stall_loss in stall_checks:  # the first log step from stall_step on
                     if (step - train_config.log_every < stall_step <= step and stalled is None
