@@ -986,4 +986,4 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
             "escape_step": escape_step,
             "ended_after_escape": bool(train_config.steps_after_escape and escape_step is not None
                                        and step == escape_step + train_config.steps_after_escape
-                                       and interrupted is None and stalled is None)}
+                                       and stalled is None)}
