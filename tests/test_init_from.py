@@ -172,3 +172,48 @@ def test_samples_count_the_whole_init_from_chain(tmp_path, capsys, first):
     table = (tmp_path / "out" / "compare.md").read_text()
     counts = [line.split(" | ")[3] for line in table.splitlines() if "| ours (" in line]
     assert counts == ["20", "40"]
+
+
+def test_runs_from_starts_of_one_recipe_are_repeats_whatever_their_length(tmp_path, capsys):
+    """A start's length may vary by seed (--steps-after-escape ends it at its own escape step): runs started
+    from two starts of one recipe that stopped at different steps are repeats of one recipe in `asentmax
+    compare`, while a start with another learning rate makes another recipe. Each run keeps its start's
+    configs as prior_recipe (config.json, checkpoints, eval.json; not repeated in init_from), nested along a
+    chain, and a resumed run keeps it."""
+    from asentmax.runs import load_checkpoint
+
+    starts = {"short": ["--seed", "1", "--stop-at-step", "3"], "long": ["--seed", "2"],
+              "other": ["--seed", "3", "--lr", "1e-3"]}
+    for name, flags in starts.items():
+        assert main(["train", "--run-dir", str(tmp_path / name), *TINY, "--steps", "6", *flags]) == 0
+        run = tmp_path / f"from_{name}"
+        assert main(["train", "--run-dir", str(run), *TINY, "--steps", "2", "--seed", "5", "--init-from",
+                     str(tmp_path / name)]) == 0
+        assert main(["eval", str(run), "--multipliers", "1", "--samples", "4", "--device", "cpu",
+                     "--no-progress", "--dispersion-samples", "0"]) == 0
+    config = json.loads((tmp_path / "from_short" / "config.json").read_text())
+    start = json.loads((tmp_path / "short" / "config.json").read_text())
+    assert config["prior_recipe"] == {key: start[key] for key in ("train_config", "workload", "model_config",
+                                                                  "prior_samples")}
+    assert "recipe" not in config["init_from"] and config["init_from"]["step"] == 3
+    long_config = json.loads((tmp_path / "from_long" / "config.json").read_text())
+    assert (config["prior_samples"], long_config["prior_samples"]) == (3 * 4, 6 * 4)  # two lengths
+    evaluation = json.loads((tmp_path / "from_short" / "eval.json").read_text())
+    assert evaluation["prior_recipe"] == config["prior_recipe"]
+    assert main(["compare", *(str(tmp_path / f"from_{name}") for name in starts), "--output-dir",
+                 str(tmp_path / "cmp")]) == 0
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [group["runs"] for group in saved["repeat_groups"]] == [["from_short", "from_long"]]
+
+    chained = tmp_path / "chained"  # from_short's weights: its prior_recipe nests short's
+    assert main(["train", "--run-dir", str(chained), *TINY, "--steps", "4", "--stop-at-step", "2",
+                 "--init-from", str(tmp_path / "from_short")]) == 0
+    assert main(["train", "--run-dir", str(chained), "--resume", "--no-progress"]) == 0
+    capsys.readouterr()
+    resumed = load_checkpoint(chained / "checkpoint.pt")
+    assert resumed["step"] == 4
+    def as_saved(record):  # a checkpoint holds tuples where config.json has lists
+        return json.loads(json.dumps(record))
+
+    assert as_saved(resumed["prior_recipe"]["prior_recipe"]) == config["prior_recipe"]
+    assert as_saved(resumed["prior_recipe"]["train_config"]) == config["train_config"]

@@ -184,6 +184,35 @@ def test_a_config_field_written_after_a_run_counts_at_its_default_and_graphs_do_
         ["runs/old", "runs/new"]]
 
 
+def test_a_start_counts_by_its_recipe_where_the_record_keeps_it_else_by_its_samples():
+    """Runs from --init-from weights: with prior_recipe (the start's configs) the start's recipe, not its
+    sample count, joins them, its seed aside; without it (records before prior_recipe) the sample count
+    does; a prior_recipe this version cannot read joins no group."""
+    from asentmax.report import repeat_groups
+
+    def started(name, seed, start_seed, prior_samples, **start_train):
+        run = recipe_run(name, seed, {1: 1.0})
+        start = recipe_run("start", start_seed, {1: 1.0}, **start_train)
+        run.update(prior_samples=prior_samples, prior_recipe={
+            key: start[key] for key in ("train_config", "workload", "model_config")})
+        return run
+
+    short, long = started("short", 1, 1, 300), started("long", 2, 2, 900)
+    other_start = started("other_start", 3, 3, 300, lr=1e-3)
+    unreadable = [started(f"unreadable{seed}", seed, seed, 300) for seed in (4, 5)]
+    not_a_record = [started(f"not_a_record{seed}", seed, seed, 300) for seed in (6, 7)]
+    for run in unreadable:
+        run["prior_recipe"]["train_config"]["warp_factor"] = 9
+    for run in not_a_record:
+        run["prior_recipe"] = "start"
+    assert [[r["run_dir"] for r in group] for group in repeat_groups(
+        [short, long, other_start, *unreadable, *not_a_record])] == [["runs/short", "runs/long"]]
+    old = [recipe_run(name, seed, {1: 1.0}) for name, seed in (("a", 1), ("b", 2), ("c", 3))]
+    for run, prior_samples in zip(old, (300, 900, 300), strict=True):
+        run["prior_samples"] = prior_samples
+    assert [[r["run_dir"] for r in group] for group in repeat_groups(old)] == [["runs/a", "runs/c"]]
+
+
 def test_a_data_seed_is_a_seed_not_a_recipe_and_the_tables_name_it():
     """Runs that set --data-seed apart from --seed are repeats of their recipe, labelled "init, data D";
     runs that leave it at -1 (or predate it) are labelled by their seed alone."""

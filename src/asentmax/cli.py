@@ -267,14 +267,15 @@ def _saved_run(args):
 
 
 def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
-    """(model state dict, {"path", "step", "samples", "git_commit"[, "attention"]}) of the checkpoint
-    --init-from names (a run directory: its checkpoint.pt; samples: those its weights were trained on, its
-    own step x batch size plus its prior_samples, None if unknown); UsageError in one line for a missing or
-    unreadable one, or one whose model differs from `model_config` (naming the fields). A checkpoint of
-    another normaliser (e.g. softmax's weights for an ASEntmax run: a dense start) may differ in the
-    normaliser's own fields (nn/config.py NORMALISER_FIELDS); its record then names that normaliser."""
+    """(model state dict, {"path", "step", "samples", "recipe", "git_commit"[, "attention"]}) of the
+    checkpoint --init-from names (a run directory: its checkpoint.pt; samples: those its weights were trained
+    on, its own step x batch size plus its prior_samples, None if unknown; recipe: runs.prior_recipe);
+    UsageError in one line for a missing or unreadable one, or one whose model differs from `model_config`
+    (naming the fields). A checkpoint of another normaliser (e.g. softmax's weights for an ASEntmax run: a
+    dense start) may differ in the normaliser's own fields (nn/config.py NORMALISER_FIELDS); its record then
+    names that normaliser."""
     from asentmax.nn import ModelConfig
-    from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint, samples_trained
+    from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint, prior_recipe, samples_trained
 
     file = path / CHECKPOINT_NAME if path.is_dir() else path
     if not file.is_file():
@@ -293,7 +294,7 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     samples = samples_trained(checkpoint.get("step"), checkpoint.get("train_config"),
                               checkpoint.get("prior_samples", 0))
     record = {"path": str(file), "step": checkpoint.get("step"), "samples": samples,
-              "git_commit": checkpoint.get("git_commit")}
+              "recipe": prior_recipe(checkpoint), "git_commit": checkpoint.get("git_commit")}
     other_normaliser = saved.attention != model_config.attention
     return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {})}
 

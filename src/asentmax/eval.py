@@ -598,7 +598,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "model_config": asdict(model_config), "train_config": checkpoint.get("train_config"),
               "workload": saved_workload, "train_step": checkpoint["step"],
               "escape_step": checkpoint.get("escape_step"),
-              "prior_samples": checkpoint.get("prior_samples", 0), "git_commit": git_commit(),
+              "prior_samples": checkpoint.get("prior_samples", 0),
+              **({"prior_recipe": checkpoint["prior_recipe"]} if checkpoint.get("prior_recipe") else {}),
+              "git_commit": git_commit(),
               "device": describe_device(device), "cuda_graph": cuda_graph}
     if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
         try:

@@ -204,22 +204,31 @@ NOT_RECIPE = {"train_config": ("seed", "data_seed", "stall_step", "stall_loss", 
 
 def _recipe(record: dict) -> str | None:
     """What a run trains, as a JSON key (its task, model, workload and training config but for NOT_RECIPE,
-    and the samples of its --init-from weights); None for a record without a seed or one this version cannot
-    read. A field that a run's files lack (written before it existed) counts at the value it had then (the
-    configs' from_dict)."""
+    and what its --init-from weights were trained on: the recipe of the run that trained them where the
+    record keeps it as prior_recipe, else their sample count); None for a record without a seed or one this
+    version cannot read. A field that a run's files lack (written before it existed) counts at the value it
+    had then (the configs' from_dict)."""
+    prior = record.get("prior_recipe")
+    if prior is None:
+        start = record.get("prior_samples") or 0
+    elif isinstance(prior, dict):  # a start that --steps-after-escape ended: its seed's length, its rule
+        start = _recipe({"task": (prior.get("workload") or {}).get("task", record.get("task")), **prior})
+        if start is None:
+            return None
+    else:
+        return None
     train_config = record.get("train_config")
     if not isinstance(train_config, dict) or "seed" not in train_config:
         return None
     try:  # each config as its class reads a saved one (fields added since at the values they had then)
         recipe = {name: value for name, value in asdict(TrainConfig.from_dict(train_config)).items()
                   if name not in NOT_RECIPE["train_config"]}
-        model = asdict(ModelConfig.from_dict(record["model_config"]))
+        model = asdict(ModelConfig.from_dict(record.get("model_config")))
         workload = asdict(TaskWorkload.from_dict(record.get("workload") or {}))
         workload = {name: value for name, value in workload.items() if name not in NOT_RECIPE["workload"]}
     except (TypeError, ValueError):  # a record this version cannot read: no recipe to compare
         return None
-    return json.dumps([record["task"], model, workload, recipe, record.get("prior_samples") or 0],
-                      sort_keys=True, default=str)
+    return json.dumps([record["task"], model, workload, recipe, start], sort_keys=True, default=str)
 
 
 def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[dict]]:

@@ -226,6 +226,19 @@ def samples_trained(step, train_config: dict | None, prior_samples: int = 0) -> 
     return step * batch + prior_samples
 
 
+# what a checkpoint keeps of the run that trained its weights, as a run started from them keeps it
+PRIOR_RECIPE_FIELDS = ("train_config", "workload", "model_config", "prior_samples", "prior_recipe")
+
+
+def prior_recipe(checkpoint: dict) -> dict:
+    """The recipe behind a checkpoint's weights: the configs of the run that trained them and that run's own
+    prior_samples and prior_recipe (so a chain of --init-from starts nests). A run started from them keeps
+    it as "prior_recipe" in config.json, its checkpoints and its evaluations, where `asentmax compare` takes
+    it for the start's sample count: with --steps-after-escape a start's length varies by seed, its rule does
+    not."""
+    return {key: checkpoint[key] for key in PRIOR_RECIPE_FIELDS if checkpoint.get(key) is not None}
+
+
 STALLED_EXIT = 3  # exit code of a training that a stall check ended (TrainConfig.stall_checks)
 INTERRUPTED_EXIT = 130  # exit code of a training that SIGINT or SIGTERM ended, with a checkpoint
 
@@ -346,9 +359,9 @@ def stalled_unevaluated(path: Path | str) -> bool:
 
 
 def load_stalled(run_dir: Path | str) -> dict:
-    """A run that a stall check ended, as `asentmax compare` counts it: run_dir, task, the configs and
-    prior_samples of its config.json and its stalled.json record as "stalled"; RunError (one line naming the
-    file) when either file is missing or not what training writes."""
+    """A run that a stall check ended, as `asentmax compare` counts it: run_dir, task, the configs,
+    prior_samples and prior_recipe of its config.json and its stalled.json record as "stalled"; RunError (one
+    line naming the file) when either file is missing or not what training writes."""
     run_dir = Path(run_dir)
     stalled = read_json(run_dir / STALLED_NAME, "stall record")
     config = read_json(run_dir / CONFIG_NAME, "run config")
@@ -360,7 +373,8 @@ def load_stalled(run_dir: Path | str) -> dict:
         raise RunError(f"{run_dir / CONFIG_NAME} has no training configs; restore it")
     return {"run_dir": str(run_dir), "task": config["workload"].get("task"),
             **{key: config[key] for key in ("train_config", "model_config", "workload")},
-            "prior_samples": config.get("prior_samples") or 0, "stalled": stalled}
+            "prior_samples": config.get("prior_samples") or 0, "prior_recipe": config.get("prior_recipe"),
+            "stalled": stalled}
 
 
 # ---- checkpoints ----

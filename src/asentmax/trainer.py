@@ -792,18 +792,24 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     if world.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / STALLED_NAME).unlink(missing_ok=True)  # a stopped run continued is no longer stopped
-        # samples the weights were trained on before this run's step 0 (the --init-from chain's)
-        prior_samples = (checkpoint.get("prior_samples", 0) if checkpoint is not None
-                         else initial_weights[1].get("samples") or 0 if initial_weights is not None else 0)
+        # samples the weights were trained on before this run's step 0 (the --init-from chain's), and the
+        # recipe of the run that trained them (runs.prior_recipe)
+        if checkpoint is not None:
+            prior_samples, prior = checkpoint.get("prior_samples", 0), checkpoint.get("prior_recipe")
+        elif initial_weights is not None:
+            prior_samples, prior = initial_weights[1].get("samples") or 0, initial_weights[1].get("recipe")
+        else:
+            prior_samples, prior = 0, None
         config_record = {"train_config": asdict(train_config), "workload": workload.to_dict(),
-                         "model_config": asdict(model_config), "prior_samples": prior_samples}
+                         "model_config": asdict(model_config), "prior_samples": prior_samples,
+                         **({"prior_recipe": prior} if prior else {})}
         if checkpoint is None:
+            init_from = ({} if initial_weights is None else  # its recipe is the record's prior_recipe
+                         {"init_from": {k: v for k, v in initial_weights[1].items() if k != "recipe"}})
             (run_dir / CONFIG_NAME).write_text(json.dumps({
                 **config_record, "git_commit": commit, "device": describe_device(world.device),
                 "world_size": world.world_size, "torch_version": torch.__version__, "command": sys.argv,
-                "n_parameters": sum(p.numel() for p in model.parameters()),
-                **({"init_from": initial_weights[1]} if initial_weights is not None else {})},
-                indent=2) + "\n")
+                "n_parameters": sum(p.numel() for p in model.parameters()), **init_from}, indent=2) + "\n")
         keep = step if checkpoint is not None else None
         log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens", "tokens_per_s", "elapsed_s"], keep)
         val_log = CsvLog(run_dir / VAL_NAME, None, keep)
