@@ -91,7 +91,10 @@ def rule_losses(task, samples: int, seed: int, lengths=(32, 64)) -> dict[str, fl
 def evaluation_rows(evaluation: dict) -> list[dict]:
     """Per length of an MQMTAR evaluation (eval.json's dict): length, multiplier, samples, observed exact
     match and interval (%), each rule's prediction (%) and the samples with a key-as-value collision, computed
-    on the evaluation's own test samples."""
+    on the evaluation's own test samples; where the row keeps exact_by_sample (eval.json since commit
+    ff2ef50), also the samples decoded exactly among those with a collision and among the
+    others ("exact_with_collision", "exact_without_collision"): a word matcher loses the first far more
+    often, a model that errs elsewhere both alike."""
     workload, config = evaluation["workload"], evaluation["eval_config"]
     if workload.get("task") != "mqmtar":
         raise RunError(f"{evaluation['run_dir']}: a {workload.get('task')!r} evaluation, not an MQMTAR one")
@@ -101,11 +104,20 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
         _, examples = examples_for_length(task, row["length"], row["n"], config["seed"],
                                           config.get("tables", "train"))
         chances = [sample_chances(task, example) for example in examples]
-        rows.append({"length": row["length"], "multiplier": row["length"] / evaluation["id_length"],
-                     "n": row["n"], "observed": 100 * row["exact_match"], "ci_low": 100 * row["ci_low"],
-                     "ci_high": 100 * row["ci_high"],
-                     **{rule: 100 * sum(c[rule] for c in chances) / len(chances) for rule in RULES},
-                     "value_collisions": sum(c["value_collision"] for c in chances)})
+        collided = [c["value_collision"] for c in chances]
+        entry = {"length": row["length"], "multiplier": row["length"] / evaluation["id_length"],
+                 "n": row["n"], "observed": 100 * row["exact_match"], "ci_low": 100 * row["ci_low"],
+                 "ci_high": 100 * row["ci_high"],
+                 **{rule: 100 * sum(c[rule] for c in chances) / len(chances) for rule in RULES},
+                 "value_collisions": sum(collided)}
+        exact = row.get("exact_by_sample")
+        if exact is not None:
+            if len(exact) != len(examples):
+                raise RunError(f"{evaluation['run_dir']}: length {row['length']} has {len(exact)} entries in "
+                               f"exact_by_sample for {len(examples)} test samples")
+            entry["exact_with_collision"] = sum(e for e, c in zip(exact, collided, strict=True) if c)
+            entry["exact_without_collision"] = sum(e for e, c in zip(exact, collided, strict=True) if not c)
+        rows.append(entry)
     return rows
 
 
@@ -180,17 +192,25 @@ def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict |
                   + " |" for row in losses["rows"]]
     lines += ["", "## Per length", "",
               "Fits: the rules whose prediction lies in the observed interval at that length. Value "
-              "collisions: test samples in which a queried key's word is also some pair's value.", ""]
+              "collisions: test samples in which a queried key's word is also some pair's value. Exact "
+              "with / without: the samples decoded exactly among those with a value collision and among the "
+              "others (-: the evaluation did not keep which samples were exact: eval.json before "
+              "commit ff2ef50); a word matcher loses about half of the first, a model that errs "
+              "elsewhere both at one rate.", ""]
     for label, rows in results:
         lines += [f"### {label}", "",
                   "| length | observed % (95 % CI) | first token % | second token % | word % "
-                  "| value collisions | fits |", "|---" * 7 + "|"]
+                  "| value collisions | exact with / without | fits |", "|---" * 8 + "|"]
         for row in rows:
             fits = ", ".join(fitting_rules(row)) or "none"
+            split = "-"
+            if "exact_with_collision" in row:
+                split = (f"{row['exact_with_collision']} of {row['value_collisions']} / "
+                         f"{row['exact_without_collision']} of {row['n'] - row['value_collisions']}")
             lines.append(f"| {row['length']} ({multiplier_label(row['multiplier'])}) | {row['observed']:.1f} "
                          f"({row['ci_low']:.1f}-{row['ci_high']:.1f}) | {row['first token']:.1f} | "
                          f"{row['second token']:.1f} | {row['word']:.1f} | {row['value_collisions']} of "
-                         f"{row['n']} | {fits} |")
+                         f"{row['n']} | {split} | {fits} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -104,6 +104,35 @@ def test_evaluation_rows_predict_on_the_evaluations_own_samples(tables):
     assert rows[1]["first token"] < 100  # 273 pairs: some key shares a token
 
 
+def test_exact_samples_are_split_by_value_collision():
+    """With exact_by_sample kept, the exact samples are counted among those whose queried word is also some
+    pair's value (recounted by brute force) and among the others; the table shows both, or "-" for a row
+    without it; a list of the wrong size is refused in one line."""
+    task = get_task("mqmtar")
+    n, length = 12, 65536  # 8,738 pairs: a queried word is a value in about 4 samples of 10
+    _, examples = examples_for_length(task, length, n, 5, "train")
+    collided = [any(c[2] for c in brute_force(task, example)) for example in examples]
+    assert 0 < sum(collided) < n
+    first = collided.index(True)  # exact: every sample without a collision and the first one with it
+    exact = [int(not c or i == first) for i, c in enumerate(collided)]
+    base = {"n": n, "exact_match": sum(exact) / n, "ci_low": 0.3, "ci_high": 0.9}
+    evaluation = {"run_dir": "r", "workload": {"task": "mqmtar", "layout": "random"}, "id_length": 64,
+                  "eval_config": {"seed": 5, "tables": "train"},
+                  "rows": [{"length": length, **base, "exact_by_sample": exact}, {"length": 64, **base}]}
+    (kept, missing) = sorted(collisions.evaluation_rows(evaluation), key=lambda r: -r["length"])
+    assert kept["value_collisions"] == sum(collided)
+    assert (kept["exact_with_collision"], kept["exact_without_collision"]) == (1, n - sum(collided))
+    assert "exact_with_collision" not in missing
+    table = collisions.markdown([("r", [missing, kept])], "cmd")
+    assert (f"| {kept['value_collisions']} of {n} | {kept['exact_with_collision']} of {sum(collided)} / "
+            f"{kept['exact_without_collision']} of {n - sum(collided)} |") in table
+    assert f"| {missing['value_collisions']} of {n} | - |" in table
+    evaluation["rows"] = [{"length": length, **base, "exact_by_sample": exact[:-1]}]
+    with pytest.raises(RunError, match=f"r: length {length} has {n - 1} entries in exact_by_sample for {n} "
+                                       "test samples"):
+        collisions.evaluation_rows(evaluation)
+
+
 def test_verdict_needs_every_length_and_a_telling_prediction():
     rows = [{"ci_low": 90.0, "ci_high": 100.0, "first token": 95.0, "second token": 80.0, "word": 100.0},
             {"ci_low": 30.0, "ci_high": 50.0, "first token": 40.0, "second token": 50.5, "word": 100.0}]
