@@ -27,8 +27,9 @@ of them with a planted look-alike of a queried key), where the rules cost far mo
 kinds first, second, value, joined by commas) on those of `--lookalikes r --lookalike-kinds value`. Writes
 collisions.md (per evaluation: by how much each rule misses the observed intervals and which rules it behaves
 like; per length: the observed exact match with its interval, the three predictions, the samples with a
-key-as-value collision and the rules whose prediction lies in the interval), collisions.json and
-collisions.png (the first --panels evaluations, in the order given) under --out.
+key-as-value collision, where eval.json keeps exact_by_sample the exact samples among those and among the
+others, and the rules whose prediction lies in the interval), collisions.json and collisions.png (the first
+--panels evaluations, in the order given) under --out.
 
     PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
 """
