@@ -17,10 +17,10 @@
 #     (`pytest -m gpu tests`, run file by file since the twelfth session) for at most $TEST_SECONDS
 #     (default 400) seconds.
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
-# tests' log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out), WINDOW
-# (device_plan's --seconds for base and phases: default 560 and 540, less where the session's device time is short), PLAN
-# (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags dry-runs this on
-# the CPU).
+# tests' log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out),
+# WINDOW (device_plan's --seconds for base and phases: default 560 and 540, less where the session's device
+# time is short), PLAN (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny
+# flags dry-runs this on the CPU).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
@@ -36,9 +36,9 @@ case $part in
   base)
     plan_call call_base.log --work runs/plan --seconds "${WINDOW:-560}" --runs mqmtar_asentmax_preset ;;
   phases)
-    plan_call call_phases.log --work runs/plan --seconds "${WINDOW:-540}" --continuing --runs mqmtar_asentmax_preset \
-      mqmtar_asentmax_preset_then_lr2e-5 mqmtar_asentmax_preset_then_lookalikes0.1 \
-      mqmtar_asentmax_preset_then_value_lookalikes0.1
+    plan_call call_phases.log --work runs/plan --seconds "${WINDOW:-540}" --continuing \
+      --runs mqmtar_asentmax_preset mqmtar_asentmax_preset_then_lr2e-5 \
+      mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1
     python benchmarks/carry_checkpoint.py pack runs/plan/mqmtar_asentmax_preset "$out" 2>&1 \
       | tee -a runs/plan/call_phases.log ;;
   after)
