@@ -19,8 +19,9 @@
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
 # tests' log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out),
 # WINDOW (device_plan's --seconds for base and phases: default 560 and 540, less where the session's device
-# time is short), PLAN (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny
-# flags dry-runs this on the CPU).
+# time is short), SECOND_PHASES (the second phases' plan runs for phases and after: default all three; a
+# shorter list, e.g. the control and the value look-alikes, for a short budget), PLAN (default
+# benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags dry-runs this on the CPU).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
@@ -37,13 +38,13 @@ case $part in
     plan_call call_base.log --work runs/plan --seconds "${WINDOW:-560}" --runs mqmtar_asentmax_preset ;;
   phases)
     plan_call call_phases.log --work runs/plan --seconds "${WINDOW:-540}" --continuing \
-      --runs mqmtar_asentmax_preset mqmtar_asentmax_preset_then_lr2e-5 \
-      mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1
+      --runs mqmtar_asentmax_preset ${SECOND_PHASES:-mqmtar_asentmax_preset_then_lr2e-5 \
+      mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1}
     python benchmarks/carry_checkpoint.py pack runs/plan/mqmtar_asentmax_preset "$out" 2>&1 \
       | tee -a runs/plan/call_phases.log ;;
   after)
-    for run in mqmtar_asentmax_preset mqmtar_asentmax_preset_then_lr2e-5 \
-        mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1; do
+    for run in mqmtar_asentmax_preset ${SECOND_PHASES:-mqmtar_asentmax_preset_then_lr2e-5 \
+        mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1}; do
       timeout 60 python benchmarks/mqmtar_errors.py "runs/plan/$run" --samples 200 --lookalikes 1 \
         --lookalike-kinds value --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 2 \
         | tee -a runs/plan/call_after.log
