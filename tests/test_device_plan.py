@@ -337,3 +337,45 @@ def test_chimeras_writes_only_the_starts_named(tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs" / "chimera").iterdir()) == ["io1_block1_rest8.pt"]
     result = chimeras("io1_block9_rest8")
     assert result.returncode == 2 and "chimeras: no start named io1_block9_rest8" in result.stderr
+
+
+def test_issue15_base_sets_a_stopped_base_aside_and_trains_it_again(tmp_path):
+    """`issue15_gpu_call.sh base` trains the base again (same flags) after a stall check stopped it, keeping
+    the stopped attempt as mqmtar_asentmax_preset_stalled1, up to BASE_ATTEMPTS; `phases` then starts nothing
+    from a base that stopped every time. A base that trains is trained once."""
+    repo = SCRIPT.parents[1]
+    for folder in ("benchmarks", "src"):
+        (tmp_path / folder).symlink_to(repo / folder)
+
+    def gpu_call(part, base_flags):
+        plan = tmp_path / "plan.json"
+        phase = {"after": "mqmtar_asentmax_preset", "evals": [],
+                 "train": TINY + " --steps 2 --init-from {work}/mqmtar_asentmax_preset"}
+        runs = {"mqmtar_asentmax_preset": {"train": TINY + base_flags, "evals": []},
+                "mqmtar_asentmax_preset_then_lr2e-5": phase}
+        plan.write_text(json.dumps({"runs": runs}))
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PLAN": str(plan), "WINDOW": "200",
+               "OUT": str(tmp_path / "out"), "BASE_ATTEMPTS": "2",
+               "SECOND_PHASES": "mqmtar_asentmax_preset_then_lr2e-5"}
+        return subprocess.run(["bash", "benchmarks/issue15_gpu_call.sh", part], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    work = tmp_path / "runs" / "plan"
+    stuck = " --steps 40 --stall-step 2 --stall-loss 1e-9"
+    base = gpu_call("base", stuck)
+    assert base.returncode == 0, base.stderr
+    assert "set aside as mqmtar_asentmax_preset_stalled1" in base.stdout
+    for name in ("mqmtar_asentmax_preset_stalled1", "mqmtar_asentmax_preset"):  # two attempts, both stopped
+        assert (work / f"{name}.stalled").exists() and (work / name / "checkpoint.pt").exists()
+        assert (work / f"{name}.train.log").exists()
+    assert not (work / "mqmtar_asentmax_preset_stalled2").exists()
+    phases = gpu_call("phases", stuck)
+    assert phases.returncode == 0 and "no second phases from it" in phases.stdout
+    assert not (work / "mqmtar_asentmax_preset_then_lr2e-5").exists()
+
+    for path in sorted(work.iterdir(), reverse=True):  # a new session: nothing left
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+    base = gpu_call("base", " --steps 3")
+    assert base.returncode == 0 and "set aside" not in base.stdout
+    assert (work / "mqmtar_asentmax_preset.trained").exists()
+    assert not list(work.glob("*stalled*"))
