@@ -26,8 +26,8 @@
 # WINDOW (device_plan's --seconds for base, all attempts together, and phases: default 560 and 540, less where
 # the session's device time is short), BASE_ATTEMPTS (default 2), SECOND_PHASES (the second phases' plan runs
 # for phases and after: default all three; a shorter list, e.g. the control and the value look-alikes, for a
-# short budget), PLAN (default
-# benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags dry-runs this on the CPU).
+# short budget), PLAN (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny
+# flags dry-runs this on the CPU).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
@@ -40,6 +40,8 @@ plan_call() {  # plan_call LOG ARGS...: device_plan.py on $plan, its output also
   python benchmarks/device_plan.py "$plan" "$@" 2>&1 | tee -a "runs/plan/$log"
 }
 base_stalled=runs/plan/mqmtar_asentmax_preset.stalled
+second_phases=${SECOND_PHASES:-mqmtar_asentmax_preset_then_lr2e-5 mqmtar_asentmax_preset_then_lookalikes0.1 \
+  mqmtar_asentmax_preset_then_value_lookalikes0.1}
 case $part in
   base)
     attempts=${BASE_ATTEMPTS:-2}
@@ -59,14 +61,12 @@ case $part in
         | tee -a runs/plan/call_phases.log
     else
       plan_call call_phases.log --work runs/plan --seconds "${WINDOW:-540}" --continuing \
-        --runs mqmtar_asentmax_preset ${SECOND_PHASES:-mqmtar_asentmax_preset_then_lr2e-5 \
-        mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1}
+        --runs mqmtar_asentmax_preset $second_phases
       python benchmarks/carry_checkpoint.py pack runs/plan/mqmtar_asentmax_preset "$out" 2>&1 \
         | tee -a runs/plan/call_phases.log
     fi ;;
   after)
-    for run in mqmtar_asentmax_preset ${SECOND_PHASES:-mqmtar_asentmax_preset_then_lr2e-5 \
-        mqmtar_asentmax_preset_then_lookalikes0.1 mqmtar_asentmax_preset_then_value_lookalikes0.1}; do
+    for run in mqmtar_asentmax_preset $second_phases; do
       timeout 60 python benchmarks/mqmtar_errors.py "runs/plan/$run" --samples 200 --lookalikes 1 \
         --lookalike-kinds value --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 2 \
         | tee -a runs/plan/call_after.log
