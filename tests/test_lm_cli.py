@@ -51,7 +51,7 @@ def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
     result = json.loads((run / "lm_eval.json").read_text())
     assert set(result["perplexity"]) == {"1", "4", "16"}
     assert all(v["tokens"] == 2 * 256 for v in result["perplexity"].values())  # same targets at every length
-    assert result["retrieval"]["niah_1"]["16"]["samples"] == 1 and result["step"] == 8
+    assert result["retrieval"]["niah_1"]["16"]["samples"] == 1 and result["train_step"] == 8
     assert result["model_config"] == config["model_config"]  # the results file names the model it scored
     assert result["retrieval"]["passkey"]["1"]["accuracy"] is None  # 16 tokens hold no passkey prompt
     assert set(result["dispersion"]) == {"1", "4"}
@@ -76,6 +76,13 @@ def test_lm_prepare_train_eval_compare(data, tmp_path, capsys):
     capsys.readouterr()
     assert main(["lm", "compare", str(run), f"{run}/", "--out", str(out)]) == 2
     assert "a run is given twice" in capsys.readouterr().err
+    row = next(line for line in table.splitlines() if line.startswith(f"| {label} |"))
+    assert row.split(" | ")[2] == "8"  # the steps column: the evaluated checkpoint's train_step
+    # an lm_eval.json from before the field's name was train_step: one line, not a KeyError
+    old_file = tmp_path / "seed2" / "lm_eval.json"
+    old_file.write_text(old_file.read_text().replace('"train_step"', '"step"'))
+    assert main(["lm", "compare", str(run), str(tmp_path / "seed2"), "--out", str(out)]) == 2
+    assert "has no train_step: run `asentmax lm eval` on it again" in capsys.readouterr().err
 
 
 def test_lm_errors_are_one_line(tmp_path, capsys):
@@ -96,7 +103,7 @@ def test_lm_block_options(data, tmp_path, capsys):
     assert saved["tie_embeddings"] is False and saved["scale_embeddings"] is False  # lm_tiny's, ModelConfig's
     assert main(["lm", "train", "--run-dir", str(run), "--resume", "--steps", "4", "--no-progress"]) == 0
     model, _, trained = _load_model(run, "cpu")  # eval's loader: the saved config, weights loaded strictly
-    assert trained["step"] == 4 and model.config.to_dict() == saved
+    assert trained["train_step"] == 4 and model.config.to_dict() == saved
     assert all(block.mlp.kind == "geglu" and None not in (block.attn_post_norm, block.mlp_post_norm)
                for block in model.blocks)
     capsys.readouterr()
@@ -172,6 +179,6 @@ def test_a_run_ended_after_its_escape_is_not_evaluated_or_compared_as_cut(data, 
                  "cpu"]) == 0
     assert "cut short" not in capsys.readouterr().err
     result = json.loads((run / "lm_eval.json").read_text())
-    assert (result["step"], result["escape_step"], result["train_config"]["steps"]) == (5, 3, 9)
+    assert (result["train_step"], result["escape_step"], result["train_config"]["steps"]) == (5, 3, 9)
     assert main(["lm", "compare", str(run), "--out", str(out)]) == 0
     assert "cut at" not in (out / "compare.md").read_text()

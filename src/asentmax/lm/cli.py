@@ -216,7 +216,7 @@ def _load_model(run_dir: Path, device):
         raise ValueError(f"{run_dir} is not an LM run (workload {workload.get('name')!r})")
     model = Transformer(ModelConfig.from_dict(checkpoint["model_config"]))
     model.load_state_dict(checkpoint["model"])
-    trained = {"step": checkpoint["step"], "train_config": checkpoint["train_config"],
+    trained = {"train_step": checkpoint["step"], "train_config": checkpoint["train_config"],
                "escape_step": checkpoint.get("escape_step")}
     return model.to(device).eval(), workload, trained
 
@@ -238,8 +238,7 @@ def _eval(args) -> None:
         start = time.perf_counter()
         model, workload, trained = _load_model(run_dir, device)
         cuda_graph = decodes_with_cuda_graph(args.cuda_graphs, model.config, device.type)  # before the data
-        cut = training_cut({"train_step": trained["step"], "train_config": trained["train_config"],
-                            "escape_step": trained["escape_step"]})
+        cut = training_cut(trained)
         if cut:
             print(f"warning: {run_dir} stopped training at step {cut[0]} of {cut[1]} (cut short); its "
                   "results are those of a partly trained model", file=sys.stderr)
@@ -265,7 +264,7 @@ def _eval(args) -> None:
                                     if k not in ("run", "run_dirs")}})
         write_json(run_dir / f"{EVAL_NAME}.json", result)
         label = f"{workload['preset']} ({workload['size']})"
-        heading = f"# {run_dir}\n\nstep {trained['step']}, eval {result['eval_s']} s"
+        heading = f"# {run_dir}\n\nstep {trained['train_step']}, eval {result['eval_s']} s"
         write_text(run_dir / f"{EVAL_NAME}.md", markdown({label: result}, heading))
         plot({label: result}, run_dir)
         print(f"{run_dir}: " + ", ".join(f"{m}x ppl {v['ppl']:.2f}" for m, v in result["perplexity"].items()))
@@ -281,11 +280,13 @@ def _compare(args) -> None:
     results, rows = {}, []
     for run_dir in args.run_dirs:
         result = read_json(run_dir / f"{EVAL_NAME}.json", "LM evaluation (run `asentmax lm eval` first)")
+        if "train_step" not in result:  # files before the fifty-second session called it "step"
+            raise ValueError(f"{run_dir / EVAL_NAME}.json has no train_step: "
+                             "run `asentmax lm eval` on it again")
         label = f"{result['workload']['preset']} ({result['workload']['size']})"
         if label in results:  # runs of one preset and size (other seeds, steps or block options)
             label = f"{label} [{run_dir.name}]"
-        cut = training_cut({"train_step": result["step"], "train_config": result.get("train_config"),
-                            "escape_step": result.get("escape_step")})
+        cut = training_cut(result)
         if cut:  # lm_eval.json files written before the thirteenth session have no train_config
             label = f"{label}, cut at {cut[0]} of {cut[1]} steps"
         if label in results:
@@ -293,7 +294,7 @@ def _compare(args) -> None:
         results[label] = result
         train_file = run_dir / "lm_train.json"
         train = json.loads(train_file.read_text()) if train_file.is_file() else {}
-        rows.append(f"| {label} | {result['n_parameters'] / 1e6:.1f}M | {result['step']} | "
+        rows.append(f"| {label} | {result['n_parameters'] / 1e6:.1f}M | {result['train_step']} | "
                     f"{train.get('token_slots_seen', '')} | {_round(train.get('epochs'))} | "
                     f"{_round(train.get('elapsed_s'))} | {result['eval_s']} |")
     args.out.mkdir(parents=True, exist_ok=True)
