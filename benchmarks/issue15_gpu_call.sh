@@ -15,10 +15,13 @@
 #     with value look-alikes only, `--lookalike-kinds value`), their evaluations, then the base's weights
 #     packed into $OUT (benchmarks/carry_checkpoint.py: 3 parts of 15 MB and a hash, to start later second
 #     phases without retraining);
-#   bash benchmarks/issue15_gpu_call.sh after    # 2-9 minutes, if the session has the time (chained at
+#   bash benchmarks/issue15_gpu_call.sh after    # 4-10 minutes, if the session has the time (chained at
 #     once: it reads phases' checkpoints): benchmarks/mqmtar_errors.py on the base and the three second phases
-#     at 1x with a value look-alike planted in every test sample (`--lookalikes 1 --lookalike-kinds value`:
-#     does the model tell the key from its word written as a value?), then the whole GPU test suite
+#     with a value look-alike planted in every test sample (`--lookalikes 1 --lookalike-kinds value`: does the
+#     model tell the key from its word written as a value?) at 1x, 256x and 1,024x (PROBE_MULTIPLIERS; 100
+#     samples each, at most 120 s a run: a 1x probe also runs on the CPU in seconds, 256x takes about 60 s a
+#     sample there, and 1,024x is where the word rule costs the preset's best runs their points), then the
+#     whole GPU test suite
 #     (`pytest -m gpu tests`, run file by file since the twelfth session) for at most $TEST_SECONDS
 #     (default 400) seconds.
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
@@ -26,8 +29,9 @@
 # WINDOW (device_plan's --seconds for base, all attempts together, and phases: default 560 and 540, less where
 # the session's device time is short), BASE_ATTEMPTS (default 2), SECOND_PHASES (the second phases' plan runs
 # for phases and after: default all three; a shorter list, e.g. the control and the value look-alikes, for a
-# short budget), PLAN (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny
-# flags dry-runs this on the CPU).
+# short budget), PROBE_MULTIPLIERS (after's probe lengths, default "1 256 1024"), TEST_SECONDS, PLAN (default
+# benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags, and PROBE_MULTIPLIERS=1,
+# dry-run this on the CPU).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
@@ -67,9 +71,9 @@ case $part in
     fi ;;
   after)
     for run in mqmtar_asentmax_preset $second_phases; do
-      timeout 60 python benchmarks/mqmtar_errors.py "runs/plan/$run" --samples 200 --lookalikes 1 \
-        --lookalike-kinds value --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 2 \
-        | tee -a runs/plan/call_after.log
+      timeout 120 python benchmarks/mqmtar_errors.py "runs/plan/$run" \
+        --multipliers ${PROBE_MULTIPLIERS:-1 256 1024} --samples 100 --lookalikes 1 --lookalike-kinds value \
+        --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 4 | tee -a runs/plan/call_after.log
     done
     timeout "${TEST_SECONDS:-400}" python -m pytest -v -p no:cacheprovider -m gpu -rfE --durations=30 tests \
       > runs/plan/gpu_tests.log 2>&1
