@@ -86,3 +86,42 @@ def test_misuse_is_one_line(tmp_path, capsys, finished):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "at step 2 of 6: not finished" in err[0], err
     assert not (tmp_path / "o2").exists()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bf16_linear_is_exact_under_bf16_autocast(tmp_path, capsys, tied):
+    """--bf16-linear stores the nn.Linear weights in bf16 and nothing else (a tied head keeps the embedding's
+    fp32): under bf16 autocast the model computes the same logits as the original, bit for bit."""
+    from asentmax.nn import ModelConfig, Transformer
+
+    run = tmp_path / "run"
+    assert asentmax(["train", "--run-dir", str(run), *TINY, "--steps", "4",
+                     "--tie-embeddings", str(tied).lower()]) == 0
+    capsys.readouterr()
+    parts = tmp_path / "out"
+    carry.pack(run, parts, 15.0, bf16_linear=True)
+    copy = tmp_path / "copy" / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*.pt"))
+    carry.unpack(parts, copy)
+    original = torch.load(run / "checkpoint.pt", weights_only=True)
+    joined = torch.load(copy / "checkpoint.pt", weights_only=True)
+    names = carry.linear_weight_names(original["model_config"])
+    assert names and ("head.weight" in names) != tied
+    for key, value in original["model"].items():
+        if key in names:
+            assert joined["model"][key].dtype == torch.bfloat16 and value.dtype == torch.float32, key
+            assert torch.equal(joined["model"][key], value.to(torch.bfloat16)), key
+        else:
+            assert torch.equal(joined["model"][key], value), key
+
+    def logits(state, ids):
+        model = Transformer(ModelConfig.from_dict(original["model_config"]))
+        model.load_state_dict(state)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return model.eval()(ids).float()
+
+    vocab = original["model_config"]["vocab_size"]
+    ids = torch.randint(0, vocab, (3, 40), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(logits(original["model"], ids), logits(joined["model"], ids))
+    assert carry.main(["pack", str(run), str(tmp_path / "cli"), "--bf16-linear"]) == 0
+    assert (tmp_path / "cli" / "run.sha256").read_text() == (parts / "run.sha256").read_text()
