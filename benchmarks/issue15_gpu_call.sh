@@ -14,7 +14,7 @@
 #     steps at lr 2e-5: without look-alikes, the same-base control; with planted look-alikes of every kind;
 #     with value look-alikes only, `--lookalike-kinds value`), their evaluations, then the base's weights
 #     packed into $OUT (benchmarks/carry_checkpoint.py: 3 parts of 15 MB and a hash, to start later second
-#     phases without retraining: repacked here with --bf16-linear, 21.6 MB, it fits a call's carry);
+#     phases without retraining: repacked here with --bf16-linear, 21.9 MB, it fits a call's carry);
 #   bash benchmarks/issue15_gpu_call.sh after    # 4-10 minutes, if the session has the time (chained at
 #     once: it reads phases' checkpoints): benchmarks/mqmtar_errors.py on the base and the three second phases
 #     with a value look-alike planted in every test sample (`--lookalikes 1 --lookalike-kinds value`: does the
