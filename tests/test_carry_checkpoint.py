@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from asentmax.cli import main as asentmax
+from asentmax.nn import ModelConfig, Transformer
 from conftest import load_benchmark
 from test_init_from import TINY as TINY_MODEL
 
@@ -24,9 +25,9 @@ def finished(tmp_path, capsys):
     return run
 
 
-def carried_copy(finished, tmp_path, part_mb=0.02):
+def carried_copy(finished, tmp_path, part_mb=0.02, bf16_linear=False):
     parts = tmp_path / "out"
-    written = carry.pack(finished, parts, part_mb)
+    written = carry.pack(finished, parts, part_mb, bf16_linear)
     assert len(written) >= 3 and all(p.stat().st_size <= part_mb * 1e6 for p in written)
     copy = tmp_path / "copy" / finished.name
     shutil.copytree(finished, copy, ignore=shutil.ignore_patterns("*.pt"))
@@ -92,17 +93,11 @@ def test_misuse_is_one_line(tmp_path, capsys, finished):
 def test_bf16_linear_is_exact_under_bf16_autocast(tmp_path, capsys, tied):
     """--bf16-linear stores the nn.Linear weights in bf16 and nothing else (a tied head keeps the embedding's
     fp32): under bf16 autocast the model computes the same logits as the original, bit for bit."""
-    from asentmax.nn import ModelConfig, Transformer
-
     run = tmp_path / "run"
     assert asentmax(["train", "--run-dir", str(run), *TINY, "--steps", "4",
                      "--tie-embeddings", str(tied).lower()]) == 0
     capsys.readouterr()
-    parts = tmp_path / "out"
-    carry.pack(run, parts, 15.0, bf16_linear=True)
-    copy = tmp_path / "copy" / run.name
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*.pt"))
-    carry.unpack(parts, copy)
+    copy = carried_copy(run, tmp_path, part_mb=0.01, bf16_linear=True)
     original = torch.load(run / "checkpoint.pt", weights_only=True)
     joined = torch.load(copy / "checkpoint.pt", weights_only=True)
     names = carry.linear_weight_names(original["model_config"])
@@ -124,4 +119,4 @@ def test_bf16_linear_is_exact_under_bf16_autocast(tmp_path, capsys, tied):
     ids = torch.randint(0, vocab, (3, 40), generator=torch.Generator().manual_seed(0))
     assert torch.equal(logits(original["model"], ids), logits(joined["model"], ids))
     assert carry.main(["pack", str(run), str(tmp_path / "cli"), "--bf16-linear"]) == 0
-    assert (tmp_path / "cli" / "run.sha256").read_text() == (parts / "run.sha256").read_text()
+    assert (tmp_path / "cli" / "run.sha256").read_text() == (tmp_path / "out" / "run.sha256").read_text()
