@@ -56,6 +56,8 @@ case $part in
       for file in runs/plan/mqmtar_asentmax_preset runs/plan/mqmtar_asentmax_preset.*; do
         mv "$file" "${file/mqmtar_asentmax_preset/mqmtar_asentmax_preset_stalled$attempt}"
       done
+      # the attempt's state lines too, so that record_runs.py counts its seconds to it, not to the base
+      sed -i "s/^mqmtar_asentmax_preset:/mqmtar_asentmax_preset_stalled$attempt:/" runs/plan/call_base.log
       echo "attempt $attempt stopped at a stall check: set aside as mqmtar_asentmax_preset_stalled$attempt;" \
         "training the base again" | tee -a runs/plan/call_base.log
     done ;;

@@ -342,8 +342,9 @@ def test_chimeras_writes_only_the_starts_named(tmp_path):
 
 def test_issue15_base_sets_a_stopped_base_aside_and_trains_it_again(tmp_path):
     """`issue15_gpu_call.sh base` trains the base again (same flags) after a stall check stopped it, keeping
-    the stopped attempt as mqmtar_asentmax_preset_stalled1, up to BASE_ATTEMPTS; `phases` then starts nothing
-    from a base that stopped every time. A base that trains is trained once."""
+    the stopped attempt as mqmtar_asentmax_preset_stalled1 (its state lines in call_base.log renamed too),
+    up to BASE_ATTEMPTS; `phases` then starts nothing from a base that stopped every time. A base that trains
+    is trained once."""
     repo = SCRIPT.parents[1]
     for folder in ("benchmarks", "src"):
         (tmp_path / folder).symlink_to(repo / folder)
@@ -370,6 +371,10 @@ def test_issue15_base_sets_a_stopped_base_aside_and_trains_it_again(tmp_path):
         assert (work / f"{name}.stalled").exists() and (work / name / "checkpoint.pt").exists()
         assert (work / f"{name}.train.log").exists()
     assert not (work / "mqmtar_asentmax_preset_stalled2").exists()
+    log_lines = (work / "call_base.log").read_text().splitlines()
+    states = [line.split(":")[0] for line in log_lines if ": " in line]
+    # each attempt's state lines name the directory it ended in (record_runs.py counts its seconds by them)
+    assert "mqmtar_asentmax_preset_stalled1" in states and "mqmtar_asentmax_preset" in states
     phases = gpu_call("phases", stuck)
     assert phases.returncode == 0 and "no second phases from it" in phases.stdout
     assert not (work / "mqmtar_asentmax_preset_then_lr2e-5").exists()
