@@ -27,6 +27,8 @@ share of the samples one queried key has a look-alike, a key sharing one of its 
 pair's value), a probe of whether a model tells them apart at short lengths, where the paper's samples hold
 almost none (at 1,024x 4 in 10 samples ask a key whose word is also a value:
 results/paper/mqmtar/collisions.md); `--lookalike-kinds value` (or first, second) plants those kinds only.
+`--tables fresh` draws every length's test set with new key and value tables, as `asentmax eval --tables
+fresh` does (and the paper's code for every test set), with or without planted look-alikes.
 """
 
 from __future__ import annotations
@@ -39,9 +41,8 @@ from pathlib import Path
 import torch
 
 from asentmax.cli import Parser, UsageError
-from asentmax.eval import EvalConfig, plan_evaluation
+from asentmax.eval import EvalConfig, examples_for_length, plan_evaluation
 from asentmax.runs import RunError, format_multiplier, write_json, write_text
-from asentmax.tasks import make_eval_set
 from asentmax.tasks.base import BOS, EOS, SEP
 from asentmax.tasks.mqmtar import COLON, MQMTARTask
 from asentmax.tasks.scoring import autocast, shape_batches
@@ -199,9 +200,9 @@ def plan_analysis(run_dir: Path, config: EvalConfig, out: Path):
 
 def analyse(plan, out: Path, command: str, lookalikes: float = 0.0, lookalike_kinds: tuple[str, ...] = ()
             ) -> dict:
-    """Classify every answer of the plan's test sets (asentmax eval's, by its seed; with `lookalikes` > 0
-    drawn with that share of planted look-alikes, of `lookalike_kinds`, by default every kind) at each length;
-    writes mqmtar_errors.json and .md under `out` and returns the result."""
+    """Classify every answer of the plan's test sets (asentmax eval's, by its seed and its config's tables;
+    with `lookalikes` > 0 drawn with that share of planted look-alikes, of `lookalike_kinds`, by default every
+    kind) at each length; writes mqmtar_errors.json and .md under `out` and returns the result."""
     from asentmax.nn import Transformer
     from asentmax.tasks import get_task
 
@@ -215,11 +216,12 @@ def analyse(plan, out: Path, command: str, lookalikes: float = 0.0, lookalike_ki
                         lookalike_kinds=lookalike_kinds)
     rows = []
     for length in plan.lengths:
-        examples = make_eval_set(task, length, config.samples, config.seed)
+        length_task, examples = examples_for_length(task, length, config.samples, config.seed,
+                                                    config.tables)
         answers = greedy_answers(model, examples, device=plan.device, autocast_dtype=plan.autocast_dtype,
                                  batch_size=config.batch_size, max_batch_tokens=config.max_batch_tokens)
         records = [record for example, answer in zip(examples, answers, strict=True)
-                   for record in classify_answers(task, example, answer)]
+                   for record in classify_answers(length_task, example, answer)]
         eos_wrong = sum(answer[len(example.target)] != EOS
                         for example, answer in zip(examples, answers, strict=True))
         rows.append({"length": length, "samples": len(examples), "eos_wrong": eos_wrong,
@@ -229,7 +231,7 @@ def analyse(plan, out: Path, command: str, lookalikes: float = 0.0, lookalike_ki
               + f" of {counts['n']} answers", file=sys.stderr, flush=True)
     result = {"command": command, "run_dir": str(plan.run_dir), "checkpoint": config.checkpoint,
               "checkpoint_step": plan.header["train_step"], "id_length": plan.header["id_length"],
-              "seed": config.seed, "lookalikes": lookalikes,
+              "seed": config.seed, "tables": config.tables, "lookalikes": lookalikes,
               "lookalike_kinds": list(task.lookalike_kinds) if lookalikes else [],
               "device": plan.header["device"], "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +248,8 @@ def markdown(result: dict) -> str:
         kinds = ", ".join(result.get("lookalike_kinds") or ())
         head += [f"Test sets with planted look-alikes ({kinds}) in {100 * result['lookalikes']:g} % of the "
                  "samples (not `asentmax eval`'s).", ""]
+    if result.get("tables") == "fresh":
+        head += ["Every length's test set drawn with new key and value tables (`--tables fresh`).", ""]
     lengths = [length_markdown(row, result["id_length"]) for row in result["rows"]]
     return "\n".join(head) + "\n" + "\n".join(lengths)
 
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch-size", type=int, default=64, help="most sequences decoded at once")
     parser.add_argument("--seed", type=int, default=1234, help="seed of the test sets (asentmax eval's)")
+    parser.add_argument("--tables", choices=("train", "fresh"), default="train",
+                        help="the run's key and value tables, or new ones for every length (as "
+                             "`asentmax eval --tables fresh`)")
     parser.add_argument("--lookalikes", type=float, default=0.0,
                         help="share of test samples with a planted look-alike of a queried key (default 0: "
                              "asentmax eval's test sets)")
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         config = EvalConfig(multipliers=tuple(args.multipliers), samples=args.samples,
                             checkpoint=args.checkpoint, device=args.device, batch_size=args.batch_size,
-                            seed=args.seed, dispersion_samples=0)
+                            seed=args.seed, tables=args.tables, dispersion_samples=0)
         plan = plan_analysis(args.run_dir, config, args.out)
         if not 0 <= args.lookalikes <= 1:
             raise ValueError(f"--lookalikes must be a share in [0, 1], got {args.lookalikes}")

@@ -251,3 +251,36 @@ def test_lookalike_probe_draws_planted_test_sets(tmp_path, capsys, one_thread):
                             "--out", str(tmp_path / "bad")]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_fresh_tables_decode_test_sets_of_new_words(tmp_path, capsys, one_thread, monkeypatch):
+    """--tables fresh: every length's test set is drawn with new key and value tables (its queried keys are
+    mostly not among the run's 10,000 keys, where --tables train asks only those), planted look-alikes too;
+    the result and its markdown say so."""
+    run, out = tmp_path / "run", tmp_path / "out"
+    assert asentmax(["train", "--run-dir", str(run), *TINY_MQMTAR]) == 0
+    decoded = []
+
+    def oracle(model, examples, **options):  # the true answers: every class is correct
+        decoded.append(examples)
+        return [answer(example) for example in examples]
+
+    monkeypatch.setattr(errors, "greedy_answers", oracle)
+    for tables in ("train", "fresh"):
+        assert errors.main([str(run), "--multipliers", "1", "2", "--samples", "6", "--device", "cpu",
+                            "--tables", tables, "--lookalikes", "1", "--lookalike-kinds", "value",
+                            "--out", str(out / tables)]) == 0
+    task = get_task("mqmtar")  # the run's tables (table seed 0)
+    run_keys = {tuple(key) for key in task.keys.tolist()}
+    for examples, tables in zip(decoded, ("train", "train", "fresh", "fresh"), strict=True):
+        asked = [key for example in examples for key in queried_keys(example, task)]
+        share = sum(key in run_keys for key in asked) / len(asked)
+        assert share == 1.0 if tables == "train" else share < 0.5
+    result = json.loads((out / "fresh" / "mqmtar_errors.json").read_text())
+    assert result["tables"] == "fresh" and [row["length"] for row in result["rows"]] == [64, 128]
+    for row in result["rows"]:
+        assert row["classes"]["correct"] == row["classes"]["n"] == 6 * 4
+        assert sum(g["n"] for g in row["by"]["key_is_a_value"] if g["value"]) >= 6  # planted in each sample
+    assert "drawn with new key and value tables" in (out / "fresh" / "mqmtar_errors.md").read_text()
+    assert "new key and value tables" not in (out / "train" / "mqmtar_errors.md").read_text()
+    capsys.readouterr()
