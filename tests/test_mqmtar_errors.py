@@ -1,8 +1,9 @@
 """benchmarks/mqmtar_errors.py: each MQMTAR answer is classed correct / other_value (another key's value pair,
 with the shared key tokens and the distance to it) / half / other, with its query index, key tenth, repeated
 key and earlier-error flags, all checked against what the example itself says; an end-to-end run on a tiny
-CPU run agrees with a re-scoring of the same greedy answers and with `asentmax eval`; a run that is not an
-MQMTAR run, or no run at all, is refused on one line with exit code 2."""
+CPU run agrees with a re-scoring of the same greedy answers and with `asentmax eval`; planted look-alikes and
+`--tables fresh` change the test sets it decodes; a run that is not an MQMTAR run, or no run at all, is
+refused on one line with exit code 2."""
 
 import json
 
