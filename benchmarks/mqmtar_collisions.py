@@ -31,6 +31,14 @@ key-as-value collision, where eval.json keeps exact_by_sample the exact samples 
 others, and the rules whose prediction lies in the interval), collisions.json and collisions.png (the first
 --panels evaluations, in the order given) under --out.
 
+Pooled over evaluations: evaluations of one test set (the same test_set_digest at a length, so the same
+samples: the runs' tables or the same fresh ones) that keep exact_by_sample and decode at least one sample
+exactly there are pooled, and per sample the count of them that decode it exactly is compared between the
+samples with a value collision and the others (the mean of each, and a two-sided permutation p of their
+difference over POOL_PERMUTATIONS shuffles of which samples collide; test sets with at least
+POOL_MIN_SAMPLES samples on each side). A set of models that follow the word rule loses on the first; one
+that tells a key from its word as a value, on neither more than the other.
+
     PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
 """
 
@@ -42,14 +50,19 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from asentmax.eval import examples_for_length
 from asentmax.runs import RunError, load_evaluation, write_json, write_text
+from asentmax.tasks.eval_sets import eval_set_digest
 from asentmax.tasks.mqmtar import COLON, MQMTARTask
 from asentmax.tasks.workload import build_task
 
 RULES = ("first token", "second token", "word")
 LOSS_RULES = ("value copy",) + RULES
 EVAL_FILES = ("eval.json", "eval_fresh.json")
+POOL_PERMUTATIONS = 20_000
+POOL_MIN_SAMPLES = 5
 
 
 def sample_chances(task, example) -> dict[str, float]:
@@ -95,20 +108,27 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     on the evaluation's own test samples; where the row keeps exact_by_sample (eval.json since commit
     ff2ef50), also the samples decoded exactly among those with a collision and among the
     others ("exact_with_collision", "exact_without_collision"): a word matcher loses the first far more
-    often, a model that errs elsewhere both alike."""
+    often, a model that errs elsewhere both alike; those rows also keep the per-sample lists
+    ("exact_by_sample", "collided_by_sample") and the test-set digest, for pooled_rows. A row whose
+    test_set_digest differs from the regenerated samples' is refused (RunError): the sampling changed
+    since."""
     workload, config = evaluation["workload"], evaluation["eval_config"]
     if workload.get("task") != "mqmtar":
         raise RunError(f"{evaluation['run_dir']}: a {workload.get('task')!r} evaluation, not an MQMTAR one")
     task = build_task("mqmtar", workload.get("layout", "random"))
     rows = []
     for row in evaluation["rows"]:
-        _, examples = examples_for_length(task, row["length"], row["n"], config["seed"],
-                                          config.get("tables", "train"))
+        tables = config.get("tables", "train")
+        _, examples = examples_for_length(task, row["length"], row["n"], config["seed"], tables)
+        if "test_set_digest" in row and row["test_set_digest"] != eval_set_digest(examples):
+            raise RunError(f"{evaluation['run_dir']}: length {row['length']}: the regenerated test samples "
+                           "are not the evaluated ones (test_set_digest differs): the task's sampling "
+                           "changed since")
         chances = [sample_chances(task, example) for example in examples]
         collided = [c["value_collision"] for c in chances]
         entry = {"length": row["length"], "multiplier": row["length"] / evaluation["id_length"],
                  "n": row["n"], "observed": 100 * row["exact_match"], "ci_low": 100 * row["ci_low"],
-                 "ci_high": 100 * row["ci_high"],
+                 "ci_high": 100 * row["ci_high"], "tables": tables,
                  **{rule: 100 * sum(c[rule] for c in chances) / len(chances) for rule in RULES},
                  "value_collisions": sum(collided)}
         exact = row.get("exact_by_sample")
@@ -118,8 +138,43 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
                                f"exact_by_sample for {len(examples)} test samples")
             entry["exact_with_collision"] = sum(e for e, c in zip(exact, collided, strict=True) if c)
             entry["exact_without_collision"] = sum(e for e, c in zip(exact, collided, strict=True) if not c)
+            entry.update(exact_by_sample=[int(e) for e in exact],
+                         collided_by_sample=[int(c) for c in collided],
+                         test_set_digest=row.get("test_set_digest") or eval_set_digest(examples))
         rows.append(entry)
     return rows
+
+
+def pooled_rows(results: list[tuple[str, list[dict]]], permutations: int = POOL_PERMUTATIONS,
+                min_samples: int = POOL_MIN_SAMPLES) -> list[dict]:
+    """Per test set (digest) that two or more evaluations of `results` decode with some sample exact and keep
+    exact_by_sample for, with at least `min_samples` samples with a value collision and as many without:
+    the evaluations pooled, the mean count of them exact per sample with and without a collision, and the
+    two-sided permutation p of that difference (numpy's default_rng(0) shuffling which samples collide)."""
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for label, rows in results:
+        for row in rows:
+            if "exact_by_sample" in row and sum(row["exact_by_sample"]):
+                groups.setdefault(row["test_set_digest"], []).append((label, row))
+    pooled = []
+    for members in groups.values():
+        first = members[0][1]
+        collided = np.asarray(first["collided_by_sample"], dtype=bool)
+        if len(members) < 2 or min(collided.sum(), (~collided).sum()) < min_samples:
+            continue
+        counts = np.sum([row["exact_by_sample"] for _, row in members], axis=0)
+        observed = counts[~collided].mean() - counts[collided].mean()
+        rng = np.random.default_rng(0)
+        shuffled = np.array([rng.permutation(collided) for _ in range(permutations)])
+        differences = ((~shuffled) @ counts) / (~shuffled).sum(1) - (shuffled @ counts) / shuffled.sum(1)
+        pooled.append({"length": first["length"], "multiplier": first["multiplier"],
+                       "tables": first["tables"], "n": first["n"],
+                       "evaluations": [label for label, _ in members],
+                       "value_collisions": int(collided.sum()),
+                       "mean_exact_with_collision": float(counts[collided].mean()),
+                       "mean_exact_without_collision": float(counts[~collided].mean()),
+                       "p": float(np.mean(np.abs(differences) >= abs(observed) - 1e-12))})
+    return sorted(pooled, key=lambda row: (row["tables"], row["length"]))
 
 
 SLACK = 1.0  # points an interval is widened by: a cell of 100 samples moves in steps of 1 point
@@ -163,7 +218,8 @@ def multiplier_label(value: float) -> str:
     return f"{value:g}x"
 
 
-def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict | None = None) -> str:
+def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict | None = None,
+             pooled: list[dict] | None = None) -> str:
     lines = [f"Command: `{command}`", "",
              "Exact match % of each evaluation beside what three retrieval rules would score on the same "
              "test samples (benchmarks/mqmtar_collisions.py's docstring): first / second token = keys "
@@ -179,6 +235,20 @@ def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict |
         worst = {rule: max(miss(row, rule) for row in rows) for rule in RULES}
         lines.append(f"| {label} | " + " | ".join(f"{worst[rule]:.1f}" for rule in RULES)
                      + f" | {verdict(rows)} |")
+    if pooled:
+        lines += ["", "## Pooled over evaluations", "",
+                  "Per test set that several evaluations decode with some sample exact (the same samples: "
+                  "one test-set digest): how many of them decode a sample exactly, on average over the "
+                  "samples with a value collision and over the others, and the two-sided permutation p of "
+                  f"the difference ({POOL_PERMUTATIONS:,} shuffles of which samples collide). The "
+                  "evaluations are not independent (a run's second phases share its weights); the p is "
+                  "about the samples.",
+                  "", "| length | tables | evaluations | value collisions | mean exact with / without | p |",
+                  "|---" * 6 + "|"]
+        lines += [f"| {row['length']} ({multiplier_label(row['multiplier'])}) | {row['tables']} | "
+                  f"{len(row['evaluations'])}: {', '.join(row['evaluations'])} | "
+                  f"{row['value_collisions']} of {row['n']} | {row['mean_exact_with_collision']:.2f} / "
+                  f"{row['mean_exact_without_collision']:.2f} | {row['p']:.4f} |" for row in pooled]
     if losses:
         lines += ["", "## Training loss of each rule", "",
                   f"Cross-entropy per scored token (nats) on {losses['samples']:,} samples of the training "
@@ -313,10 +383,11 @@ def main(argv: list[str] | None = None) -> int:
             {"lookalikes": share, "lookalike_kinds": list(kinds),
              **rule_losses(_planting_task(share, kinds), args.train_samples, seed=0)}
             for share, kinds in args.train_lookalikes]}
+    pooled = pooled_rows(results)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "collisions.json", {"command": command, "training_losses": losses, "evaluations": [
-        {"label": label, "rows": rows} for label, rows in results]})
-    write_text(args.out / "collisions.md", markdown(results, command, losses))
+        {"label": label, "rows": rows} for label, rows in results], "pooled": pooled})
+    write_text(args.out / "collisions.md", markdown(results, command, losses, pooled))
     plot(results[:max(1, args.panels)], args.out / "collisions.png")
     print(f"wrote {args.out / 'collisions.md'}, collisions.json and collisions.png")
     return 0

@@ -207,3 +207,66 @@ def test_rule_losses_of_fixed_length_samples(lookalikes):
         assert losses[rule] == pytest.approx(value)
     assert losses["word"] < losses["first token"] < losses["value copy"]
     assert (losses["word"] > 0.8 * np.log(2) / (3 * 13)) == (lookalikes == 1.0)
+
+
+def test_a_test_set_digest_that_differs_is_refused():
+    """An evaluation row whose test_set_digest is not the regenerated samples' (the sampling changed since)
+    is refused in one line; the right digest passes and is kept."""
+    from asentmax.tasks.eval_sets import eval_set_digest
+
+    _, examples = examples_for_length(get_task("mqmtar"), 256, 4, 3, "fresh")
+    row = {"length": 256, "n": 4, "exact_match": 0.5, "ci_low": 0.1, "ci_high": 0.9,
+           "exact_by_sample": [1, 0, 1, 0], "test_set_digest": eval_set_digest(examples)}
+    evaluation = {"run_dir": "r", "workload": {"task": "mqmtar", "layout": "random"}, "id_length": 64,
+                  "eval_config": {"seed": 3, "tables": "fresh"}, "rows": [row]}
+    (kept,) = collisions.evaluation_rows(evaluation)
+    assert kept["test_set_digest"] == row["test_set_digest"] and kept["tables"] == "fresh"
+    assert kept["exact_by_sample"] == [1, 0, 1, 0] and len(kept["collided_by_sample"]) == 4
+    row["test_set_digest"] = "0" * 64
+    with pytest.raises(RunError, match="r: length 256: the regenerated test samples are not the evaluated"):
+        collisions.evaluation_rows(evaluation)
+
+
+def pool_row(exact, collided, digest="d", length=65536):
+    return {"length": length, "multiplier": length / 64, "tables": "fresh", "n": len(exact),
+            "exact_by_sample": exact, "collided_by_sample": collided, "test_set_digest": digest}
+
+
+def exact_permutation_p(counts, n_collided):
+    """Two-sided p of the difference of means over every assignment of the collisions to the samples."""
+    from itertools import combinations
+
+    collided = np.arange(len(counts)) < n_collided
+    observed = counts[~collided].mean() - counts[collided].mean()
+    differences = [np.delete(counts, list(c)).mean() - counts[list(c)].mean()
+                   for c in combinations(range(len(counts)), n_collided)]
+    return np.mean(np.abs(differences) >= abs(observed) - 1e-12)
+
+
+STRONG = [[0, 0, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1], [0, 1, 0, 0, 0, 1, 1, 1, 1, 1, 0, 1],
+          [1, 0, 0, 0, 0, 1, 0, 1, 1, 1, 1, 1]]  # exact p 0.0013
+WEAK = [[0, 0, 1, 0, 1, 0, 0, 0, 1, 0, 1, 1], [1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 1, 1]]  # exact p 0.20, one-sided 0.10
+
+
+@pytest.mark.parametrize("runs", [STRONG, WEAK])
+def test_pooled_rows_against_an_exact_permutation_test(runs):
+    """Evaluations of one test set are pooled per sample; the means with and without a collision are theirs,
+    and the permutation p agrees with the exact two-sided p over all C(12, 5) assignments of the collisions
+    (within 4 binomial standard errors); evaluations of another test set, with no exact sample, or alone,
+    and test sets with too few samples on a side, give no row."""
+    collided = [1] * 5 + [0] * 7
+    results = [(f"run{i}", [pool_row(exact, collided)]) for i, exact in enumerate(runs)]
+    results.append(("zero", [pool_row([0] * 12, collided)]))  # decodes nothing: not pooled
+    results.append(("other set", [pool_row(runs[0], collided, digest="e")]))  # alone on its set
+    (row,) = collisions.pooled_rows(results, permutations=4000)
+    assert row["evaluations"] == ["run0", "run1", "run2"] and row["value_collisions"] == 5
+    counts = np.sum(runs, axis=0)
+    assert row["mean_exact_with_collision"] == pytest.approx(counts[:5].mean())
+    assert row["mean_exact_without_collision"] == pytest.approx(counts[5:].mean())
+    exact_p = exact_permutation_p(counts, 5)
+    assert abs(row["p"] - exact_p) < 4 * np.sqrt(exact_p * (1 - exact_p) / 4000)
+    assert collisions.pooled_rows(results, permutations=100, min_samples=6) == []  # 5 collided samples
+    table = collisions.markdown([], "cmd", None, [row])
+    assert (f"| 65536 (1024x) | fresh | 3: run0, run1, run2 | 5 of 12 | {counts[:5].mean():.2f} / "
+            f"{counts[5:].mean():.2f} | {row['p']:.4f} |") in table
