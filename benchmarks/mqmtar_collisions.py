@@ -385,8 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             for share, kinds in args.train_lookalikes]}
     pooled = pooled_rows(results)
     args.out.mkdir(parents=True, exist_ok=True)
+    per_sample = ("exact_by_sample", "collided_by_sample")  # eval.json keeps the first; the second is redrawn
     write_json(args.out / "collisions.json", {"command": command, "training_losses": losses, "evaluations": [
-        {"label": label, "rows": rows} for label, rows in results], "pooled": pooled})
+        {"label": label, "rows": [{key: value for key, value in row.items() if key not in per_sample}
+                                  for row in rows]} for label, rows in results], "pooled": pooled})
     write_text(args.out / "collisions.md", markdown(results, command, losses, pooled))
     plot(results[:max(1, args.panels)], args.out / "collisions.png")
     print(f"wrote {args.out / 'collisions.md'}, collisions.json and collisions.png")
