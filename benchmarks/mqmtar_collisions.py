@@ -116,9 +116,9 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     if workload.get("task") != "mqmtar":
         raise RunError(f"{evaluation['run_dir']}: a {workload.get('task')!r} evaluation, not an MQMTAR one")
     task = build_task("mqmtar", workload.get("layout", "random"))
+    tables = config.get("tables", "train")
     rows = []
     for row in evaluation["rows"]:
-        tables = config.get("tables", "train")
         _, examples = examples_for_length(task, row["length"], row["n"], config["seed"], tables)
         if "test_set_digest" in row and row["test_set_digest"] != eval_set_digest(examples):
             raise RunError(f"{evaluation['run_dir']}: length {row['length']}: the regenerated test samples "
