@@ -22,16 +22,16 @@
 #     samples each, at most 120 s a run: a 1x probe also runs on the CPU in seconds, 256x takes about 60 s a
 #     sample there, and 1,024x is where the word rule costs the preset's best runs their points), then the
 #     whole GPU test suite
-#     (`pytest -m gpu tests`, run file by file since the twelfth session) for at most $TEST_SECONDS
-#     (default 400) seconds.
+#     (`pytest -m gpu tests`, run file by file since the twelfth session; TEST_FILES names fewer, e.g. the
+#     files a cut run did not reach) for at most $TEST_SECONDS (default 400) seconds.
 # The small outputs of a call (device_plan's log and status, the run directories without checkpoints, the
 # tests' log) go into ONE file, $OUT/issue15_<part>.tgz. Environment: OUT (default ./issue15_call_out),
 # WINDOW (device_plan's --seconds for base, all attempts together, and phases: default 560 and 540, less where
 # the session's device time is short), BASE_ATTEMPTS (default 2), SECOND_PHASES (the second phases' plan runs
 # for phases and after: default all three; a shorter list, e.g. the control and the value look-alikes, for a
-# short budget), PROBE_MULTIPLIERS (after's probe lengths, default "1 256 1024"), TEST_SECONDS, PLAN (default
-# benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags, and PROBE_MULTIPLIERS=1,
-# dry-run this on the CPU).
+# short budget), PROBE_MULTIPLIERS (after's probe lengths, default "1 256 1024"), TEST_SECONDS, TEST_FILES,
+# PLAN (default benchmarks/plans/issue15_b128.json; a plan with the same run names and tiny flags, and
+# PROBE_MULTIPLIERS=1, dry-run this on the CPU).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 out=${OUT:-issue15_call_out}
@@ -77,8 +77,9 @@ case $part in
         --multipliers ${PROBE_MULTIPLIERS:-1 256 1024} --samples 100 --lookalikes 1 --lookalike-kinds value \
         --out "runs/plan/$run/value_lookalike_probe" 2>&1 | tail -n 4 | tee -a runs/plan/call_after.log
     done
-    timeout "${TEST_SECONDS:-400}" python -m pytest -v -p no:cacheprovider -m gpu -rfE --durations=30 tests \
-      > runs/plan/gpu_tests.log 2>&1
+    # SIGINT: a suite the limit cuts still prints its durations and where it stood
+    timeout -s INT -k 30 "${TEST_SECONDS:-400}" python -m pytest -v -p no:cacheprovider -m gpu -rfE \
+      --durations=30 ${TEST_FILES:-tests} > runs/plan/gpu_tests.log 2>&1
     echo "GPU tests: exit $?, $(grep -c ' PASSED' runs/plan/gpu_tests.log) passed, $(grep -c ' FAILED' \
       runs/plan/gpu_tests.log) failed (runs/plan/gpu_tests.log)" | tee -a runs/plan/call_after.log ;;
   *) echo "unknown part $part: base, phases or after" >&2; exit 2 ;;

@@ -384,3 +384,30 @@ def test_issue15_base_sets_a_stopped_base_aside_and_trains_it_again(tmp_path):
     assert base.returncode == 0 and "set aside" not in base.stdout
     assert (work / "mqmtar_asentmax_preset.trained").exists()
     assert not list(work.glob("*stalled*"))
+
+
+def test_issue15_after_runs_the_named_gpu_test_files_and_a_cut_suite_still_reports(tmp_path):
+    """`issue15_gpu_call.sh after` runs only the GPU test files in TEST_FILES, and a suite that TEST_SECONDS
+    cuts is interrupted as by Ctrl-C: its log still has the passed tests, the slowest durations and where
+    it stood, and the summary line counts what passed."""
+    repo = SCRIPT.parents[1]
+    for folder in ("benchmarks", "src"):
+        (tmp_path / folder).symlink_to(repo / folder)
+    (tmp_path / "gpu_checks").mkdir()
+    (tmp_path / "gpu_checks" / "test_named.py").write_text(
+        "import time\nimport pytest\n\n\n@pytest.mark.gpu\ndef test_quick():\n    pass\n\n\n"
+        "@pytest.mark.gpu\ndef test_stuck():\n    time.sleep(120)\n")
+    (tmp_path / "gpu_checks" / "test_not_named.py").write_text(
+        "import pytest\n\n\n@pytest.mark.gpu\ndef test_elsewhere():\n    pass\n")
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "OUT": str(tmp_path / "out"),
+           "SECOND_PHASES": "no_such_run", "PROBE_MULTIPLIERS": "1", "TEST_SECONDS": "15",
+           "TEST_FILES": "gpu_checks/test_named.py"}
+    started = time.monotonic()
+    after = subprocess.run(["bash", "benchmarks/issue15_gpu_call.sh", "after"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - started < 90, "the cut suite outlived TEST_SECONDS"
+    assert after.returncode == 0, after.stderr
+    assert "GPU tests: exit 124, 1 passed, 0 failed" in after.stdout
+    log = (tmp_path / "runs" / "plan" / "gpu_tests.log").read_text()
+    assert "test_named.py::test_quick PASSED" in log and "test_elsewhere" not in log
+    assert "slowest" in log and "test_named.py:12: KeyboardInterrupt" in log
