@@ -199,6 +199,13 @@ def test_side_by_side_returns_every_result_and_raises_a_failure():
         side_by_side({"a": lambda: 1, "b": lambda: 1 / 0})
 
 
+def link_repository_folders(tmp_path, *folders):
+    """The repository's `folders` linked into tmp_path: a checkout in which the device scripts run and write
+    their runs/ under tmp_path."""
+    for folder in folders:
+        (tmp_path / folder).symlink_to(SCRIPT.parents[1] / folder)
+
+
 CHIMERA_DIR = "runs/chimera/"  # where `bash benchmarks/device_calls.sh chimeras` writes its start checkpoints
 DEVICE_CALLS = (SCRIPT.parent / "device_calls.sh").read_text()
 CHIMERAS = set(re.findall(r"^    chimera (\w+) ", DEVICE_CALLS, re.M))  # the starts it writes
@@ -325,9 +332,7 @@ def test_a_run_left_by_an_earlier_session_is_refused(tmp_path):
 def test_chimeras_writes_only_the_starts_named(tmp_path):
     """`device_calls.sh chimeras NAME...` writes those starts alone (each draws both seeds' models again); a
     name it has no start for is refused."""
-    repo = SCRIPT.parents[1]
-    for folder in ("benchmarks", "src", "results"):
-        (tmp_path / folder).symlink_to(repo / folder)
+    link_repository_folders(tmp_path, "benchmarks", "src", "results")
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
 
     def chimeras(*names):
@@ -345,9 +350,7 @@ def test_issue15_base_sets_a_stopped_base_aside_and_trains_it_again(tmp_path):
     the stopped attempt as mqmtar_asentmax_preset_stalled1 (its state lines in call_base.log renamed too),
     up to BASE_ATTEMPTS; `phases` then starts nothing from a base that stopped every time. A base that trains
     is trained once."""
-    repo = SCRIPT.parents[1]
-    for folder in ("benchmarks", "src"):
-        (tmp_path / folder).symlink_to(repo / folder)
+    link_repository_folders(tmp_path, "benchmarks", "src")
 
     def gpu_call(part, base_flags):
         plan = tmp_path / "plan.json"
@@ -390,9 +393,7 @@ def test_issue15_after_runs_the_named_gpu_test_files_and_a_cut_suite_still_repor
     """`issue15_gpu_call.sh after` runs only the GPU test files in TEST_FILES, and a suite that TEST_SECONDS
     cuts is interrupted as by Ctrl-C: its log still has the passed tests, the slowest durations and where
     it stood, and the summary line counts what passed."""
-    repo = SCRIPT.parents[1]
-    for folder in ("benchmarks", "src"):
-        (tmp_path / folder).symlink_to(repo / folder)
+    link_repository_folders(tmp_path, "benchmarks", "src")
     (tmp_path / "gpu_checks").mkdir()
     (tmp_path / "gpu_checks" / "test_named.py").write_text(
         "import time\nimport pytest\n\n\n@pytest.mark.gpu\ndef test_quick():\n    pass\n\n\n"
