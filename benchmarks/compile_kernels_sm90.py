@@ -6,11 +6,14 @@ runs there can still fail to compile for a GPU (for example two returns of diffe
 function). This script runs the real launchers of the forward, backward and decoding kernels on small CPU
 tensors with `JITFunction.run` replaced by a recorder, then compiles each recorded launch for sm_90 with
 exactly the arguments and constexprs the launcher passed (triton.compile with a GPUTarget needs no GPU), and
-prints the registers and spilled bytes of each kernel. Exit status 1 if any kernel fails to compile.
+prints the registers, spilled bytes (STACK), shared memory and compile seconds of each kernel. Exit status 1
+if any kernel fails to compile.
 
     python benchmarks/compile_kernels_sm90.py            # alpha 1, 1.25, 1.5, 2; head dims 64, 128 (and the
                                                          # training shape: head dim 32, 90 keys)
     python benchmarks/compile_kernels_sm90.py --quick    # alpha 1.5; what tests/test_triton_compile.py runs
+    python benchmarks/compile_kernels_sm90.py --quick --dtype float32   # the fused kernels on fp32
+                                      # inputs (dots in input_precision "ieee"; results/fp32_kernels_sm90.md)
     python benchmarks/compile_kernels_sm90.py --candidates 128   # the tile shapes that
                                       # benchmarks/tune_attention_gpu.py sweeps at head dim 128, each kernel
                                       # as the library and as the sweep launch it (alpha 1.5)
@@ -21,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import triton
@@ -39,9 +43,10 @@ TARGET = GPUTarget("cuda", 90, 32)
 MAX_SHARED_BYTES = 232448  # the most shared memory one program may take on sm_90 (227 KB)
 
 
-def record_launches(alphas, dims):
+def record_launches(alphas, dims, dtype=torch.bfloat16):
     """[(kernel, positional args, keyword args)] of every launch the launchers make for these cases (fused
-    attention, and the row-wise entmax kernels, forward and backward, short and long rows)."""
+    attention on `dtype` inputs, and the row-wise entmax kernels, forward and backward, short and long
+    rows)."""
     launches = []
 
     def record(self, *args, grid, warmup, **kwargs):
@@ -52,9 +57,9 @@ def record_launches(alphas, dims):
     try:
         for alpha in alphas:
             for dim in dims:
-                launch_all(alpha, dim)
+                launch_all(alpha, dim, dtype)
                 launch_decode_chunks(alpha, dim)
-            launch_training_shape(alpha)
+            launch_training_shape(alpha, dtype)
             if alpha != 1.0:
                 for n in (1000, MAX_BLOCK_N + 1):
                     x = torch.randn(2, n, requires_grad=True)
@@ -64,24 +69,24 @@ def record_launches(alphas, dims):
     return launches
 
 
-def launch_all(alpha, dim, batch=1, heads=2, n=96):
-    """Forward, backward and decoding launchers, bf16, causal, with ALiBi, q_scale and key padding; forward
-    and backward at n // 2, n and 2n + 8 keys: the forward's single-tile path with both register tile widths
-    (where register_tile_keys allows it) and its multi-pass path."""
+def launch_all(alpha, dim, dtype=torch.bfloat16, batch=1, heads=2, n=96):
+    """Forward, backward and decoding launchers on `dtype` inputs, causal, with ALiBi, q_scale and key
+    padding; forward and backward at n // 2, n and 2n + 8 keys: the forward's single-tile path with both
+    register tile widths (where register_tile_keys allows it) and its multi-pass path."""
     options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
                    slopes=torch.ones(batch, heads))
     for length in (n // 2, n, 2 * n + 8):
-        x = torch.randn(batch, heads, length, dim, dtype=torch.bfloat16)
+        x = torch.randn(batch, heads, length, dim, dtype=dtype)
         forward_backward(x, x, x, dict(options, q_scale=torch.ones(batch, heads, length),
                                        kpm=torch.ones(batch, length, dtype=torch.uint8)))
-    q = torch.randn(batch, heads, n, dim, dtype=torch.bfloat16)
+    q = torch.randn(batch, heads, n, dim, dtype=dtype)
     options = dict(options, q_scale=torch.ones(batch, heads, n), kpm=torch.ones(batch, n, dtype=torch.uint8))
     # decoding: the one-launch kernel (scores in registers at 4 and 8 warps, and re-read with 4 rows at 4096
     # keys), then the split kernels (several chunks, a streamed threshold row and the reduce kernel); the last
     # two with grouped K/V (one KV head: both query heads in one program)
     for n_q, cache, kv_heads in ((1, n, heads), (1, 4096, heads), (4, 4096, heads), (1, 5000, heads),
                                  (1, 2048, 1), (4, 5000, 1)):
-        k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=torch.bfloat16) for _ in range(2))
+        k_cache, v_cache = (torch.randn(batch, kv_heads, cache, dim, dtype=dtype) for _ in range(2))
         entmax_attention_decode(q[:, :, :n_q], k_cache, v_cache, tol=3e-2, max_iter=40,
                                 **dict(options, q_scale=options["q_scale"][:, :, :n_q].contiguous(),
                                        kpm=torch.ones(batch, cache, dtype=torch.uint8)))
@@ -155,11 +160,11 @@ def record_candidates(dim):
     return [launch for launch in launches if launch[0].__name__ in fused and launch[2]["BLOCK_D"] == dim]
 
 
-def launch_training_shape(alpha, batch=1, heads=2, n=90, dim=32):
-    """The MQMTAR training shape (widths up to 90 tokens, head_dim 32, bf16, causal, ALiBi, no key padding),
-    without q_scale (entmax) and with it (ASEntmax): the kernels of a training step, the forward by its
-    single-tile path and, for comparison, by the multi-pass path (single_tile=False)."""
-    q, k, v = (torch.randn(batch, heads, n, dim, dtype=torch.bfloat16) for _ in range(3))
+def launch_training_shape(alpha, dtype=torch.bfloat16, batch=1, heads=2, n=90, dim=32):
+    """The MQMTAR training shape (widths up to 90 tokens, head_dim 32, bf16 under autocast, causal, ALiBi,
+    no key padding), without q_scale (entmax) and with it (ASEntmax): the kernels of a training step, the
+    forward by its single-tile path and, for comparison, by the multi-pass path (single_tile=False)."""
+    q, k, v = (torch.randn(batch, heads, n, dim, dtype=dtype) for _ in range(3))
     for q_scale in (None, torch.ones(batch, heads, n)):
         options = dict(mode=mode_of(alpha), alpha=alpha, scale=dim ** -0.5, causal=True,
                        slopes=torch.ones(batch, heads), q_scale=q_scale, kpm=None)
@@ -210,11 +215,16 @@ def main():
     parser.add_argument("--quick", action="store_true", help="alpha 1.5 only")
     parser.add_argument("--candidates", type=int, metavar="HEAD_DIM",
                         help="compile tune_attention_gpu.py's candidate tile shapes at this head dim instead")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
+                        help="dtype of q, k, v in the fused attention launches (default: bfloat16)")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_kernels_sm90.py compiles for a GPU: run it without TRITON_INTERPRET=1")
     alphas = (1.5,) if args.quick else (1.0, 1.25, 1.5, 2.0)
-    launches = record_candidates(args.candidates) if args.candidates else record_launches(alphas, (64, 128))
+    if args.candidates and args.dtype != "bfloat16":
+        sys.exit("compile_kernels_sm90.py: --candidates compiles bf16 launches; leave out --dtype")
+    launches = record_candidates(args.candidates) if args.candidates else \
+        record_launches(alphas, (64, 128), getattr(torch, args.dtype))
     seen, failures = set(), 0
     for fn, call_args, kwargs in launches:
         key = (fn.__name__, repr(sorted((k, v) for k, v in kwargs.items())))
@@ -223,11 +233,14 @@ def main():
         seen.add(key)
         shown = {k: v for k, v in kwargs.items() if k.isupper() or k.startswith("num_")}
         try:
+            start = time.perf_counter()
             kernel = compile_launch(fn, call_args, kwargs)
+            seconds = time.perf_counter() - start
             shared = kernel.metadata.shared
             if shared > MAX_SHARED_BYTES:  # compiles, but the launch would fail on the GPU
                 raise RuntimeError(f"{shared} bytes of shared memory, above the {MAX_SHARED_BYTES} of sm_90")
-            print(f"ok    {fn.__name__} {shown} {resource_usage(kernel)} SMEM:{shared}", flush=True)
+            print(f"ok    {fn.__name__} {shown} {resource_usage(kernel)} SMEM:{shared} {seconds:.1f}s",
+                  flush=True)
         except Exception as exc:  # report every kernel, then fail
             failures += 1
             print(f"FAIL  {fn.__name__} {shown}: {type(exc).__name__}: {exc}", flush=True)
