@@ -37,6 +37,7 @@ def test_dtype_option_reaches_the_fused_launches():
               "    fused = {kw['DOT_PRECISION'] for fn, args, kw in launches\n"
               "             if fn.__name__.startswith('_entmax_attention')}\n"
               "    print(dtype, sorted(fused))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["torch.bfloat16 ['tf32']", "torch.float32 ['ieee']"]
