@@ -216,7 +216,8 @@ def main():
     parser.add_argument("--candidates", type=int, metavar="HEAD_DIM",
                         help="compile tune_attention_gpu.py's candidate tile shapes at this head dim instead")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16",
-                        help="dtype of q, k, v in the fused attention launches (default: bfloat16)")
+                        help="dtype of q, k, v in the attention launches (forward, backward, decoding; "
+                             "default: bfloat16)")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_kernels_sm90.py compiles for a GPU: run it without TRITON_INTERPRET=1")
