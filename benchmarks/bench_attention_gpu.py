@@ -19,6 +19,14 @@ call (its default path, host work included), and torch SDPA (default dispatch, f
 no ALiBi) side by side in the same run:
 
     python benchmarks/bench_attention_gpu.py --short --out results/attention_gpu_short
+
+--dtypes runs only the input-dtype table instead (B=2, H=16, causal, alpha 1.5, NAPE slopes, --dtype-lengths,
+--dtype-dims): entmax_attention with autograd on the triton backend in bf16, fp16 and fp32 (ieee dots) and on
+the chunked backend in fp32 and bf16, forward and forward+backward, and the wall seconds of each triton
+dtype's first call (its kernels compiled), side by side in one run: the question results/fp32_kernels_sm90.md
+leaves open (fp32 fused kernels spill registers; is chunked the faster fp32 path?):
+
+    python benchmarks/bench_attention_gpu.py --dtypes --out results/attention_gpu_dtypes
 """
 
 import argparse
@@ -219,6 +227,42 @@ def bench_short(b, h, dim, n):
     return row
 
 
+DTYPE_CASES = (("triton", torch.bfloat16), ("triton", torch.float16), ("triton", torch.float32),
+               ("chunked", torch.float32), ("chunked", torch.bfloat16))
+
+
+def bench_dtypes(b, h, dim, n, compiled):
+    """One row of the input-dtype table: entmax_attention (autograd, NAPE slopes) per (backend, dtype) of
+    DTYPE_CASES; `compiled` holds the (dim, dtype)s whose triton kernels this run has compiled already."""
+    slopes = nape_slopes(h)
+    row = dict(B=b, H=h, D=dim, N=n)
+    for backend, dtype in DTYPE_CASES:
+        key = f"{backend}_{str(dtype).removeprefix('torch.')}"
+        q, k, v = (torch.randn(b, h, n, dim, device="cuda", dtype=dtype) for _ in range(3))
+
+        def call(q=q, k=k, v=v, backend=backend):
+            return entmax_attention(q, k, v, alpha=1.5, causal=True, alibi_slopes=slopes, backend=backend)
+        if backend == "triton" and (dim, dtype) not in compiled:
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call(*leaves).sum().backward()
+            torch.cuda.synchronize()
+            row[f"{key}_first_call_s"] = time.perf_counter() - start
+            compiled.add((dim, dtype))
+        try:
+            for do_grad in (False, True):
+                run_case(f"{key}_{'fwdbwd' if do_grad else 'fwd'}", call, (q, k, v),
+                         attention_flops(b, h, n, dim, do_grad), do_grad, row)
+            row[f"{key}_peak_mb"] = peak_memory_mb(call, (q, k, v))
+        except torch.OutOfMemoryError:
+            row[f"{key}_error"] = "out of memory"
+        del q, k, v
+        torch.cuda.empty_cache()
+    print({key: (round(val, 4) if isinstance(val, float) else val) for key, val in row.items()}, flush=True)
+    return row
+
+
 def time_first_call(batch, heads, n, note):
     """Wall-clock seconds of the first and the second fwd+bwd call at length n (D=64, bf16)."""
     q, k, v = (torch.randn(batch, heads, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -250,13 +294,17 @@ def main():
     parser.add_argument("--short-lengths", default="73,90")
     parser.add_argument("--short-batch", type=int, default=512)
     parser.add_argument("--short-dim", type=int, default=32)
+    parser.add_argument("--dtypes", action="store_true",
+                        help="only the input-dtype table (--dtype-* options): triton by dtype vs chunked")
+    parser.add_argument("--dtype-lengths", default="1024,4096")
+    parser.add_argument("--dtype-dims", default="64,128")
     args = parser.parse_args()
     torch.manual_seed(0)
     b, h = args.batch, args.heads
     info = dict(command="python " + " ".join(sys.argv), gpu=torch.cuda.get_device_name(),
                 torch=torch.__version__, triton=triton.__version__, **ceilings())
     print(info, flush=True)
-    report = dict(info=info, attention=[], decode=[], first_call=[], short=[])
+    report = dict(info=info, attention=[], decode=[], first_call=[], short=[], dtypes=[])
 
     def add(part, result):  # the files are rewritten after every result: a stopped run keeps what it measured
         report[part].append(result)
@@ -268,6 +316,13 @@ def main():
     if args.short:
         for n in (int(x) for x in args.short_lengths.split(",")):
             add("short", bench_short(args.short_batch, h, args.short_dim, n))
+        print(markdown(report))
+        return
+    if args.dtypes:
+        compiled = set()
+        for dim in (int(d) for d in args.dtype_dims.split(",")):
+            for n in (int(x) for x in args.dtype_lengths.split(",")):
+                add("dtypes", bench_dtypes(b, h, dim, n, compiled))
         print(markdown(report))
         return
     try:
@@ -298,6 +353,8 @@ def markdown(report):
     info = report["info"]
     if report["short"]:
         return short_markdown(report)
+    if report["dtypes"]:
+        return dtypes_markdown(report)
     head = ("| D | N | inputs | ours fwd | SDPA fwd | Ada2 fwd | ours fwd+bwd | SDPA fwd+bwd "
             "| Ada2 fwd+bwd | ours/SDPA fwd | ours/SDPA f+b | ours/Ada2 f+b | ours TFLOP/s f+b | sparsity "
             "| peak MB ours/SDPA |")
@@ -359,6 +416,36 @@ def short_markdown(report):
                      fmt(r.get(f"{key}_passes"))]
             lines.append(shape + " " + " | ".join(cells) + " |")
     errors = [f"- N={r['N']} {key}: {val}" for r in report["short"] for key, val in r.items()
+              if key.endswith("_error")]
+    return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
+
+
+def dtypes_markdown(report):
+    """The input-dtype table (--dtypes) as markdown: one line per shape and (backend, dtype)."""
+    info = report["info"]
+    lines = [f"# Entmax attention by input dtype on {info['gpu']} "
+             f"(torch {info['torch']}, triton {info['triton']})", "", f"Command: `{info['command']}`", "",
+             "Causal, alpha = 1.5, NAPE slopes; entmax_attention with autograd on the named backend. "
+             "Times in ms (median of do_bench); x bf16 = time / triton bf16's at that shape; first call = "
+             "wall seconds of the first fwd+bwd call of that (D, dtype) in this run (its kernels "
+             "compiled, from an empty Triton cache only if the run started with one).", "",
+             "| B | H | D | N | backend | dtype | fwd ms | fwd+bwd ms | x bf16 fwd | x bf16 f+b | "
+             "fwd+bwd TFLOP/s | peak MB | first call s |",
+             "|---" * 13 + "|"]
+    for r in report["dtypes"]:
+        shape = f"| {r['B']} | {r['H']} | {r['D']} | {r['N']} |"
+        base = [r.get(f"triton_bfloat16_{step}_ms") for step in ("fwd", "fwdbwd")]
+        for backend, dtype in DTYPE_CASES:
+            name = str(dtype).removeprefix("torch.")
+            key = f"{backend}_{name}"
+            times = [r.get(f"{key}_{step}_ms") for step in ("fwd", "fwdbwd")]
+            ratios = [None if t is None or ref is None else t / ref
+                      for t, ref in zip(times, base, strict=True)]
+            cells = [backend, name, fmt(times[0]), fmt(times[1]), fmt(ratios[0]), fmt(ratios[1]),
+                     fmt(r.get(f"{key}_fwdbwd_TFLOPs")), fmt(r.get(f"{key}_peak_mb")),
+                     fmt(r.get(f"{key}_first_call_s"))]
+            lines.append(shape + " " + " | ".join(cells) + " |")
+    errors = [f"- D={r['D']} N={r['N']} {key}: {val}" for r in report["dtypes"] for key, val in r.items()
               if key.endswith("_error")]
     return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
 
