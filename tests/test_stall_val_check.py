@@ -1,8 +1,9 @@
-"""`asentmax train --stall-val-step S --stall-val-score X`: a run whose selection score (TaskWorkload: the
-exact match at --keep-best-at) at its first validation from step S on is below X stops there with a
-checkpoint, one line and exit code 3; a run at or above X goes on, and later validations are not checked; a
-resumed stopped run continues. A run without a selection score (no --keep-best-at, language modelling),
-without validations, or with a score of 0 or less is refused in one line before it starts."""
+"""`asentmax train --stall-val-step S --stall-val-score X`: a run whose stall score (TaskWorkload: the exact
+match at --stall-val-at, else at --keep-best-at) at its first validation from step S on is below X stops
+there with a checkpoint, one line and exit code 3; a run at or above X goes on, and later validations are not
+checked; a resumed stopped run continues. A run without a stall score (neither flag, language modelling),
+without validations, with a score of 0 or less, or with --stall-val-at not among the validation lengths is
+refused in one line before it starts."""
 
 import csv
 
@@ -74,6 +75,30 @@ def test_a_score_below_stops_the_run_at_the_first_validation_from_the_step(tmp_p
         assert not (tmp_path / "run" / "stalled.json").exists()
 
 
+class LengthDependentExactMatch(TaskWorkload):
+    """The copy workload whose validation rows say exact match 0.9 at 1x and 0.1 at 2x at every step."""
+
+    def validate(self, model, **kwargs):
+        return [{**row, "exact_match": 0.9 if row["length"] == self.max_length else 0.1}
+                for row in super().validate(model, **kwargs)]
+
+
+@pytest.mark.parametrize("keep_best_at, stall_val_at, stops", [(2, 0, True), (2, 1, False), (1, 2, True),
+                                                              (0, 2, True), (0, 1, False)])
+def test_stall_val_at_picks_the_length_the_check_reads(tmp_path, keep_best_at, stall_val_at, stops):
+    """Threshold 0.5 at step 4: 1x (0.9) passes, 2x (0.1) stops; --stall-val-at overrides --keep-best-at's
+    length, works without it, and leaves the length best.pt is kept by alone."""
+    train_config, model = configs(stall_val_step=4, stall_val_score=0.5)
+    workload = LengthDependentExactMatch(task="copy", min_length=3, max_length=6, val_multipliers=(1, 2),
+                                         val_samples=4, keep_best_at=keep_best_at, stall_val_at=stall_val_at)
+    summary = train(workload, train_config, model, tmp_path / "run", progress=False)
+    assert summary["step"] == (4 if stops else 12)
+    assert (summary["stalled"] or {}).get("score") == (0.1 if stops else None)
+    rows = [{"length": 6, "exact_match": 0.9, "token_accuracy": 0.95},
+            {"length": 12, "exact_match": 0.1, "token_accuracy": 0.5}]
+    assert workload.selection_score(rows) == {0: None, 1: (0.9, 0.95), 2: (0.1, 0.5)}[keep_best_at]
+
+
 def test_the_cli_stops_with_one_line_and_exit_3_and_resume_continues(tmp_path, capsys):
     """No exact match reaches 1.5: the validation at step 4 (the first from step 3) stops the run."""
     run = tmp_path / "run"
@@ -99,7 +124,9 @@ KEEP = ["--keep-best-at", "2"]
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "-1"], "stall-val-score must be > 0"),
     ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be >= 0"),
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every"),
-    ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last")])
+    ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last"),
+    (["--stall-val-at", "4", "--stall-val-step", "4", "--stall-val-score", "0.5"],
+     "stall-val-at must be 0 or one of the val-multipliers (1 2), got 4")])
 def test_bad_validation_stall_settings_are_refused_in_one_line(tmp_path, capsys, flags, message):
     assert main(["train", "--run-dir", str(tmp_path / "run"), *TINY, "--steps", "4", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -199,7 +199,7 @@ def comparison_table(results: list[dict]) -> str:
 # except that keep_best_at picks the weights an evaluation of best.pt tests
 NOT_RECIPE = {"train_config": ("seed", "data_seed", "stall_step", "stall_loss", "stall_val_step",
                                "stall_val_score", "val_every", "log_every", "checkpoint_every"),
-              "workload": ("val_multipliers", "val_samples", "keep_best_at")}
+              "workload": ("val_multipliers", "val_samples", "keep_best_at", "stall_val_at")}
 
 
 def _recipe(record: dict) -> str | None:

@@ -157,12 +157,13 @@ class TrainConfig:
         "--steps-after-escape 2000; 0: none")})
     stall_val_step: int = field(default=0, metadata={"default_help": "none", "help": (
         "the validation stall check: stop the run (with a checkpoint, exit code 3) at the first validation "
-        "from this step on whose selection score is below --stall-val-score (TaskWorkload: the exact match "
-        "at --keep-best-at, which it needs). MQMTAR: runs on the second plateau score 0.08-0.31 at 16x on "
+        "from this step on whose stall score is below --stall-val-score (TaskWorkload: the exact match "
+        "at --stall-val-at, else at --keep-best-at; it needs one of them). MQMTAR: runs on the second "
+        "plateau score 0.08-0.31 at 16x on "
         "validation at step 25,600, runs that generalise 0.50-0.93 (results/paper/mqmtar.md), e.g. "
         "--keep-best-at 16 --stall-val-step 25600 --stall-val-score 0.4; 0: none")})
     stall_val_score: float = field(default=0.0, metadata={"help": (
-        "the selection score below which --stall-val-step stops the run (> 0; exact match from 0 to 1)")})
+        "the stall score below which --stall-val-step stops the run (> 0; exact match from 0 to 1)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -333,9 +334,9 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
 
 
 def below_stall_score(workload, rows: list[dict], stall_score: float, world, device) -> float | None:
-    """The leading number of the selection score of validation `rows` (rank 0's) where it is below
-    `stall_score`, else None; every rank gets rank 0's answer (one broadcast under DDP)."""
-    score = _ranked(workload.selection_score(rows))[0] if world.is_main else math.nan
+    """The workload's stall score of validation `rows` (rank 0's) where it is below `stall_score`, else
+    None; every rank gets rank 0's answer (one broadcast under DDP)."""
+    score = workload.stall_score(rows) if world.is_main else math.nan
     shared = torch.tensor(score, dtype=torch.float64, device=device)
     if world.active:
         dist.broadcast(shared, 0)
@@ -350,11 +351,11 @@ def _ranked(score) -> tuple:
 
 
 def check_stall_val(train_config: TrainConfig, workload) -> None:
-    """ValueError in one line where --stall-val-step is given and the workload keeps no selection score
-    (TaskWorkload without --keep-best-at, language modelling)."""
-    if train_config.stall_val_step and not workload.has_selection_score():
-        raise ValueError("--stall-val-step stops a run by the validation's selection score, and this run "
-                         "keeps none: give --keep-best-at M (the exact match at M x the training length)")
+    """ValueError in one line where --stall-val-step is given and the workload has no stall score
+    (TaskWorkload without --stall-val-at or --keep-best-at, language modelling)."""
+    if train_config.stall_val_step and not workload.has_stall_score():
+        raise ValueError("--stall-val-step stops a run by a validation score, and this run has none: give "
+                         "--stall-val-at M or --keep-best-at M (the exact match at M x the training length)")
 
 
 class Workload(Protocol):
@@ -363,8 +364,9 @@ class Workload(Protocol):
     Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
     only and returns rows (dicts of numbers) that go to val.csv, one line each. selection_score(rows) is
     the number, or tuple of numbers compared in order (higher is better), by which the weights of the best
-    validation so far are kept in best.pt, or None for none (then has_selection_score() is False, and
-    --stall-val-step, which stops a run by it, is refused)."""
+    validation so far are kept in best.pt, or None for none. stall_score(rows) is the number that
+    --stall-val-step compares with --stall-val-score, or None for none (then has_stall_score() is False, and
+    --stall-val-step is refused)."""
 
     name: str
 
@@ -384,7 +386,9 @@ class Workload(Protocol):
 
     def selection_score(self, rows: list[dict]) -> float | tuple[float, ...] | None: ...
 
-    def has_selection_score(self) -> bool: ...
+    def stall_score(self, rows: list[dict]) -> float | None: ...
+
+    def has_stall_score(self) -> bool: ...
 
     def to_dict(self) -> dict: ...
 
@@ -683,8 +687,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
     not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
-    the first validation from S on whose selection score is below X. A stopped run's record (summary
-    ["stalled"]) is also written to run_dir/stalled.json, which a continued run removes. With
+    the first validation from S on whose stall score (workload.stall_score) is below X. A stopped run's
+    record (summary["stalled"]) is also written to run_dir/stalled.json, which a continued run removes. With
     `train_config.steps_after_escape` K the run ends K steps after its escape_step with a checkpoint, as
     --stop-at-step would end it there (summary["ended_after_escape"]); a resumed run that reached that step
     has nothing left to do.

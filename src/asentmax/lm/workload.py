@@ -181,9 +181,13 @@ class LMWorkload:
         """No best.pt for language modelling (the Workload protocol of asentmax.trainer)."""
         return None
 
-    def has_selection_score(self) -> bool:
-        """False: no best.pt and no validation stall check for language modelling."""
+    def has_stall_score(self) -> bool:
+        """False: no validation stall check for language modelling."""
         return False
+
+    def stall_score(self, rows: list[dict]) -> None:
+        """No validation stall check for language modelling (the Workload protocol of asentmax.trainer)."""
+        return None
 
     @torch.no_grad()
     def validate(self, model, *, seed: int, step: int, device, autocast_dtype) -> list[dict]:

@@ -5,7 +5,8 @@ batches (asentmax.tasks.device_sampling.training_batches: on CUDA drawn on the G
 else asentmax.data's numpy path; a pure function of seed, rank and step either way, so a run resumes
 exactly and every data-parallel rank reads its own shard), validates with teacher-forced exact match at
 a few multiples of the longest training length (rank 0 only; with keep-best-at, its exact match at one of
-them is the selection score of best.pt), and builds the task's preset model. Its
+them is the selection score of best.pt; the validation stall check reads the exact match at stall-val-at,
+or else at keep-best-at), and builds the task's preset model. Its
 fields are the task-specific settings of a run; `to_dict()` / `from_dict()` store and rebuild it from a
 checkpoint.
 
@@ -59,6 +60,12 @@ class TaskWorkload:
         "one of val-multipliers: keep the weights of the validation with the highest exact match at that "
         "length (ties: the higher token accuracy) in best.pt (`asentmax eval --checkpoint best`), as the "
         "paper's code picks the checkpoint it tests (results/paper/README.md); 0: off")})
+    stall_val_at: int = field(default=0, metadata={"help": (
+        "one of val-multipliers: the length whose validation exact match --stall-val-step checks. MQMTAR's "
+        "dense-start recipe keeps best.pt at 256x, where all its runs score near 0 at step 12,800; at 16x "
+        "its two runs that never generalised past 16x scored 0.27 there and its eight that did 0.67-0.84 "
+        "(results/paper/mqmtar.md, fifty-sixth session), e.g. --stall-val-at 16 --stall-val-step 12800 "
+        "--stall-val-score 0.5; 0: keep-best-at's length")})
     sampling: str = field(default="auto", metadata={"help": (
         "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
         "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
@@ -101,9 +108,10 @@ class TaskWorkload:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.val_multipliers or any(m < 1 for m in self.val_multipliers):
             raise ValueError(f"val-multipliers must be >= 1, got {self.val_multipliers}")
-        if self.keep_best_at and self.keep_best_at not in self.val_multipliers:
-            raise ValueError(f"keep-best-at must be 0 or one of the val-multipliers "
-                             f"({' '.join(map(str, self.val_multipliers))}), got {self.keep_best_at}")
+        for name in ("keep_best_at", "stall_val_at"):
+            if getattr(self, name) and getattr(self, name) not in self.val_multipliers:
+                raise ValueError(f"{name.replace('_', '-')} must be 0 or one of the val-multipliers "
+                                 f"({' '.join(map(str, self.val_multipliers))}), got {getattr(self, name)}")
         for length in (self.min_length, self.max_length):
             self.task_object.check_length(length)
         uses_device_sampler(self.task_object, "cpu", self.sampling)  # ValueError for a bad mode or task
@@ -156,9 +164,17 @@ class TaskWorkload:
                                                              autocast_dtype=autocast_dtype)}
                 for length, examples in self._val_sets.items()]
 
-    def has_selection_score(self) -> bool:
-        """Whether selection_score gives numbers: with keep-best-at only."""
-        return bool(self.keep_best_at)
+    def has_stall_score(self) -> bool:
+        """Whether stall_score gives numbers: with stall-val-at or keep-best-at."""
+        return bool(self.stall_val_at or self.keep_best_at)
+
+    def stall_score(self, rows: list[dict]) -> float | None:
+        """What --stall-val-step checks: the exact match of `rows` (validate's) at stall-val-at x max-length,
+        or at keep-best-at's length where stall-val-at is 0; None where both are 0."""
+        multiplier = self.stall_val_at or self.keep_best_at
+        if not multiplier:
+            return None
+        return next(row for row in rows if row["length"] == self.max_length * multiplier)["exact_match"]
 
     def selection_score(self, rows: list[dict]) -> tuple[float, float] | None:
         """What best.pt is kept by (higher is better): (exact match, token accuracy) of `rows` (validate's)
