@@ -388,11 +388,23 @@ def markdown(report):
     return "\n".join(lines) + "\n"
 
 
+def heading(report, title):
+    """A table's title line (with the GPU and versions), then the command that measured it."""
+    info = report["info"]
+    return [f"# {title} on {info['gpu']} (torch {info['torch']}, triton {info['triton']})", "",
+            f"Command: `{info['command']}`", ""]
+
+
+def error_lines(rows, describe):
+    """'- <describe(row)> <key>: <message>' for each `*_error` entry of `rows`, after a blank line."""
+    errors = [f"- {describe(r)} {key}: {val}" for r in rows for key, val in r.items()
+              if key.endswith("_error")]
+    return [""] + errors if errors else []
+
+
 def short_markdown(report):
     """The short-sequence table (--short) as markdown: one line per length, normaliser and path."""
-    info = report["info"]
-    lines = [f"# Entmax attention at short rows on {info['gpu']} "
-             f"(torch {info['torch']}, triton {info['triton']})", "", f"Command: `{info['command']}`", "",
+    lines = heading(report, "Entmax attention at short rows") + [
              "bf16, causal, alpha = 1.5, NAPE heads (half ALiBi, half NoPE); asentmax: also q_scale. Fused "
              "kernels: the launchers as a training step calls them (forward with o2); single = the "
              "forward's single-tile path (register tile of KEYS keys), multi = its multi-pass path "
@@ -415,16 +427,12 @@ def short_markdown(report):
             cells = [normaliser, path, fmt(fwd), fmt(fwdbwd), fmt(ratios[0]), fmt(ratios[1]),
                      fmt(r.get(f"{key}_passes"))]
             lines.append(shape + " " + " | ".join(cells) + " |")
-    errors = [f"- N={r['N']} {key}: {val}" for r in report["short"] for key, val in r.items()
-              if key.endswith("_error")]
-    return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
+    return "\n".join(lines + error_lines(report["short"], lambda r: f"N={r['N']}")) + "\n"
 
 
 def dtypes_markdown(report):
     """The input-dtype table (--dtypes) as markdown: one line per shape and (backend, dtype)."""
-    info = report["info"]
-    lines = [f"# Entmax attention by input dtype on {info['gpu']} "
-             f"(torch {info['torch']}, triton {info['triton']})", "", f"Command: `{info['command']}`", "",
+    lines = heading(report, "Entmax attention by input dtype") + [
              "Causal, alpha = 1.5, NAPE slopes; entmax_attention with autograd on the named backend. "
              "Times in ms (median of do_bench); x bf16 = time / triton bf16's at that shape; first call = "
              "wall seconds of the first fwd+bwd call of that (D, dtype) in this run (its kernels "
@@ -445,9 +453,7 @@ def dtypes_markdown(report):
                      fmt(r.get(f"{key}_fwdbwd_TFLOPs")), fmt(r.get(f"{key}_peak_mb")),
                      fmt(r.get(f"{key}_first_call_s"))]
             lines.append(shape + " " + " | ".join(cells) + " |")
-    errors = [f"- D={r['D']} N={r['N']} {key}: {val}" for r in report["dtypes"] for key, val in r.items()
-              if key.endswith("_error")]
-    return "\n".join(lines + ([""] + errors if errors else [])) + "\n"
+    return "\n".join(lines + error_lines(report["dtypes"], lambda r: f"D={r['D']} N={r['N']}")) + "\n"
 
 
 if __name__ == "__main__":
