@@ -402,6 +402,13 @@ def error_lines(rows, describe):
     return [""] + errors if errors else []
 
 
+def times_against(row, key, base_key):
+    """[fwd ms, fwd+bwd ms, each divided by base_key's in the same row] of case `key` (None where missing)."""
+    times = [row.get(f"{key}_{step}_ms") for step in ("fwd", "fwdbwd")]
+    bases = [row.get(f"{base_key}_{step}_ms") for step in ("fwd", "fwdbwd")]
+    return times + [None if t is None or b is None else t / b for t, b in zip(times, bases, strict=True)]
+
+
 def short_markdown(report):
     """The short-sequence table (--short) as markdown: one line per length, normaliser and path."""
     lines = heading(report, "Entmax attention at short rows") + [
@@ -421,11 +428,7 @@ def short_markdown(report):
                    for path in ("single", "multi", "public")]
         entries += [("softmax", name, name) for name, _ in sdpa_backends()]
         for normaliser, path, key in entries:
-            fwd, fwdbwd = r.get(f"{key}_fwd_ms"), r.get(f"{key}_fwdbwd_ms")
-            ratios = [None if x is None or r.get(f"sdpa_{step}_ms") is None else x / r[f"sdpa_{step}_ms"]
-                      for x, step in ((fwd, "fwd"), (fwdbwd, "fwdbwd"))]
-            cells = [normaliser, path, fmt(fwd), fmt(fwdbwd), fmt(ratios[0]), fmt(ratios[1]),
-                     fmt(r.get(f"{key}_passes"))]
+            cells = [normaliser, path, *map(fmt, times_against(r, key, "sdpa")), fmt(r.get(f"{key}_passes"))]
             lines.append(shape + " " + " | ".join(cells) + " |")
     return "\n".join(lines + error_lines(report["short"], lambda r: f"N={r['N']}")) + "\n"
 
@@ -442,14 +445,10 @@ def dtypes_markdown(report):
              "|---" * 13 + "|"]
     for r in report["dtypes"]:
         shape = f"| {r['B']} | {r['H']} | {r['D']} | {r['N']} |"
-        base = [r.get(f"triton_bfloat16_{step}_ms") for step in ("fwd", "fwdbwd")]
         for backend, dtype in DTYPE_CASES:
             name = str(dtype).removeprefix("torch.")
             key = f"{backend}_{name}"
-            times = [r.get(f"{key}_{step}_ms") for step in ("fwd", "fwdbwd")]
-            ratios = [None if t is None or ref is None else t / ref
-                      for t, ref in zip(times, base, strict=True)]
-            cells = [backend, name, fmt(times[0]), fmt(times[1]), fmt(ratios[0]), fmt(ratios[1]),
+            cells = [backend, name, *map(fmt, times_against(r, key, "triton_bfloat16")),
                      fmt(r.get(f"{key}_fwdbwd_TFLOPs")), fmt(r.get(f"{key}_peak_mb")),
                      fmt(r.get(f"{key}_first_call_s"))]
             lines.append(shape + " " + " | ".join(cells) + " |")
