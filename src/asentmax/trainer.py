@@ -354,8 +354,9 @@ def check_stall_val(train_config: TrainConfig, workload) -> None:
     """ValueError in one line where --stall-val-step is given and the workload has no stall score
     (TaskWorkload without --stall-val-at or --keep-best-at, language modelling)."""
     if train_config.stall_val_step and not workload.has_stall_score():
-        raise ValueError("--stall-val-step stops a run by a validation score, and this run has none: give "
-                         "--stall-val-at M or --keep-best-at M (the exact match at M x the training length)")
+        raise ValueError("--stall-val-step stops a run by a validation score, and this run keeps none (a "
+                         "task run keeps one with --stall-val-at M or --keep-best-at M: the exact match at M "
+                         "x the training length)")
 
 
 class Workload(Protocol):
