@@ -107,6 +107,31 @@ def test_loglikelihood_equals_direct_computation(model_dir):
         assert greedy == bool((argmax == torch.tensor(list(continuation.encode()))).all())
 
 
+def test_amp_bf16_scores_under_bf16_autocast(model_dir):
+    """amp=bf16 (what amp=auto does on a GPU) scores and generates as the model under torch.autocast(bf16)
+    does, whose scores differ from its fp32 ones; amp=auto on a CPU scores in fp32."""
+    directory, model = model_dir
+    pairs = [("The key is", " 42"), ("longer context here:", " x\n")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    bf16 = AsentmaxLM(pretrained=str(directory), amp="bf16").loglikelihood(requests)
+    auto = AsentmaxLM(pretrained=str(directory), device="cpu").loglikelihood(requests)
+    for (context, continuation), (score, _), (fp32_score, _) in zip(pairs, bf16, auto, strict=True):
+        prefix, target = list(context.encode()), list(continuation.encode())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = float(logprobs_of(model, prefix, target).sum())
+        assert score == pytest.approx(expected, rel=1e-5)
+        assert fp32_score == pytest.approx(float(logprobs_of(model, prefix, target).sum()), rel=1e-5)
+        assert abs(score - fp32_score) > 1e-4 * abs(fp32_score)
+    context = "The special magic number for amber is:"
+    request = Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 12}), 0)
+    (text,) = AsentmaxLM(pretrained=str(directory), amp="bf16").generate_until([request])
+    prompt = torch.tensor([list(context.encode())])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        new = model.generate(prompt, 12)[0, prompt.shape[1]:].tolist()
+    eos = BYTE_VOCAB_SIZE - 1
+    assert text == bytes(new[:new.index(eos)] if eos in new else new).decode("utf-8", errors="replace")
+
+
 def test_generate_until_equals_greedy_decoding(model_dir):
     directory, model = model_dir
     lm = AsentmaxLM(pretrained=str(directory))
@@ -172,6 +197,8 @@ def test_bad_arguments_are_refused(model_dir):
         AsentmaxLM(pretrained=str(directory), batch_size="auto")
     with pytest.raises(ValueError, match="dtype"):
         AsentmaxLM(pretrained=str(directory), dtype="int8")
+    with pytest.raises(ValueError, match="^amp must be one of auto, bf16, off, got 'fp8'$"):
+        AsentmaxLM(pretrained=str(directory), amp="fp8")
     with pytest.raises(ValueError, match="^cuda_graphs on: cuda_graph=True needs the model and input_ids on "
                                          "a CUDA device$"):
         AsentmaxLM(pretrained=str(directory), device="cpu", cuda_graphs="on")

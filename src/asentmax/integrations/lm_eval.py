@@ -16,6 +16,10 @@ cuda_graphs=off: asentmax.nn.generation.decodes_with_cuda_graph), greedy unless 
   loglikelihood_rolling  log p(text | prefix token) over lm_eval's rolling windows of max_length tokens
                          (perplexity: lm_eval turns it into word/byte perplexity and bits per byte)
   generate_until         the continuation cut at the first stop string (gen_kwargs "until")
+Precision: model_args dtype (the weights', default float32) and amp (auto: bf16 autocast on a CUDA device, as
+`asentmax train` and `asentmax eval` run, none on a CPU | bf16 | off). On a GPU, fp32 weights without
+autocast send fp32 inputs to the fused attention kernels, which run 18-224x slower than in bf16 on an H100
+(results/fp32_kernels_sm90.md): pass amp=off only for fp32 scores on purpose.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ from transformers import AutoTokenizer
 
 from asentmax.integrations.hf_model import load_hf
 from asentmax.nn.generation import decodes_with_cuda_graph
+from asentmax.tasks.scoring import autocast
 
 TASKS_DIR = Path(__file__).resolve().with_name("lm_eval_tasks")
 MODEL_NAME = "asentmax"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AMP_MODES = ("auto", "bf16", "off")
 
 
 def task_manager(include_path: str | Path | None = None, include_defaults: bool = False):
@@ -51,10 +57,12 @@ def task_manager(include_path: str | Path | None = None, include_defaults: bool 
 class AsentmaxLM(TemplateLM):
     def __init__(self, pretrained: str, device: str | None = None, batch_size: int | str = 1,
                  max_length: int = 2048, max_gen_toks: int = 256, dtype: str = "float32",
-                 max_batch_size: int | None = None, cuda_graphs: str = "auto"):
+                 max_batch_size: int | None = None, cuda_graphs: str = "auto", amp: str = "auto"):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+        if amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int (no 'auto'), got {batch_size!r}")
         # lm_eval's command line passes cuda:0 unless told otherwise
@@ -62,6 +70,9 @@ class AsentmaxLM(TemplateLM):
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for but CUDA is not available: pass --device cpu")
         self.model = load_hf(pretrained).model.to(device=self._device, dtype=DTYPES[dtype]).eval()
+        # the dtype model calls autocast to (None: none)
+        self.autocast_dtype = torch.bfloat16 if amp == "bf16" or (amp == "auto" and
+                                                                  self._device.type == "cuda") else None
         self.cuda_graph = decodes_with_cuda_graph(cuda_graphs, self.model.config, self._device.type,
                                                   name="cuda_graphs")
         self.tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
@@ -102,7 +113,8 @@ class AsentmaxLM(TemplateLM):
             for row, tokens in enumerate(inputs):
                 ids[row, :len(tokens)] = torch.tensor(tokens)
                 mask[row, :len(tokens)] = True
-            logits = self.model(ids.to(self._device), attention_mask=mask.to(self._device))
+            with autocast(self._device, self.autocast_dtype):
+                logits = self.model(ids.to(self._device), attention_mask=mask.to(self._device))
             for row, i in enumerate(chunk):
                 if len(requests[i][2]) > self.max_length:
                     raise ValueError(f"a continuation of {len(requests[i][2])} tokens does not fit in "
@@ -148,8 +160,10 @@ class AsentmaxLM(TemplateLM):
                 raise ValueError(f"generation arguments not supported by the asentmax model: {unknown}")
             tokens = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.prefix_token_id]
             ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-            new = self.model.generate(ids, max_new, temperature=temperature, eos_token_id=self.eot_token_id,
-                                      cuda_graph=self.cuda_graph)[0, len(tokens):].tolist()
+            with autocast(self._device, self.autocast_dtype):
+                new = self.model.generate(ids, max_new, temperature=temperature,
+                                          eos_token_id=self.eot_token_id,
+                                          cuda_graph=self.cuda_graph)[0, len(tokens):].tolist()
             if self.eot_token_id in new:
                 new = new[:new.index(self.eot_token_id)]
             text = self.tok_decode(new)
