@@ -75,14 +75,20 @@ from asentmax.runs import (
     write_text,
 )
 from asentmax.tasks.eval_sets import eval_set_digest
-from asentmax.tasks.scoring import autocast, shape_batches, teacher_forced_counts
+from asentmax.tasks.scoring import (
+    EVAL_AMP_MODES,
+    autocast,
+    eval_autocast_dtype,
+    shape_batches,
+    teacher_forced_counts,
+)
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
 SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
 # EvalConfig's fields with a fixed set of values (the CLI's choices; attention_backend: "" or BACKENDS)
 CHOICES = {"checkpoint": ("last", "best"), "tables": ("train", "fresh"), "device": ("auto", "cpu", "cuda"),
-           "amp": ("auto", "bf16", "off"), "cuda_graphs": CUDA_GRAPH_SETTINGS}
+           "amp": EVAL_AMP_MODES, "cuda_graphs": CUDA_GRAPH_SETTINGS}
 
 
 @dataclass
@@ -573,8 +579,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     folder = output.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {output}.json: {folder} is a file")
-    use_bf16 = config.amp == "bf16" or (config.amp == "auto" and device.type == "cuda")
-    autocast_dtype = torch.bfloat16 if use_bf16 else None
+    autocast_dtype = eval_autocast_dtype(config.amp, device)
     protocol = {"checkpoint_sha256": _sha256(checkpoint_path), "train_step": checkpoint["step"],
                 "id_length": id_length, "device_type": device.type,
                 "autocast": "bf16" if autocast_dtype is not None else "off",

@@ -36,12 +36,11 @@ from transformers import AutoTokenizer
 
 from asentmax.integrations.hf_model import load_hf
 from asentmax.nn.generation import decodes_with_cuda_graph
-from asentmax.tasks.scoring import autocast
+from asentmax.tasks.scoring import EVAL_AMP_MODES, autocast, eval_autocast_dtype
 
 TASKS_DIR = Path(__file__).resolve().with_name("lm_eval_tasks")
 MODEL_NAME = "asentmax"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-AMP_MODES = ("auto", "bf16", "off")
 
 
 def task_manager(include_path: str | Path | None = None, include_defaults: bool = False):
@@ -61,8 +60,8 @@ class AsentmaxLM(TemplateLM):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, got {amp!r}")
+        if amp not in EVAL_AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(EVAL_AMP_MODES)}, got {amp!r}")
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int (no 'auto'), got {batch_size!r}")
         # lm_eval's command line passes cuda:0 unless told otherwise
@@ -70,9 +69,7 @@ class AsentmaxLM(TemplateLM):
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for but CUDA is not available: pass --device cpu")
         self.model = load_hf(pretrained).model.to(device=self._device, dtype=DTYPES[dtype]).eval()
-        # the dtype model calls autocast to (None: none)
-        self.autocast_dtype = torch.bfloat16 if amp == "bf16" or (amp == "auto" and
-                                                                  self._device.type == "cuda") else None
+        self.autocast_dtype = eval_autocast_dtype(amp, self._device)  # of every model call (None: none)
         self.cuda_graph = decodes_with_cuda_graph(cuda_graphs, self.model.config, self._device.type,
                                                   name="cuda_graphs")
         self.tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
