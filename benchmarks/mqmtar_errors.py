@@ -42,10 +42,11 @@ import torch
 
 from asentmax.cli import Parser, UsageError
 from asentmax.eval import EvalConfig, examples_for_length, plan_evaluation
+from asentmax.precision import autocast
 from asentmax.runs import RunError, format_multiplier, write_json, write_text
 from asentmax.tasks.base import BOS, EOS, SEP
 from asentmax.tasks.mqmtar import COLON, MQMTARTask
-from asentmax.tasks.scoring import autocast, shape_batches
+from asentmax.tasks.scoring import shape_batches
 
 CLASSES = ("correct", "other_value", "half", "other")
 KEY_PARTS = 10  # the key's place in the context, by tenths

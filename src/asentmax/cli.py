@@ -147,10 +147,11 @@ class _PresetAction(argparse.Action):
 
 def _train_parser(sub):
     from asentmax.nn import ModelConfig, config
+    from asentmax.precision import AMP_MODES
     from asentmax.tasks import TASK_NAMES
     from asentmax.tasks.mqmtar import LAYOUTS
     from asentmax.tasks.workload import TaskWorkload
-    from asentmax.trainer import AMP_MODES, TrainConfig
+    from asentmax.trainer import TrainConfig
 
     p = sub.add_parser("train", help="train a model on a synthetic task", epilog=TRAIN_EPILOG, description=(
         "Train a model on a synthetic task. Flags not given keep the preset's values "

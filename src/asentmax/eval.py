@@ -51,6 +51,7 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
+from asentmax import precision
 from asentmax.data import IGNORE_INDEX, collate
 from asentmax.nn.generation import CUDA_GRAPH_SETTINGS, decodes_with_cuda_graph
 from asentmax.ops.attention import backend_refusal
@@ -75,20 +76,14 @@ from asentmax.runs import (
     write_text,
 )
 from asentmax.tasks.eval_sets import eval_set_digest
-from asentmax.tasks.scoring import (
-    EVAL_AMP_MODES,
-    autocast,
-    eval_autocast_dtype,
-    shape_batches,
-    teacher_forced_counts,
-)
+from asentmax.tasks.scoring import shape_batches, teacher_forced_counts
 
 ESTIMATE_THRESHOLD_S = 60.0  # announce a length estimated to take longer than this
 TABLES_STREAM = 1  # with --tables fresh, a length's tables come from default_rng([seed, length, 1])
 SOURCE_PARTS = 10  # source_tenth_accuracy: answers scored by the tenth of the source they copy from
 # EvalConfig's fields with a fixed set of values (the CLI's choices; attention_backend: "" or BACKENDS)
 CHOICES = {"checkpoint": ("last", "best"), "tables": ("train", "fresh"), "device": ("auto", "cpu", "cuda"),
-           "amp": EVAL_AMP_MODES, "cuda_graphs": CUDA_GRAPH_SETTINGS}
+           "amp": precision.EVAL_AMP_MODES, "cuda_graphs": CUDA_GRAPH_SETTINGS}
 
 
 @dataclass
@@ -209,7 +204,7 @@ def greedy_accuracy(model, task, examples, *, device, autocast_dtype=None, batch
         group = [examples[i] for i in indices]
         prompts = torch.tensor([[BOS, *e.source, SEP] for e in group], dtype=torch.long, device=device)
         expected = torch.tensor([[*e.target, EOS] for e in group], dtype=torch.long, device=device)
-        with autocast(device, autocast_dtype):
+        with precision.autocast(device, autocast_dtype):
             out = model.generate(prompts, expected.shape[1], temperature=0.0, cuda_graph=cuda_graph)
         hits = out[:, prompts.shape[1]:] == expected
         for i, right in zip(indices, hits.all(1).tolist(), strict=True):
@@ -579,7 +574,7 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
     folder = output.parent
     if folder.exists() and not folder.is_dir():
         raise RunError(f"cannot write {output}.json: {folder} is a file")
-    autocast_dtype = eval_autocast_dtype(config.amp, device)
+    autocast_dtype = precision.autocast_dtype(config.amp, device)
     protocol = {"checkpoint_sha256": _sha256(checkpoint_path), "train_step": checkpoint["step"],
                 "id_length": id_length, "device_type": device.type,
                 "autocast": "bf16" if autocast_dtype is not None else "off",

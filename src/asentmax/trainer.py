@@ -64,6 +64,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from asentmax import precision
 from asentmax.data import IGNORE_INDEX, PAD_ID, Batch
 from asentmax.runs import (
     BEST_NAME,
@@ -82,8 +83,6 @@ from asentmax.runs import (
     set_rng_state,
     write_json,
 )
-
-AMP_MODES = ("auto", "bf16", "bf16-true", "off")  # TrainConfig.amp: the training precisions
 
 
 @dataclass
@@ -198,8 +197,8 @@ class TrainConfig:
             raise ValueError(f"betas must lie in [0, 1), got {self.beta1}, {self.beta2}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {', '.join(AMP_MODES)}, got {self.amp!r}")
+        if self.amp not in precision.AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(precision.AMP_MODES)}, got {self.amp!r}")
         for name in ("compile", "fused", "cuda_graphs"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ValueError(f"{name.replace('_', '-')} must be auto, on or off, "
@@ -542,8 +541,7 @@ def target_loss(model, batch: Batch, world: Distributed, autocast_dtype,
         dist.all_reduce(counts)
         n_global = counts[0]
         agreed_stop = None if stop_flag is None else counts[1]
-    with torch.autocast(device_type=batch.input_ids.device.type, dtype=autocast_dtype or torch.bfloat16,
-                        enabled=autocast_dtype is not None):
+    with precision.autocast(batch.input_ids.device, autocast_dtype):
         logits = model(batch.input_ids)
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
                                ignore_index=IGNORE_INDEX)
@@ -742,8 +740,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     if train_config.batch_size % world.world_size:
         raise ValueError(f"batch-size {train_config.batch_size} not divisible by {world.world_size} ranks")
     local_batch = train_config.batch_size // world.world_size
-    use_bf16 = train_config.amp == "bf16" or (train_config.amp == "auto" and world.device.type == "cuda")
-    autocast_dtype = torch.bfloat16 if use_bf16 else None
+    autocast_dtype = precision.autocast_dtype(train_config.amp, world.device)
 
     model = initial_model(model_config, train_config.seed).to(world.device)
     if initial_weights is not None:

@@ -34,9 +34,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from transformers import AutoTokenizer
 
+from asentmax import precision
 from asentmax.integrations.hf_model import load_hf
 from asentmax.nn.generation import decodes_with_cuda_graph
-from asentmax.tasks.scoring import EVAL_AMP_MODES, autocast, eval_autocast_dtype
 
 TASKS_DIR = Path(__file__).resolve().with_name("lm_eval_tasks")
 MODEL_NAME = "asentmax"
@@ -60,8 +60,8 @@ class AsentmaxLM(TemplateLM):
         super().__init__()
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-        if amp not in EVAL_AMP_MODES:
-            raise ValueError(f"amp must be one of {', '.join(EVAL_AMP_MODES)}, got {amp!r}")
+        if amp not in precision.EVAL_AMP_MODES:
+            raise ValueError(f"amp must be one of {', '.join(precision.EVAL_AMP_MODES)}, got {amp!r}")
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive int (no 'auto'), got {batch_size!r}")
         # lm_eval's command line passes cuda:0 unless told otherwise
@@ -69,7 +69,7 @@ class AsentmaxLM(TemplateLM):
         if self._device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {device!r} asked for but CUDA is not available: pass --device cpu")
         self.model = load_hf(pretrained).model.to(device=self._device, dtype=DTYPES[dtype]).eval()
-        self.autocast_dtype = eval_autocast_dtype(amp, self._device)  # of every model call (None: none)
+        self.autocast_dtype = precision.autocast_dtype(amp, self._device)  # of every model call (None: none)
         self.cuda_graph = decodes_with_cuda_graph(cuda_graphs, self.model.config, self._device.type,
                                                   name="cuda_graphs")
         self.tokenizer = AutoTokenizer.from_pretrained(pretrained, local_files_only=True)
@@ -110,7 +110,7 @@ class AsentmaxLM(TemplateLM):
             for row, tokens in enumerate(inputs):
                 ids[row, :len(tokens)] = torch.tensor(tokens)
                 mask[row, :len(tokens)] = True
-            with autocast(self._device, self.autocast_dtype):
+            with precision.autocast(self._device, self.autocast_dtype):
                 logits = self.model(ids.to(self._device), attention_mask=mask.to(self._device))
             for row, i in enumerate(chunk):
                 if len(requests[i][2]) > self.max_length:
@@ -157,7 +157,7 @@ class AsentmaxLM(TemplateLM):
                 raise ValueError(f"generation arguments not supported by the asentmax model: {unknown}")
             tokens = self.tok_encode(context)[-max(1, self.max_length - max_new):] or [self.prefix_token_id]
             ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-            with autocast(self._device, self.autocast_dtype):
+            with precision.autocast(self._device, self.autocast_dtype):
                 new = self.model.generate(ids, max_new, temperature=temperature,
                                           eos_token_id=self.eot_token_id,
                                           cuda_graph=self.cuda_graph)[0, len(tokens):].tolist()

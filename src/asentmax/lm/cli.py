@@ -225,6 +225,7 @@ def _eval(args) -> None:
     import numpy as np
     import torch
 
+    from asentmax import precision
     from asentmax.lm.dataset import Split, read_manifest
     from asentmax.lm.evaluate import evaluate_model
     from asentmax.lm.report import markdown, plot
@@ -252,7 +253,7 @@ def _eval(args) -> None:
                                 retrieval_batch_size=args.batch_size, tokens_per_batch=args.tokens_per_batch,
                                 stats_max_length=args.stats_max_length, stats_windows=args.stats_windows,
                                 seed=args.seed, tasks=tuple(args.tasks),
-                                autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
+                                autocast_dtype=precision.autocast_dtype("auto", device),
                                 cuda_graph=cuda_graph)
         elapsed = round(time.perf_counter() - start, 1)
         result.update({"run_dir": str(run_dir), **trained, "workload": workload,

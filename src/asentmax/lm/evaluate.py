@@ -11,7 +11,6 @@ dispersion statistics build dense attention, and only up to `stats_max_length`.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
@@ -19,13 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asentmax import precision
 from asentmax.lm.needles import TASKS, NeedleBuilder, leading_digits
 from asentmax.lm.tokenizer import LMTokenizer
 from asentmax.nn import summarise_stats
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -37,7 +33,7 @@ def sequence_nll(model, sequences: torch.Tensor, *, batch_size: int,
     total, count = 0.0, 0
     for lo in range(0, sequences.shape[0], batch_size):
         chunk = sequences[lo:lo + batch_size].to(device)
-        with _autocast(device, autocast_dtype):
+        with precision.autocast(device, autocast_dtype):
             logits = model(chunk[:, :-1])
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 -> fp32, fp64 stays
         total += float(F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"))
@@ -81,7 +77,7 @@ def retrieval_accuracy(model, builder: NeedleBuilder, task: str, length: int, *,
     for lo in range(0, n_samples, batch_size):
         group = samples[lo:lo + batch_size]
         prompts = torch.from_numpy(np.stack([s.prompt for s in group])).to(device)
-        with _autocast(device, autocast_dtype):
+        with precision.autocast(device, autocast_dtype):
             out = model.generate(prompts, max_new_tokens, cuda_graph=cuda_graph)
         for sample, row in zip(group, out[:, length:].tolist(), strict=True):
             completion = builder.tokenizer.decode(row)
@@ -105,7 +101,7 @@ def dispersion_by_length(model, documents: list[np.ndarray], lengths: list[int],
         inputs = torch.from_numpy(np.stack(kept)).to(device)
         per_window = []
         for row in inputs:
-            with _autocast(device, autocast_dtype):
+            with precision.autocast(device, autocast_dtype):
                 _, stats = model(row[None], return_stats=True)
             per_window.append(summarise_stats(stats))
         record = {}

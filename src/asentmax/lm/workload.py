@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from asentmax import precision
 from asentmax.data import IGNORE_INDEX, Batch
 from asentmax.lm.dataset import Split, Windows, read_manifest, windows
 from asentmax.lm.retrieval import RetrievalExercises
@@ -202,7 +203,7 @@ class LMWorkload:
             index = np.arange(lo, min(n, lo + self.config.val_batch_size))
             inputs, labels = self.valid_windows.arrays(self.valid_split.tokens, index)
             inputs, labels = torch.from_numpy(inputs).to(device), torch.from_numpy(labels).to(device)
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            with precision.autocast(device, autocast_dtype):
                 logits = model(inputs)
             loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                                    reduction="sum")

@@ -4,9 +4,9 @@
 `teacher_forced_accuracy` takes one forward pass per batch and scores the argmax next token at every
 position the training loss covers (target tokens and EOS). Its exact match equals that of greedy
 decoding (greedy decoding is right at every step iff every teacher-forced argmax is right), so training
-validates with it. `asentmax.eval` decodes greedily with the KV cache and shares `shape_batches`,
-`autocast` and the evaluation precisions (`eval_autocast_dtype`, also the lm-eval model's) with this
-file; a tagging task (Task.tagging) has nothing to decode, so its test is `teacher_forced_counts` too.
+validates with it. `asentmax.eval` decodes greedily with the KV cache and shares `shape_batches` with
+this file; a tagging task (Task.tagging) has nothing to decode, so its test is `teacher_forced_counts` too.
+Both autocast as asentmax/precision.py says.
 """
 
 from __future__ import annotations
@@ -14,21 +14,7 @@ from __future__ import annotations
 import torch
 
 from asentmax.data import IGNORE_INDEX, collate
-
-EVAL_AMP_MODES = ("auto", "bf16", "off")  # the evaluation precisions: `asentmax eval --amp`, lm-eval's amp
-
-
-def eval_autocast_dtype(amp: str, device) -> torch.dtype | None:
-    """The dtype an evaluation with EVAL_AMP_MODES `amp` autocasts to on `device`: bf16 for "bf16", and for
-    "auto" on a CUDA device (as training runs); None (no autocast) otherwise."""
-    on_cuda = torch.device(device).type == "cuda"
-    return torch.bfloat16 if amp == "bf16" or (amp == "auto" and on_cuda) else None
-
-
-def autocast(device, dtype):
-    """torch.autocast to `dtype` on `device`'s type, or a disabled one when `dtype` is None."""
-    return torch.autocast(device_type=torch.device(device).type, dtype=dtype or torch.bfloat16,
-                          enabled=dtype is not None)
+from asentmax.precision import autocast
 
 
 def shape_batches(examples, key, max_batch: int, max_tokens: int):
