@@ -169,6 +169,12 @@ def _train_parser(sub):
         "first run; the model flags must give the same architecture, except for the attention normaliser: "
         "another normaliser's weights start the shared parameters, and the length-aware temperature's keep "
         "their init (e.g. softmax's weights for an ASEntmax run)"))
+    p.add_argument("--init-fresh", nargs="+", metavar="PATTERN", help=(
+        "with --init-from: parameters whose names match one of these fnmatch patterns (e.g. '*.attn.wq.*' "
+        "'*.attn.wk.*'; names look like blocks.0.attn.wq.weight) are not taken from its weights but keep "
+        "this run's own draw from --seed, e.g. an ASEntmax run on MQMTAR from softmax's weights that learns "
+        "its own attention (query and key projections re-initialised); config.json's init_from lists them "
+        "as \"fresh\", and `asentmax compare` counts them in the run's recipe"))
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--task", choices=TASK_NAMES, action=_PresetAction, default=argparse.SUPPRESS,
                    help="synthetic task (its preset applies unless --preset is given)")
@@ -208,6 +214,8 @@ def _run_train(args) -> None:
         raise UsageError(f"--stop-at-step must be >= 1, got {args.stop_at_step}")
     if args.resume and args.init_from is not None:
         raise UsageError("--init-from starts a new run; --resume continues one with its own weights")
+    if args.init_fresh and args.init_from is None:
+        raise UsageError("--init-fresh names parameters of the --init-from weights; give --init-from too")
     try:
         if args.resume:
             from asentmax.train import resume_run
@@ -267,14 +275,16 @@ def _saved_run(args):
     return saved, steps
 
 
-def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
-    """(model state dict, {"path", "step", "samples", "recipe", "git_commit"[, "attention"]}) of the
-    checkpoint --init-from names (a run directory: its checkpoint.pt; samples: those its weights were trained
-    on, its own step x batch size plus its prior_samples, None if unknown; recipe: runs.prior_recipe);
+def _initial_weights(path: Path, model_config, fresh_patterns=()) -> tuple[dict, dict]:
+    """(model state dict, {"path", "step", "samples", "recipe", "git_commit"[, "attention"][, "fresh"]}) of
+    the checkpoint --init-from names (a run directory: its checkpoint.pt; samples: those its weights were
+    trained on, its own step x batch size plus its prior_samples, None if unknown; recipe: runs.prior_recipe);
     UsageError in one line for a missing or unreadable one, or one whose model differs from `model_config`
     (naming the fields). A checkpoint of another normaliser (e.g. softmax's weights for an ASEntmax run: a
     dense start) may differ in the normaliser's own fields (nn/config.py NORMALISER_FIELDS); its record then
-    names that normaliser."""
+    names that normaliser. "fresh": the sorted names of its parameters that match a pattern of
+    `fresh_patterns` (--init-fresh), with those tied to them (the tied head), which the run draws afresh
+    (trainer.load_initial_weights); UsageError for a pattern that matches none, or patterns that take all."""
     from asentmax.nn import ModelConfig
     from asentmax.runs import CHECKPOINT_NAME, RunError, load_checkpoint, prior_recipe, samples_trained
 
@@ -297,7 +307,31 @@ def _initial_weights(path: Path, model_config) -> tuple[dict, dict]:
     record = {"path": str(file), "step": checkpoint.get("step"), "samples": samples,
               "recipe": prior_recipe(checkpoint), "git_commit": checkpoint.get("git_commit")}
     other_normaliser = saved.attention != model_config.attention
-    return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {})}
+    fresh = _fresh_names(checkpoint["model"], fresh_patterns, file)
+    return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {}),
+                                 **({"fresh": fresh} if fresh else {})}
+
+
+def _fresh_names(weights: dict, patterns, file: Path) -> list[str]:
+    """The sorted names of `weights` that match one of the fnmatch `patterns` (--init-fresh) or share a tensor
+    with one that does (a tied head and embedding); UsageError for a pattern that matches no name, or
+    patterns that take every one."""
+    import fnmatch
+
+    names = list(weights)
+    fresh = set()
+    for pattern in patterns:
+        matched = fnmatch.filter(names, pattern)
+        if not matched:
+            raise UsageError(f"--init-fresh {pattern!r} matches no parameter of {file} (its names are like "
+                             f"{', '.join(names[:3])})")
+        fresh.update(matched)
+    tied = {weights[name].data_ptr() for name in fresh if weights[name].numel()}
+    fresh.update(name for name in names if weights[name].numel() and weights[name].data_ptr() in tied)
+    if names and fresh == set(names):
+        raise UsageError(f"--init-fresh {' '.join(patterns)} takes every parameter of {file}; train without "
+                         "--init-from instead")
+    return sorted(fresh)
 
 
 def _new_run(args):
@@ -327,7 +361,8 @@ def _new_run(args):
         raise UsageError(str(error)) from None
     _check_device(train_config.device)
     _check_world(train_config)
-    initial_weights = None if args.init_from is None else _initial_weights(args.init_from, model_config)
+    initial_weights = (None if args.init_from is None else
+                       _initial_weights(args.init_from, model_config, args.init_fresh or ()))
     _prepare_run_dir(run_dir, args.overwrite)
     if train_config.warmup_steps > train_config.steps and _main_rank():
         print(f"warning: --warmup-steps {train_config.warmup_steps} > --steps {train_config.steps}: the lr "

@@ -205,10 +205,14 @@ NOT_RECIPE = {"train_config": ("seed", "data_seed", "stall_step", "stall_loss", 
 def _recipe(record: dict) -> str | None:
     """What a run trains, as a JSON key (its task, model, workload and training config but for NOT_RECIPE,
     and what its --init-from weights were trained on: the recipe of the run that trained them where the
-    record keeps it as prior_recipe, else their sample count); None for a record without a seed or one this
+    record keeps it as prior_recipe, else their sample count, and the parameters it drew afresh instead,
+    prior_recipe's "fresh_parameters" from --init-fresh); None for a record without a seed or one this
     version cannot read. A field that a run's files lack (written before it existed) counts at the value it
-    had then (the configs' from_dict)."""
-    prior = record.get("prior_recipe")
+    had then (the configs' from_dict); a record without fresh parameters keeps the key it had before them."""
+    prior, fresh = record.get("prior_recipe"), None
+    if isinstance(prior, dict) and "fresh_parameters" in prior:
+        fresh = prior["fresh_parameters"]
+        prior = {key: value for key, value in prior.items() if key != "fresh_parameters"} or None
     if prior is None:
         start = record.get("prior_samples") or 0
     elif isinstance(prior, dict):  # a start that --steps-after-escape ended: its seed's length, its rule
@@ -228,7 +232,8 @@ def _recipe(record: dict) -> str | None:
         workload = {name: value for name, value in workload.items() if name not in NOT_RECIPE["workload"]}
     except (TypeError, ValueError):  # a record this version cannot read: no recipe to compare
         return None
-    return json.dumps([record["task"], model, workload, recipe, start], sort_keys=True, default=str)
+    return json.dumps([record["task"], model, workload, recipe, start] + ([fresh] if fresh else []),
+                      sort_keys=True, default=str)
 
 
 def repeat_groups(results: list[dict], stalled: list[dict] = ()) -> list[list[dict]]:

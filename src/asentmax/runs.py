@@ -233,9 +233,9 @@ PRIOR_RECIPE_FIELDS = ("train_config", "workload", "model_config", "prior_sample
 def prior_recipe(checkpoint: dict) -> dict:
     """The recipe behind a checkpoint's weights: the configs of the run that trained them and that run's own
     prior_samples and prior_recipe (so a chain of --init-from starts nests). A run started from them keeps
-    it as "prior_recipe" in config.json, its checkpoints and its evaluations, where `asentmax compare` takes
-    it for the start's sample count: with --steps-after-escape a start's length varies by seed, its rule does
-    not."""
+    it as "prior_recipe" in config.json, its checkpoints and its evaluations (with "fresh_parameters" added:
+    the names it drew afresh, --init-fresh), where `asentmax compare` takes it for the start's sample count:
+    with --steps-after-escape a start's length varies by seed, its rule does not."""
     return {key: checkpoint[key] for key in PRIOR_RECIPE_FIELDS if checkpoint.get(key) is not None}
 
 

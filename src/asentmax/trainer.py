@@ -651,22 +651,30 @@ class StopRequest:
 
 # ---- the loop ----
 
-def load_initial_weights(model: torch.nn.Module, weights: dict) -> list[str]:
+def load_initial_weights(model: torch.nn.Module, weights: dict, fresh=()) -> list[str]:
     """Load `weights` (a state dict) into `model`; the names of the length-aware temperature's parameters
     that `weights` lacks (another normaliser's model) keep their init and are returned, and that normaliser's
-    own temperature parameters in `weights` (SSMax's s) are left out. ValueError for any other difference."""
-    own = model.state_dict()
+    own temperature parameters in `weights` (SSMax's s) are left out. The names in `fresh` (--init-fresh) are
+    not loaded, whether `weights` holds them or not: they keep their init too (not returned). ValueError for
+    any other difference, or for a loaded name that shares its tensor with a fresh one (a tied head)."""
+    own, fresh = model.state_dict(), set(fresh)
 
     def is_temperature(name: str) -> bool:  # nn/attention.py's submodule `temperature`
         return ".attn.temperature." in name
 
-    missing = [name for name in own if name not in weights]
+    missing = [name for name in own if name not in weights and name not in fresh]
     extra = [name for name in weights if name not in own]
     wrong = [name for name in missing + extra if not is_temperature(name)]
     if wrong:
         raise ValueError(f"initial weights do not fit the model: {', '.join(wrong[:4])}"
                          + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else ""))
-    model.load_state_dict({name: value for name, value in weights.items() if name in own}, strict=False)
+    loaded = {name: value for name, value in weights.items() if name in own and name not in fresh}
+    fresh_tensors = {own[name].data_ptr() for name in fresh if name in own}
+    tied = [name for name in loaded if own[name].data_ptr() in fresh_tensors]
+    if tied:
+        raise ValueError(f"initial weights: {', '.join(tied)} shares its tensor with a fresh parameter; "
+                         "take it fresh too")
+    model.load_state_dict(loaded, strict=False)
     return missing
 
 
@@ -683,6 +691,8 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     config.json keeps as "init_from") starts the model from those weights instead of a fresh draw; the
     optimizer and the schedule start afresh. The weights may be another normaliser's: the temperature
     parameters they lack keep their init (load_initial_weights; "init_from" lists them as "kept_initial").
+    The names the record lists as "fresh" (--init-fresh) are not loaded but keep this run's own draw too; the
+    run's prior_recipe keeps them as "fresh_parameters", so `asentmax compare` tells such a start apart.
     Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
     not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
@@ -746,7 +756,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     if initial_weights is not None:
         if checkpoint is not None:
             raise ValueError("initial weights start a new run; a resumed run has its own")
-        kept_initial = load_initial_weights(model, initial_weights[0])
+        kept_initial = load_initial_weights(model, initial_weights[0], initial_weights[1].get("fresh", ()))
         initial_weights = (initial_weights[0], {**initial_weights[1],
                                                 **({"kept_initial": kept_initial} if kept_initial else {})})
     if train_config.amp == "bf16-true":  # drawn in fp32 as for the other precisions, then rounded once
@@ -795,11 +805,14 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / STALLED_NAME).unlink(missing_ok=True)  # a stopped run continued is no longer stopped
         # samples the weights were trained on before this run's step 0 (the --init-from chain's), and the
-        # recipe of the run that trained them (runs.prior_recipe)
+        # recipe of the run that trained them (runs.prior_recipe), with the parameters this run drew afresh
         if checkpoint is not None:
             prior_samples, prior = checkpoint.get("prior_samples", 0), checkpoint.get("prior_recipe")
         elif initial_weights is not None:
-            prior_samples, prior = initial_weights[1].get("samples") or 0, initial_weights[1].get("recipe")
+            record = initial_weights[1]
+            prior_samples = record.get("samples") or 0
+            prior = {**(record.get("recipe") or {}),
+                     **({"fresh_parameters": record["fresh"]} if record.get("fresh") else {})}
         else:
             prior_samples, prior = 0, None
         config_record = {"train_config": asdict(train_config), "workload": workload.to_dict(),
