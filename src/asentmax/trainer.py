@@ -811,8 +811,9 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         elif initial_weights is not None:
             record = initial_weights[1]
             prior_samples = record.get("samples") or 0
-            prior = {**(record.get("recipe") or {}),
-                     **({"fresh_parameters": record["fresh"]} if record.get("fresh") else {})}
+            prior = record.get("recipe")
+            if record.get("fresh"):
+                prior = {**(prior or {}), "fresh_parameters": record["fresh"]}
         else:
             prior_samples, prior = 0, None
         config_record = {"train_config": asdict(train_config), "workload": workload.to_dict(),
