@@ -160,3 +160,20 @@ def test_misuse_is_one_line_and_writes_nothing(tmp_path, capsys, first, flags, m
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.replace("FIRST", str(first)) in err[0], err
     assert "Traceback" not in err[0] and not run.exists()
+
+
+def test_compare_labels_a_fresh_start_and_a_run_started_from_it_keeps_the_names(tmp_path, capsys, first):
+    """method_label names the fresh parameters without their block prefix (the plain run's label has no such
+    note), and a run started from the fresh run's weights nests its fresh_parameters in its own prior_recipe,
+    so its recipe key differs from that of a run started from the plain run's weights."""
+    plain_dir, plain = started(tmp_path, "plain", first)
+    fresh_dir, fresh = started(tmp_path, "fresh", first, "--init-fresh", "*.attn.wq.*", "*.attn.wk.*")
+    assert report.method_label(plain) == "ASEntmax (paper-code blocks)"  # the reverse preset's blocks
+    assert report.method_label(fresh) == "ASEntmax (paper-code blocks, fresh attn.wk.weight/attn.wq.weight)"
+    after_plain = started(tmp_path, "after_plain", plain_dir)[1]
+    after_fresh = started(tmp_path, "after_fresh", fresh_dir)[1]
+    assert after_fresh["prior_recipe"]["prior_recipe"]["fresh_parameters"] == sorted(
+        [*QUERIES, "blocks.0.attn.wk.weight", "blocks.1.attn.wk.weight"])
+    assert "fresh" not in report.method_label(after_fresh)  # it drew nothing afresh itself
+    keys = [report._recipe({"task": "reverse", **config}) for config in (after_plain, after_fresh)]
+    assert None not in keys and keys[0] != keys[1]

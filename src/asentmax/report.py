@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, fields
 from functools import partial
 from pathlib import Path
@@ -115,7 +116,8 @@ def method_label(result: dict) -> str:
     options when they are not the defaults (block_notes), the sample layout when it is not the default
     (MQMTAR's "stretches": results/paper/README.md) and the share of training samples with a planted
     look-alike when there is one (MQMTAR's `lookalikes`: its training data is not the paper's), with their
-    kinds when not every kind was planted."""
+    kinds when not every kind was planted, and the parameters a run started from another's weights drew afresh
+    instead (--init-fresh: prior_recipe's fresh_parameters, named without their block prefix)."""
     config = result["model_config"]
     name = METHOD_NAMES.get(config["attention"], config["attention"])
     notes = [config["position"]] if config.get("position", "nape") != "nape" else []
@@ -127,6 +129,10 @@ def method_label(result: dict) -> str:
     if workload.get("lookalikes"):
         kinds = "/".join(workload.get("lookalike_kinds") or ())  # empty: every kind
         notes.append(f"{kinds + ' ' if kinds else ''}look-alikes {workload['lookalikes']:g}")
+    prior = result.get("prior_recipe")
+    fresh = prior.get("fresh_parameters") if isinstance(prior, dict) else None
+    if fresh:
+        notes.append("fresh " + "/".join(sorted({re.sub(r"^blocks\.\d+\.", "", name) for name in fresh})))
     return f"{name} ({', '.join(notes)})" if notes else name
 
 
