@@ -152,13 +152,20 @@ def test_fresh_parameters_make_a_recipe_of_their_own(tmp_path, capsys, first):
      "instead"),
     (["--init-from", "FIRST", "--init-fresh", "blocks.*", "embed.*", "norm.*", "head.*"],
      "takes every parameter of FIRST/checkpoint.pt"),
+    # an SSMax start for an ASEntmax run: its s is never loaded, so taking the rest takes all
+    (["--init-from", "SSMAX", "--init-fresh", "embed.*", "head.*", "norm.*", "*.wq.*", "*.wk.*", "*.wv.*",
+      "*.wo.*", "*_norm.*", "*.mlp.*"], "takes every parameter of SSMAX/checkpoint.pt"),
 ])
 def test_misuse_is_one_line_and_writes_nothing(tmp_path, capsys, first, flags, message):
-    run = tmp_path / "new"
-    flags = [str(first) if flag == "FIRST" else flag for flag in flags]
-    assert main(["train", "--run-dir", str(run), *TINY, "--steps", "2", *flags]) == 2
+    run, ssmax = tmp_path / "new", tmp_path / "ssmax"
+    if "SSMAX" in flags:
+        assert main(["train", "--run-dir", str(ssmax), *TINY, "--attention", "ssmax", "--steps", "1"]) == 0
+        capsys.readouterr()
+    flags = [{"FIRST": str(first), "SSMAX": str(ssmax)}.get(flag, flag) for flag in flags]
+    command = ["train", "--run-dir", str(run), *TINY, "--attention", "asentmax", "--steps", "2", *flags]
+    assert main(command) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and message.replace("FIRST", str(first)) in err[0], err
+    assert len(err) == 1 and message.replace("FIRST", str(first)).replace("SSMAX", str(ssmax)) in err[0], err
     assert "Traceback" not in err[0] and not run.exists()
 
 

@@ -307,17 +307,24 @@ def _initial_weights(path: Path, model_config, fresh_patterns=()) -> tuple[dict,
     record = {"path": str(file), "step": checkpoint.get("step"), "samples": samples,
               "recipe": prior_recipe(checkpoint), "git_commit": checkpoint.get("git_commit")}
     other_normaliser = saved.attention != model_config.attention
-    fresh = _fresh_names(checkpoint["model"], fresh_patterns, file)
+    fresh = _fresh_names(checkpoint["model"], fresh_patterns, file, model_config) if fresh_patterns else []
     return checkpoint["model"], {**record, **({"attention": saved.attention} if other_normaliser else {}),
                                  **({"fresh": fresh} if fresh else {})}
 
 
-def _fresh_names(weights: dict, patterns, file: Path) -> list[str]:
+def _fresh_names(weights: dict, patterns, file: Path, model_config) -> list[str]:
     """The sorted names of `weights` that match one of the fnmatch `patterns` (--init-fresh) or share a tensor
     with one that does (a tied head and embedding); UsageError for a pattern that matches no name, or
-    patterns that take every one."""
+    patterns that take every one the model of `model_config` would load (another normaliser's temperature
+    parameters are never loaded: trainer.load_initial_weights)."""
     import fnmatch
 
+    import torch
+
+    from asentmax.nn import Transformer
+
+    with torch.device("meta"):  # the model's parameter names, without allocating or drawing its weights
+        own = set(Transformer(model_config).state_dict())
     names = list(weights)
     fresh = set()
     for pattern in patterns:
@@ -328,7 +335,7 @@ def _fresh_names(weights: dict, patterns, file: Path) -> list[str]:
         fresh.update(matched)
     tied = {weights[name].data_ptr() for name in fresh if weights[name].numel()}
     fresh.update(name for name in names if weights[name].numel() and weights[name].data_ptr() in tied)
-    if names and fresh == set(names):
+    if own & set(names) <= fresh:
         raise UsageError(f"--init-fresh {' '.join(patterns)} takes every parameter of {file}; train without "
                          "--init-from instead")
     return sorted(fresh)
