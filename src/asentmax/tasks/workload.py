@@ -172,9 +172,7 @@ class TaskWorkload:
         """What --stall-val-step checks: the exact match of `rows` (validate's) at stall-val-at x max-length,
         or at keep-best-at's length where stall-val-at is 0; None where both are 0."""
         multiplier = self.stall_val_at or self.keep_best_at
-        if not multiplier:
-            return None
-        return next(row for row in rows if row["length"] == self.max_length * multiplier)["exact_match"]
+        return self._row_at(rows, multiplier)["exact_match"] if multiplier else None
 
     def selection_score(self, rows: list[dict]) -> tuple[float, float] | None:
         """What best.pt is kept by (higher is better): (exact match, token accuracy) of `rows` (validate's)
@@ -183,9 +181,12 @@ class TaskWorkload:
         the first validation's weights)."""
         if not self.keep_best_at:
             return None
-        length = self.max_length * self.keep_best_at
-        row = next(row for row in rows if row["length"] == length)
+        row = self._row_at(rows, self.keep_best_at)
         return row["exact_match"], row["token_accuracy"]
+
+    def _row_at(self, rows: list[dict], multiplier: int) -> dict:
+        """The row of `rows` (validate's) at `multiplier` x max-length (one of val-multipliers)."""
+        return next(row for row in rows if row["length"] == self.max_length * multiplier)
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
