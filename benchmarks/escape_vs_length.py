@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from plateau_study import read_curve, steps_to_escape
+from run_scatter import scatter_panels
 
 from asentmax.runs import load_evaluation
 
@@ -68,35 +69,11 @@ def table(summaries: list[dict], multipliers: list[int], escape_loss: float, set
 
 def plot(summaries: list[dict], multipliers: list[int], escape_loss: float, settle: tuple[int, int],
          path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    panels = [("escape_step", f"step at which the training loss first fell below {escape_loss:g} (off the "
-               "plateau)", "leaving the loss plateau later, generalising less far"),
-              ("settled_loss", f"mean training loss over steps {settle[0]:,}-{settle[0] + settle[1] - 1:,}",
-               "settling higher (the second plateau), generalising less far")]
-    for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
-        for m, marker in zip(multipliers, "osD^v" * len(multipliers), strict=False):
-            points = [(s[key], s["exact"][m]) for s in summaries
-                      if s[key] is not None and s["exact"][m] is not None]
-            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{m}x", s=40)
-        for number, s in enumerate(summaries, 1):  # the # of escape.md, at the last length's point
-            if s[key] is not None and s["exact"][multipliers[-1]] is not None:
-                ax.annotate(str(number), (s[key], s["exact"][multipliers[-1]]), fontsize=8, xytext=(4, 4),
-                            textcoords="offset points")
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[1].set_xscale("log")
-    axes[0].set_ylabel("exact match % (greedy decoding)")
-    axes[0].set_ylim(-3, 103)
-    axes[0].legend(title="test length")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    scatter_panels(summaries, multipliers, [
+        ("escape_step", f"step at which the training loss first fell below {escape_loss:g} (off the plateau)",
+         "leaving the loss plateau later, generalising less far", False),
+        ("settled_loss", f"mean training loss over steps {settle[0]:,}-{settle[0] + settle[1] - 1:,}",
+         "settling higher (the second plateau), generalising less far", True)], path)
 
 
 def main() -> int:

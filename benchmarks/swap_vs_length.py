@@ -21,6 +21,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from run_scatter import scatter_panels
+
 from asentmax.runs import (
     CONFIG_NAME,
     EVAL_NAME,
@@ -81,35 +83,11 @@ def table(summaries: list[dict], multipliers: list[int], jump_steps: tuple[int, 
 
 def plot(summaries: list[dict], multipliers: list[int], jump_steps: tuple[int, int], val_at: int,
          val_step: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-    panels = [("jump", f"highest training loss over steps {jump_steps[0]:,}-{jump_steps[1]:,} after the swap",
-               "the swap's disturbance"),
-              ("early_val", f"exact match % at {val_at}x in validation at step {val_step:,}",
-               "the early validation")]
-    for ax, (key, xlabel, title) in zip(axes, panels, strict=True):
-        for m, marker in zip(multipliers, "osD^v" * len(multipliers), strict=False):
-            points = [(s[key], s["exact"][m]) for s in summaries
-                      if s[key] is not None and s["exact"][m] is not None]
-            ax.scatter([p[0] for p in points], [p[1] for p in points], marker=marker, label=f"{m}x", s=40)
-        for number, s in enumerate(summaries, 1):  # the # of swap.md, at the last length's point
-            if s[key] is not None and s["exact"][multipliers[-1]] is not None:
-                ax.annotate(str(number), (s[key], s["exact"][multipliers[-1]]), fontsize=8, xytext=(4, 4),
-                            textcoords="offset points")
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].set_xscale("log")
-    axes[0].set_ylabel("exact match % (greedy decoding)")
-    axes[0].set_ylim(-3, 103)
-    axes[0].legend(title="test length")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    scatter_panels(summaries, multipliers, [
+        ("jump", f"highest training loss over steps {jump_steps[0]:,}-{jump_steps[1]:,} after the swap",
+         "the swap's disturbance", True),
+        ("early_val", f"exact match % at {val_at}x in validation at step {val_step:,}",
+         "the early validation", False)], path)
 
 
 def main() -> int:
