@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from asentmax import precision
 from asentmax.nn import KVCache, Transformer, lm_25m
 from asentmax.nn.generation import CapturedStep
 
@@ -74,7 +75,7 @@ def decoding_ms_per_token(call, cache, ids, new_tokens, device, repeats):
     """fastest_run of greedy steps from one prefill of `ids` into `cache`. The cache is rewound to the
     prefill between runs: its attributes restored, so that every run appends to the same prefilled slots, as
     generate() would."""
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = precision.autocast(device, precision.autocast_dtype("auto", device))
     with torch.no_grad(), autocast:
         logits = call(ids, cache=cache)[:, -1]
         prefilled = rewind_point(vars(cache))

@@ -67,6 +67,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from asentmax import precision
 from asentmax.data import IGNORE_INDEX, Batch, length_buckets, training_batch
 from asentmax.nn import Transformer
 from asentmax.runs import git_commit, save_checkpoint
@@ -116,12 +117,11 @@ def step_flops(model: Transformer, batch_size: int, width: int) -> float:
 def make_step(model, optimizer, autocast_dtype, grad_clip: float):
     """The bare training step the trainer runs (asentmax.trainer): loss over the target tokens divided by
     their count (on the device), backward, clipping, AdamW, zero_grad."""
-    device_type = next(model.parameters()).device.type
+    device = next(model.parameters()).device
 
     def step(forward, batch):
         n_targets = (batch.labels != IGNORE_INDEX).sum()
-        with torch.autocast(device_type=device_type, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
+        with precision.autocast(device, autocast_dtype):
             logits = forward(batch.input_ids)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch.labels.flatten(), reduction="sum",
                                ignore_index=IGNORE_INDEX) / n_targets

@@ -18,13 +18,13 @@ writes needle_probe.json and needle_probe.md under --out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from asentmax import precision
 from asentmax.lm.dataset import Split
 from asentmax.lm.needles import TASKS, NeedleBuilder
 from asentmax.lm.tokenizer import LMTokenizer
@@ -91,8 +91,7 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
-                else contextlib.nullcontext())
+    autocast = precision.autocast(device, precision.autocast_dtype("auto", device))
     tokenizer = LMTokenizer.load(args.data)
     test = Split.load(args.data / "test.npz")
     documents = [np.asarray(test.document(d)) for d in range(test.n_documents)]
