@@ -1,10 +1,55 @@
 """Side-by-side scatter panels of one per-run quantity each against the runs' exact match at several test
 lengths, every run labelled with its row number in the table beside the plot (escape_vs_length.py,
-swap_vs_length.py)."""
+swap_vs_length.py), and the rank correlation such a panel shows: Spearman's rho (the Pearson correlation of
+the two ranks, ties given their mean rank) with a two-sided permutation p."""
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
+
+
+def mean_ranks(values: list[float]) -> list[float]:
+    """1-based ranks of `values`, each run of equal values given the mean of the ranks it spans."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for position in range(start, end + 1):
+            ranks[order[position]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def _pearson(xs: list[float], ys: list[float]) -> float | None:
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    dx, dy = [x - mean_x for x in xs], [y - mean_y for y in ys]
+    spread = math.sqrt(sum(d * d for d in dx) * sum(d * d for d in dy))
+    return None if spread == 0 else sum(a * b for a, b in zip(dx, dy, strict=True)) / spread
+
+
+def rank_correlation(xs: list[float], ys: list[float], shuffles: int = 20000,
+                     seed: int = 0) -> tuple[float, float] | None:
+    """(Spearman's rho of the pairs, two-sided permutation p: the share of `shuffles` random pairings of the
+    ys with |rho| at least the observed one, counting the observed pairing, (k + 1) / (shuffles + 1)); None
+    for fewer than 3 pairs or when the xs or the ys are all equal (no ranking to correlate)."""
+    if len(xs) != len(ys):
+        raise ValueError(f"need as many xs as ys, got {len(xs)} and {len(ys)}")
+    if len(xs) < 3:
+        return None
+    rank_x, rank_y = mean_ranks(xs), mean_ranks(ys)
+    rho = _pearson(rank_x, rank_y)
+    if rho is None:
+        return None
+    generator, shuffled, as_far = random.Random(seed), list(rank_y), 0
+    for _ in range(shuffles):
+        generator.shuffle(shuffled)
+        as_far += abs(_pearson(rank_x, shuffled)) >= abs(rho) - 1e-12
+    return rho, (as_far + 1) / (shuffles + 1)
 
 
 def scatter_panels(summaries: list[dict], multipliers: list[int], panels: list[tuple[str, str, str, bool]],
