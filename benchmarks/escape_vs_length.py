@@ -6,8 +6,11 @@ logged steps in [--settle-step, --settle-step + --settle-window) (where a run th
 stuck on the second plateau at 92-98 % ID are far above the others there, results/paper/mqmtar.md), the step
 of the last log line, and the exact match of its eval.json at the --lengths multipliers of the training
 length (arXiv:2506.16640, section 3: ID = 64 tokens). A run without eval.json (cut, or still on the plateau)
-gets a row without accuracies. Writes escape.md and escape.png (escape step and settled loss against the
-exact match, each run labelled with its # in escape.md) under --out.
+gets a row without accuracies. Below the table, the escape step and the settled loss each against the exact
+match at the longest length in one number: Spearman's rho over the runs with both, with a permutation p
+(run_scatter.rank_table; a run that never escaped has no escape step there). Writes escape.md and escape.png
+(escape step and settled loss against the exact match, each run labelled with its # in escape.md) under
+--out.
 
     PYTHONPATH=src python benchmarks/escape_vs_length.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -20,7 +23,7 @@ import sys
 from pathlib import Path
 
 from plateau_study import read_curve, steps_to_escape
-from run_scatter import scatter_panels
+from run_scatter import rank_table, scatter_panels
 
 from asentmax.runs import load_evaluation
 
@@ -64,6 +67,10 @@ def table(summaries: list[dict], multipliers: list[int], escape_loss: float, set
         cells = ["-" if s["exact"][m] is None else f"{s['exact'][m]:.0f}" for m in multipliers]
         lines.append(f"| {number} | {s['name']} | {escape} | {settled} | {s['last_step']:,} | "
                      + " | ".join(cells) + " |")
+    columns = [(f"escape step (loss < {escape_loss:g})", [s["escape_step"] for s in summaries]),
+               (settle_label, [s["settled_loss"] for s in summaries])]
+    longest = multipliers[-1]
+    lines += ["", *rank_table(columns, [s["exact"][longest] for s in summaries], longest)]
     return "\n".join(lines) + "\n"
 
 

@@ -52,6 +52,22 @@ def rank_correlation(xs: list[float], ys: list[float], shuffles: int = 20000,
     return rho, (as_far + 1) / (shuffles + 1)
 
 
+def rank_table(columns: list[tuple[str, list[float | None]]], exact: list[float | None], multiplier: int,
+               shuffles: int = 20000) -> list[str]:
+    """Markdown lines: a sentence and a table with, per (label, one value per run) of `columns`, the runs that
+    have both that value and an exact match in `exact` (None: missing) and their rank_correlation, against
+    the exact match at `multiplier` x the training length."""
+    lines = [f"Each quantity against the exact match at {multiplier}x: Spearman's rho over the runs with "
+             f"both, and its two-sided permutation p ({shuffles:,} shuffles; benchmarks/run_scatter.py).", "",
+             "| quantity | runs | rho | p |", "|---|---|---|---|"]
+    for label, values in columns:
+        pairs = [(x, y) for x, y in zip(values, exact, strict=True) if x is not None and y is not None]
+        result = rank_correlation([x for x, _ in pairs], [y for _, y in pairs], shuffles)
+        rho, p = ("-", "-") if result is None else (f"{result[0]:.2f}", f"{result[1]:.2g}")
+        lines.append(f"| {label} | {len(pairs)} | {rho} | {p} |")
+    return lines
+
+
 def scatter_panels(summaries: list[dict], multipliers: list[int], panels: list[tuple[str, str, str, bool]],
                    path: Path) -> None:
     """One panel per (key, x label, title, log x) of `panels`: each summary's value at key (skipped when

@@ -11,7 +11,7 @@ step it ended at (and whether a stall check stopped it: stalled.json), and the e
 the --lengths multipliers of the training length (arXiv:2506.16640, section 3: MQMTAR's ID length is 64
 tokens). A run without eval.json gets '-' there. Below the table, each of those early quantities against the
 exact match at the longest length in one number: Spearman's rho over the runs that have both, with a
-permutation p (run_scatter.rank_correlation). Writes swap.md and swap.png (one panel per quantity against the
+permutation p (run_scatter.rank_table). Writes swap.md and swap.png (one panel per quantity against the
 exact match, each run labelled with its # in swap.md at the longest length) under --out.
 
     PYTHONPATH=src python benchmarks/swap_vs_length.py RUN_DIR ... --out results/paper/mqmtar
@@ -24,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from run_scatter import rank_correlation, scatter_panels
+from run_scatter import rank_table, scatter_panels
 
 from asentmax.runs import (
     CONFIG_NAME,
@@ -102,18 +102,10 @@ def table(summaries: list[dict], multipliers: list[int], jump_steps: tuple[int, 
         cells = ["-" if s["exact"][m] is None else f"{s['exact'][m]:.0f}" for m in multipliers]
         lines.append(f"| {number} | {s['name']} | {s['start_steps']:,}, {s['start_attention']} | "
                      f"{s['fresh'] or '-'} | {jump} | {reads}{ended} | " + " | ".join(cells) + " |")
-    longest = multipliers[-1]
-    lines += ["", f"Each early quantity against the exact match at {longest}x: Spearman's rho over the runs "
-              "with both, and its two-sided permutation p (20,000 shuffles; benchmarks/run_scatter.py).", "",
-              "| quantity | runs | rho | p |", "|---|---|---|---|"]
     columns = [(jump_label, [s["jump"] for s in summaries])] + [
         (val_label(read), [s["val"][read] for s in summaries]) for read in val_reads]
-    for label, values in columns:
-        pairs = [(x, s["exact"][longest]) for x, s in zip(values, summaries, strict=True)
-                 if x is not None and s["exact"][longest] is not None]
-        result = rank_correlation([x for x, _ in pairs], [y for _, y in pairs])
-        rho, p = ("-", "-") if result is None else (f"{result[0]:.2f}", f"{result[1]:.2g}")
-        lines.append(f"| {label} | {len(pairs)} | {rho} | {p} |")
+    longest = multipliers[-1]
+    lines += ["", *rank_table(columns, [s["exact"][longest] for s in summaries], longest)]
     return "\n".join(lines) + "\n"
 
 

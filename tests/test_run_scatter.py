@@ -1,5 +1,6 @@
 """benchmarks/run_scatter.py's rank correlation: rho against scipy's Spearman over ties and awkward orders,
-and the permutation p against the exact p from every permutation of a small sample."""
+the permutation p against the exact p from every permutation of a small sample, and the rank table that
+pairs each quantity with the exact match where both are known."""
 
 import itertools
 import random
@@ -58,3 +59,18 @@ def test_too_few_or_mismatched_pairs(scatter):
     assert scatter.rank_correlation([1.0, 2.0], [2.0, 1.0]) is None
     with pytest.raises(ValueError, match="as many xs as ys"):
         scatter.rank_correlation([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_rank_table_pairs_only_runs_with_both_values(scatter):
+    exact = [20.0, 50.0, 35.0, 5.0, None, 10.0, 60.0]
+    early = [10.0, 30.0, None, 15.0, 40.0, 5.0, 33.0]
+    sparse = [1.0, None, None, None, 2.0, None, 3.0]  # two pairs with an exact match: no rho
+    lines = scatter.rank_table([("early", early), ("sparse", sparse)], exact, 1024, shuffles=500)
+    assert "exact match at 1024x" in lines[0] and "500 shuffles" in lines[0]
+    rows = {line.split(" | ")[0].lstrip("| "): line.strip("| ").split(" | ")[1:] for line in lines[4:]}
+    pairs = [(x, y) for x, y in zip(early, exact, strict=True) if x is not None and y is not None]
+    rho, p = scatter.rank_correlation([x for x, _ in pairs], [y for _, y in pairs], shuffles=500)
+    assert rows["early"] == ["5", f"{rho:.2f}", f"{p:.2g}"]
+    assert rows["sparse"] == ["2", "-", "-"]
+    with pytest.raises(ValueError):  # one value per run in every column
+        scatter.rank_table([("short", early[:3])], exact, 1024)
