@@ -1,9 +1,11 @@
 """`asentmax train --stall-val-step S --stall-val-score X`: a run whose stall score (TaskWorkload: the exact
 match at --stall-val-at, else at --keep-best-at) at its first validation from step S on is below X stops
 there with a checkpoint, one line and exit code 3; a run at or above X goes on, and later validations are not
-checked; a resumed stopped run continues. A run without a stall score (neither flag, language modelling),
-without validations, with a score of 0 or less, or with --stall-val-at not among the validation lengths is
-refused in one line before it starts."""
+checked; a resumed stopped run continues. Several checks (steps S1 < S2 ..., one score each or one for all,
+one --stall-val-at each or one for all) each read their own length at their own step. A run without a stall
+score (neither flag, language modelling), without validations, with a score of 0 or less, with counts that do
+not pair up, or with --stall-val-at not among the validation lengths is refused in one line before it starts;
+configs saved when the check was one number load as one check."""
 
 import csv
 
@@ -61,7 +63,7 @@ def test_a_score_below_stops_the_run_at_the_first_validation_from_the_step(tmp_p
                                                                             stop_step):
     """Threshold 0.6: the first validation from S on is at stop_step; it stops the run there where EXACT is
     below 0.6 (at the last step too: the run is recorded as stopped), else the run goes to step 12."""
-    train_config, model = configs(stall_val_step=stall_val_step, stall_val_score=0.6)
+    train_config, model = configs(stall_val_step=(stall_val_step,), stall_val_score=(0.6,))
     summary = train(scripted(), train_config, model, tmp_path / "run", progress=False)
     stops = EXACT[stop_step] < 0.6
     assert summary["step"] == (stop_step if stops else 12)
@@ -83,12 +85,12 @@ class LengthDependentExactMatch(TaskWorkload):
                 for row in super().validate(model, **kwargs)]
 
 
-@pytest.mark.parametrize("keep_best_at, stall_val_at, stops", [(2, 0, True), (2, 1, False), (1, 2, True),
-                                                              (0, 2, True), (0, 1, False)])
+@pytest.mark.parametrize("keep_best_at, stall_val_at, stops", [
+    (2, (), True), (2, (1,), False), (1, (2,), True), (0, (2,), True), (0, (1,), False)])
 def test_stall_val_at_picks_the_length_the_check_reads(tmp_path, keep_best_at, stall_val_at, stops):
     """Threshold 0.5 at step 4: 1x (0.9) passes, 2x (0.1) stops; --stall-val-at overrides --keep-best-at's
     length, works without it, and leaves the length best.pt is kept by alone."""
-    train_config, model = configs(stall_val_step=4, stall_val_score=0.5)
+    train_config, model = configs(stall_val_step=(4,), stall_val_score=(0.5,))
     workload = LengthDependentExactMatch(task="copy", min_length=3, max_length=6, val_multipliers=(1, 2),
                                          val_samples=4, keep_best_at=keep_best_at, stall_val_at=stall_val_at)
     summary = train(workload, train_config, model, tmp_path / "run", progress=False)
@@ -122,7 +124,12 @@ KEEP = ["--keep-best-at", "2"]
     (["--stall-val-step", "4", "--stall-val-score", "0.5"], "--keep-best-at"),
     ([*KEEP, "--stall-val-step", "4"], "stall-val-score must be > 0"),
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "-1"], "stall-val-score must be > 0"),
-    ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be >= 0"),
+    ([*KEEP, "--stall-val-step", "-4", "--stall-val-score", "0.5"], "stall-val-step must be steps >= 1"),
+    ([*KEEP, "--stall-val-step", "4", "2", "--stall-val-score", "0.5"], "in increasing order, got 4 2"),
+    ([*KEEP, "--stall-val-step", "2", "4", "--stall-val-score", "0.5", "0.4", "0.3"],
+     "stall-val-score needs one value or one per --stall-val-step (2), got 3"),
+    (["--stall-val-at", "1", "2", "1", "--stall-val-step", "2", "4", "--stall-val-score", "0.5"],
+     "stall-val-at needs one value or one per --stall-val-step (2), got 3"),
     ([*KEEP, "--stall-val-step", "4", "--stall-val-score", "0.5", "--val-every", "0"], "--val-every"),
     ([*KEEP, "--stall-val-step", "5", "--stall-val-score", "0.5"], "stall-val-step 5 is after the last"),
     (["--stall-val-at", "4", "--stall-val-step", "4", "--stall-val-score", "0.5"],
@@ -135,7 +142,7 @@ def test_bad_validation_stall_settings_are_refused_in_one_line(tmp_path, capsys,
 
 
 def test_the_trainer_refuses_a_workload_without_a_selection_score_before_it_starts(tmp_path):
-    train_config, model = configs(stall_val_step=4, stall_val_score=0.5)
+    train_config, model = configs(stall_val_step=(4,), stall_val_score=(0.5,))
     with pytest.raises(ValueError, match="keep-best-at"):
         train(scripted(keep_best_at=0), train_config, model, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
@@ -144,5 +151,50 @@ def test_the_trainer_refuses_a_workload_without_a_selection_score_before_it_star
 def test_the_validation_stall_check_defaults_to_off_and_old_configs_load():
     config = TrainConfig.from_dict({key: value for key, value in TrainConfig().__dict__.items()
                                     if not key.startswith("stall_val")})
-    assert (config.stall_val_step, config.stall_val_score) == (0, 0.0)
+    assert (config.stall_val_step, config.stall_val_score) == ((), ())
     config.validate()
+    old = {**TrainConfig().__dict__, "steps": 30000, "val_every": 100}
+    none = TrainConfig.from_dict({**old, "stall_val_step": 0, "stall_val_score": 0.0})
+    assert none.stall_val_checks() == []
+    loaded = TrainConfig.from_dict({**old, "stall_val_step": 25600, "stall_val_score": 0.4})
+    assert loaded.stall_val_checks() == [(25600, 0.4)]
+    assert TrainConfig.from_dict({**old, "stall_val_step": [100, 200], "stall_val_score": [0.5, 0.1]}
+                                 ).stall_val_checks() == [(100, 0.5), (200, 0.1)]  # JSON lists
+    saved = scripted(keep_best_at=0, stall_val_at=2).to_dict()  # one length, as saved before: a number
+    assert TaskWorkload.from_dict(saved).stall_val_at == (2,)
+    assert TaskWorkload.from_dict({**saved, "stall_val_at": 0}).stall_val_at == ()
+
+
+@pytest.mark.parametrize("scores, stop_step, stopped_by", [
+    ((0.2, 0.6), 10, (9, 0.6)), ((0.7, 0.6), 4, (3, 0.7)), ((0.2, 0.4), 12, None)])
+def test_several_checks_each_read_their_own_step_and_score(tmp_path, scores, stop_step, stopped_by):
+    """Checks from steps 3 and 9: the first reads step 4's validation (0.625), the second step 10's (0.5),
+    each against its own score; the first to fall below stops the run and is the one recorded."""
+    train_config, model = configs(stall_val_step=(3, 9), stall_val_score=scores)
+    summary = train(scripted(), train_config, model, tmp_path / "run", progress=False)
+    assert summary["step"] == stop_step
+    if stopped_by is None:
+        assert summary["stalled"] is None
+    else:
+        assert summary["stalled"] == {"step": stop_step, "score": EXACT[stop_step],
+                                      "stall_val_step": stopped_by[0], "stall_val_score": stopped_by[1]}
+
+
+@pytest.mark.parametrize("stall_val_at, stop_step", [((1, 2), 8), ((2, 1), 4), ((1,), 12)])
+def test_several_checks_each_read_their_own_length(tmp_path, stall_val_at, stop_step):
+    """Checks at steps 4 and 8 with score 0.5 for both: 1x reads 0.9 (passes), 2x 0.1 (stops); one
+    --stall-val-at value is every check's length."""
+    train_config, model = configs(stall_val_step=(4, 8), stall_val_score=(0.5,))
+    workload = LengthDependentExactMatch(task="copy", min_length=3, max_length=6, val_multipliers=(1, 2),
+                                         val_samples=4, keep_best_at=0, stall_val_at=stall_val_at)
+    summary = train(workload, train_config, model, tmp_path / "run", progress=False)
+    assert summary["step"] == stop_step
+    assert (summary["stalled"] or {}).get("stall_val_step") == {8: 8, 4: 4, 12: None}[stop_step]
+
+
+def test_two_checks_at_one_validation_record_the_first_that_stops(tmp_path):
+    """Checks from steps 3 and 4 both read step 4's validation (0.625), below both scores: the first check
+    stops the run and its record is kept, not overwritten by the second's."""
+    train_config, model = configs(stall_val_step=(3, 4), stall_val_score=(0.7, 0.9))
+    summary = train(scripted(), train_config, model, tmp_path / "run", progress=False)
+    assert summary["stalled"] == {"step": 4, "score": EXACT[4], "stall_val_step": 3, "stall_val_score": 0.7}

@@ -407,7 +407,7 @@ def _stall_val_ddp_worker(rank, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     # no exact match reaches 1.5: the first validation from step 3 (step 4) stops the run, by rank 0's score
     summary = train(tiny_workload(keep_best_at=2),
-                    tiny_train(val_every=2, stall_val_step=3, stall_val_score=1.5, checkpoint_every=0),
+                    tiny_train(val_every=2, stall_val_step=(3,), stall_val_score=(1.5,), checkpoint_every=0),
                     tiny_model(get_task("copy")), f"{out_dir}/run", progress=False)
     with open(f"{out_dir}/summary{rank}.json", "w") as f:
         json.dump({key: summary[key] for key in ("step", "stalled", "checkpoint_step")}, f)

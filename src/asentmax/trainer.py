@@ -154,15 +154,17 @@ class TrainConfig:
         "the paper code's blocks left it by step 4,000 on two seeds and at 8,740 and 13,160 on two others, "
         "results/paper/mqmtar.md), e.g. --steps 24000 --stall-step 24000 --stall-loss 0.3 "
         "--steps-after-escape 2000; 0: none")})
-    stall_val_step: int = field(default=0, metadata={"default_help": "none", "help": (
-        "the validation stall check: stop the run (with a checkpoint, exit code 3) at the first validation "
-        "from this step on whose stall score is below --stall-val-score (TaskWorkload: the exact match "
-        "at --stall-val-at, else at --keep-best-at; it needs one of them). MQMTAR: runs on the second "
-        "plateau score 0.08-0.31 at 16x on "
-        "validation at step 25,600, runs that generalise 0.50-0.93 (results/paper/mqmtar.md), e.g. "
-        "--keep-best-at 16 --stall-val-step 25600 --stall-val-score 0.4; 0: none")})
-    stall_val_score: float = field(default=0.0, metadata={"help": (
-        "the stall score below which --stall-val-step stops the run (> 0; exact match from 0 to 1)")})
+    stall_val_step: tuple[int, ...] = field(default=(), metadata={"default_help": "none", "help": (
+        "steps of the validation stall checks: stop the run (with a checkpoint, exit code 3) at the first "
+        "validation from each one on whose stall score is below its --stall-val-score (TaskWorkload: the "
+        "exact match at its --stall-val-at, else at --keep-best-at; it needs one of them). MQMTAR: runs on "
+        "the second plateau score 0.08-0.31 at 16x on validation at step 25,600, runs that generalise "
+        "0.50-0.93 (results/paper/mqmtar.md), e.g. --keep-best-at 16 --stall-val-step 25600 "
+        "--stall-val-score 0.4; two checks: --stall-val-at 16 256 --stall-val-step 12800 32000 "
+        "--stall-val-score 0.5 0.1")})
+    stall_val_score: tuple[float, ...] = field(default=(), metadata={"default_help": "none", "help": (
+        "the stall score below which each --stall-val-step check stops the run (> 0; exact match from 0 to "
+        "1; one value: every check's)")})
 
     def validate(self) -> None:
         """Raise ValueError for settings that cannot run (one line naming the flag)."""
@@ -175,19 +177,17 @@ class TrainConfig:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "decay_steps", "val_every", "checkpoint_every", "grad_clip",
                      "weight_decay", "temperature_lr_scale", "temperature_delay_steps", "seed",
-                     "stall_val_step", "steps_after_escape"):
+                     "steps_after_escape"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.data_seed < -1:
             raise ValueError(f"data-seed must be >= 0 (or -1: --seed's), got {self.data_seed}")
         checks = [("stall-step", step) for step, _ in self.stall_checks()]  # raises for bad stall values
-        for flag, step in [*checks, ("stall-val-step", self.stall_val_step)]:
+        checks += [("stall-val-step", step) for step, _ in self.stall_val_checks()]
+        for flag, step in checks:
             if step > self.steps:
                 raise ValueError(f"{flag} {step} is after the last step (--steps {self.steps}): that check "
                                  "would never run")
-        if self.stall_val_step and not self.stall_val_score > 0:
-            raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
-                             f"{self.stall_val_score:g}")
         if self.stall_val_step and not self.val_every:
             raise ValueError("--stall-val-step checks a validation, and --val-every 0 runs none before the "
                              "last step; give --val-every")
@@ -227,6 +227,24 @@ class TrainConfig:
                              f"got {len(losses)}")
         return list(zip(steps, losses * len(steps) if len(losses) == 1 else losses, strict=True))
 
+    def stall_val_checks(self) -> list[tuple[int, float]]:
+        """(step, score) of each validation stall check (--stall-val-step, --stall-val-score; none without
+        steps); ValueError in one line for steps that are not >= 1 and increasing, scores that are not > 0,
+        or counts that do not pair up."""
+        steps, scores = tuple(self.stall_val_step), tuple(self.stall_val_score)
+        if not steps:
+            return []
+        if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError("stall-val-step must be steps >= 1 in increasing order, got "
+                             + " ".join(map(str, steps)))
+        if not scores or not all(score > 0 for score in scores):
+            raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
+                             f"{' '.join(f'{score:g}' for score in scores) or 'none'}")
+        if len(scores) != 1 and len(scores) != len(steps):
+            raise ValueError(f"stall-val-score needs one value or one per --stall-val-step ({len(steps)}), "
+                             f"got {len(scores)}")
+        return list(zip(steps, scores * len(steps) if len(scores) == 1 else scores, strict=True))
+
     def peak_lr(self) -> float:
         """The peak learning rate after the large-batch rule (`lr_scaling`)."""
         if self.lr_scaling == "sqrt":
@@ -254,7 +272,10 @@ class TrainConfig:
             values["stall_step"] = (values["stall_step"],) if values["stall_step"] else ()
         if isinstance(values.get("stall_loss"), (int, float)):
             values["stall_loss"] = (values["stall_loss"],)
-        for name in ("stall_step", "stall_loss"):  # JSON lists
+        for name in ("stall_val_step", "stall_val_score"):  # one check, saved as numbers (0: none)
+            if isinstance(values.get(name), (int, float)):
+                values[name] = (values[name],) if values[name] else ()
+        for name in ("stall_step", "stall_loss", "stall_val_step", "stall_val_score"):  # JSON lists
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         return cls(**values)
@@ -332,10 +353,11 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
     return forward
 
 
-def below_stall_score(workload, rows: list[dict], stall_score: float, world, device) -> float | None:
-    """The workload's stall score of validation `rows` (rank 0's) where it is below `stall_score`, else
-    None; every rank gets rank 0's answer (one broadcast under DDP)."""
-    score = workload.stall_score(rows) if world.is_main else math.nan
+def below_stall_score(workload, rows: list[dict], check: int, stall_score: float, world,
+                      device) -> float | None:
+    """The workload's stall score for validation stall check `check` of validation `rows` (rank 0's) where
+    it is below `stall_score`, else None; every rank gets rank 0's answer (one broadcast under DDP)."""
+    score = workload.stall_score(rows, check) if world.is_main else math.nan
     shared = torch.tensor(score, dtype=torch.float64, device=device)
     if world.active:
         dist.broadcast(shared, 0)
@@ -350,12 +372,13 @@ def _ranked(score) -> tuple:
 
 
 def check_stall_val(train_config: TrainConfig, workload) -> None:
-    """ValueError in one line where --stall-val-step is given and the workload has no stall score
-    (TaskWorkload without --stall-val-at or --keep-best-at, language modelling)."""
-    if train_config.stall_val_step and not workload.has_stall_score():
-        raise ValueError("--stall-val-step stops a run by a validation score, and this run keeps none (a "
-                         "task run keeps one with --stall-val-at M or --keep-best-at M: the exact match at M "
-                         "x the training length)")
+    """ValueError in one line where validation stall checks are given and the workload cannot score them
+    (workload.stall_score_error: TaskWorkload without --stall-val-at or --keep-best-at, or with a count of
+    --stall-val-at values that does not pair up; language modelling)."""
+    checks = train_config.stall_val_checks()
+    error = workload.stall_score_error(len(checks)) if checks else None
+    if error:
+        raise ValueError(error)
 
 
 class Workload(Protocol):
@@ -364,9 +387,10 @@ class Workload(Protocol):
     Batches must be a pure function of (seed, rank, step) for exact resume; validate runs on rank 0
     only and returns rows (dicts of numbers) that go to val.csv, one line each. selection_score(rows) is
     the number, or tuple of numbers compared in order (higher is better), by which the weights of the best
-    validation so far are kept in best.pt, or None for none. stall_score(rows) is the number that
-    --stall-val-step compares with --stall-val-score, or None for none (then has_stall_score() is False, and
-    --stall-val-step is refused)."""
+    validation so far are kept in best.pt, or None for none. stall_score(rows, check) is the number that
+    validation stall check `check` (0-based, of --stall-val-step's) compares with its --stall-val-score;
+    stall_score_error(checks) says in one line why the workload cannot score that many checks (then they are
+    refused before the run starts), or is None."""
 
     name: str
 
@@ -386,9 +410,9 @@ class Workload(Protocol):
 
     def selection_score(self, rows: list[dict]) -> float | tuple[float, ...] | None: ...
 
-    def stall_score(self, rows: list[dict]) -> float | None: ...
+    def stall_score(self, rows: list[dict], check: int) -> float | None: ...
 
-    def has_stall_score(self) -> bool: ...
+    def stall_score_error(self, checks: int) -> str | None: ...
 
     def to_dict(self) -> dict: ...
 
@@ -695,18 +719,18 @@ def train(workload: Workload, train_config: TrainConfig, model_config, run_dir: 
     run's prior_recipe keeps them as "fresh_parameters", so `asentmax compare` tells such a start apart.
     Each stall check (`train_config.stall_checks()`: step S, loss L) ends it the same way at the first log
     step from S on when no log line so far had a loss below L (summary["stalled"]); a run resumed past S is
-    not checked again there. The validation stall check (--stall-val-step S, --stall-val-score X) ends it at
-    the first validation from S on whose stall score (workload.stall_score) is below X. A stopped run's
-    record (summary["stalled"]) is also written to run_dir/stalled.json, which a continued run removes. With
-    `train_config.steps_after_escape` K the run ends K steps after its escape_step with a checkpoint, as
-    --stop-at-step would end it there (summary["ended_after_escape"]); a resumed run that reached that step
-    has nothing left to do.
+    not checked again there. Each validation stall check (`train_config.stall_val_checks()`: step S, score
+    X) ends it at the first validation from S on whose stall score (workload.stall_score) is below X. A
+    stopped run's record (summary["stalled"]) is also written to run_dir/stalled.json, which a continued run
+    removes. With `train_config.steps_after_escape` K the run ends K steps after its escape_step with a
+    checkpoint, as --stop-at-step would end it there (summary["ended_after_escape"]); a resumed run that
+    reached that step has nothing left to do.
 
     Summary: step, start_step (the step this process began at), total_steps, loss (of the last log line
     of this process, None when it wrote none: no step ran, or none of its steps was a log step), val
     (the last validation rows), run_dir, elapsed_s, checkpoint_step (None without one), interrupted (the
     signal name, or None), stalled ({"step", "loss", "lowest_loss", "stall_step", "stall_loss"} when a
-    stall check ended the run, {"step", "score", "stall_val_step", "stall_val_score"} when the validation
+    stall check ended the run, {"step", "score", "stall_val_step", "stall_val_score"} when a validation
     stall check did, else None), escape_step (the first log step with a loss below the first
     stall_loss, None when none was), ended_after_escape (whether the run ended at escape_step +
     steps_after_escape).
@@ -908,7 +932,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     model.train()
     window_start = time.perf_counter()
     start_time, last_loss, val_rows, interrupted, stalled = time.perf_counter(), None, [], None, None
-    stall_checks = train_config.stall_checks()
+    stall_checks, stall_val_checks = train_config.stall_checks(), train_config.stall_val_checks()
     # DDP: a signalled rank sets its flag on the device; the ranks' sum is read at log steps only (the host
     # reads the device there anyway), so all stop after the same step without a wait at every step
     stop_flag = torch.zeros((), dtype=torch.float64, device=device) if world.active else None
@@ -972,14 +996,14 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 val_rows = validate()
                 if world.is_main:
                     bar.write(f"step {step}: " + "; ".join(_row_text(row) for row in val_rows))
-                stall_val_step = train_config.stall_val_step  # the first validation from it on
-                if (stall_val_step and step - train_config.val_every < stall_val_step <= step
-                        and stalled is None):
-                    score = below_stall_score(workload, val_rows, train_config.stall_val_score, world, device)
-                    if score is not None:
-                        stalled = {"step": step, "score": score, "stall_val_step": stall_val_step,
-                                   "stall_val_score": train_config.stall_val_score}
-                        end = step
+                for check, (stall_val_step, stall_val_score) in enumerate(stall_val_checks):
+                    # the first validation from stall_val_step on
+                    if step - train_config.val_every < stall_val_step <= step and stalled is None:
+                        score = below_stall_score(workload, val_rows, check, stall_val_score, world, device)
+                        if score is not None:
+                            stalled = {"step": step, "score": score, "stall_val_step": stall_val_step,
+                                       "stall_val_score": stall_val_score}
+                            end = step
             if agreed_stop is None:
                 stop = stop_request.signal_name is not None
             else:

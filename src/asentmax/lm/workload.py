@@ -182,12 +182,13 @@ class LMWorkload:
         """No best.pt for language modelling (the Workload protocol of asentmax.trainer)."""
         return None
 
-    def has_stall_score(self) -> bool:
-        """False: no validation stall check for language modelling."""
-        return False
-
-    def stall_score(self, rows: list[dict]) -> None:
+    def stall_score_error(self, checks: int) -> str:
         """No validation stall check for language modelling (the Workload protocol of asentmax.trainer)."""
+        return ("--stall-val-step stops a run by a validation score, and this run keeps none (language "
+                "modelling has no validation stall check)")
+
+    def stall_score(self, rows: list[dict], check: int) -> None:
+        """Never asked: stall_score_error refuses every check first."""
         return None
 
     @torch.no_grad()

@@ -60,12 +60,13 @@ class TaskWorkload:
         "one of val-multipliers: keep the weights of the validation with the highest exact match at that "
         "length (ties: the higher token accuracy) in best.pt (`asentmax eval --checkpoint best`), as the "
         "paper's code picks the checkpoint it tests (results/paper/README.md); 0: off")})
-    stall_val_at: int = field(default=0, metadata={"help": (
-        "one of val-multipliers: the length whose validation exact match --stall-val-step checks. MQMTAR's "
-        "dense-start recipe keeps best.pt at 256x, where all its runs score near 0 at step 12,800; at 16x "
-        "its two runs that never generalised past 16x scored 0.27 there and its eight that did 0.67-0.84 "
-        "(results/paper/mqmtar.md, fifty-sixth session), e.g. --stall-val-at 16 --stall-val-step 12800 "
-        "--stall-val-score 0.5; 0: keep-best-at's length")})
+    stall_val_at: tuple[int, ...] = field(default=(), metadata={"default_help": "keep-best-at's", "help": (
+        "among val-multipliers: the length whose validation exact match each --stall-val-step check reads "
+        "(one value: every check's; else one per check). MQMTAR's dense-start recipe keeps best.pt at 256x, "
+        "where all its runs score near 0 at step 12,800; at 16x its two runs that never generalised past 16x "
+        "scored 0.27 there and its eight that did 0.67-0.84 (results/paper/mqmtar.md, fifty-sixth session), "
+        "e.g. --stall-val-at 16 --stall-val-step 12800 --stall-val-score 0.5; by default keep-best-at's "
+        "length")})
     sampling: str = field(default="auto", metadata={"help": (
         "training batches: auto (drawn on the GPU for mqmtar/copy/reverse/sort on CUDA, else numpy on the "
         "host) | device (torch on the training device, CPU too) | host (numpy); the two paths draw "
@@ -91,6 +92,9 @@ class TaskWorkload:
     def __post_init__(self):
         self.val_multipliers = tuple(self.val_multipliers)
         self.lookalike_kinds = tuple(self.lookalike_kinds)
+        if isinstance(self.stall_val_at, int):  # saved as one number before checks were lists (0: none)
+            self.stall_val_at = (self.stall_val_at,) if self.stall_val_at else ()
+        self.stall_val_at = tuple(self.stall_val_at)
         self.task_object = build_task(self.task, self.layout)  # ValueError for an unknown task or layout
         self.training_task = self.task_object
         if self.lookalike_kinds and not self.lookalikes:
@@ -108,10 +112,11 @@ class TaskWorkload:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not self.val_multipliers or any(m < 1 for m in self.val_multipliers):
             raise ValueError(f"val-multipliers must be >= 1, got {self.val_multipliers}")
-        for name in ("keep_best_at", "stall_val_at"):
-            if getattr(self, name) and getattr(self, name) not in self.val_multipliers:
+        named = [("keep_best_at", self.keep_best_at), *(("stall_val_at", m) for m in self.stall_val_at)]
+        for name, value in named:
+            if value and value not in self.val_multipliers:
                 raise ValueError(f"{name.replace('_', '-')} must be 0 or one of the val-multipliers "
-                                 f"({' '.join(map(str, self.val_multipliers))}), got {getattr(self, name)}")
+                                 f"({' '.join(map(str, self.val_multipliers))}), got {value}")
         for length in (self.min_length, self.max_length):
             self.task_object.check_length(length)
         uses_device_sampler(self.task_object, "cpu", self.sampling)  # ValueError for a bad mode or task
@@ -164,15 +169,23 @@ class TaskWorkload:
                                                              autocast_dtype=autocast_dtype)}
                 for length, examples in self._val_sets.items()]
 
-    def has_stall_score(self) -> bool:
-        """Whether stall_score gives numbers: with stall-val-at or keep-best-at."""
-        return bool(self.stall_val_at or self.keep_best_at)
+    def stall_score_error(self, checks: int) -> str | None:
+        """Why this workload cannot score `checks` validation stall checks, in one line (no stall-val-at and
+        no keep-best-at, or a count of stall-val-at values that does not pair up), else None."""
+        if not (self.stall_val_at or self.keep_best_at):
+            return ("--stall-val-step stops a run by a validation score, and this run keeps none (a task "
+                    "run keeps one with --stall-val-at M or --keep-best-at M: the exact match at M x the "
+                    "training length)")
+        if len(self.stall_val_at) > 1 and len(self.stall_val_at) != checks:
+            return (f"stall-val-at needs one value or one per --stall-val-step ({checks}), got "
+                    f"{len(self.stall_val_at)}")
+        return None
 
-    def stall_score(self, rows: list[dict]) -> float | None:
-        """What --stall-val-step checks: the exact match of `rows` (validate's) at stall-val-at x max-length,
-        or at keep-best-at's length where stall-val-at is 0; None where both are 0."""
-        multiplier = self.stall_val_at or self.keep_best_at
-        return self._row_at(rows, multiplier)["exact_match"] if multiplier else None
+    def stall_score(self, rows: list[dict], check: int) -> float:
+        """What validation stall check `check` (0-based, of --stall-val-step's) reads: the exact match of
+        `rows` (validate's) at its stall-val-at x max-length, or at keep-best-at's length without one."""
+        multipliers = self.stall_val_at or (self.keep_best_at,)
+        return self._row_at(rows, multipliers[check if len(multipliers) > 1 else 0])["exact_match"]
 
     def selection_score(self, rows: list[dict]) -> tuple[float, float] | None:
         """What best.pt is kept by (higher is better): (exact match, token accuracy) of `rows` (validate's)
