@@ -56,6 +56,9 @@ def test_two_process_checkpoint_resumes_in_one_process(tmp_path, monkeypatch):
     join_workers(workers)
     saved = load_checkpoint(run_dir / CHECKPOINT_NAME)
     assert saved["step"] == 3 and saved["world_size"] == 2 and len(saved["rank_states"]) == 2
+    # the window's gradient norms are taken after the all-reduce: both ranks saved the same sum
+    norms = [state["window"]["grad_norm"] for state in saved["rank_states"]]
+    assert norms[0] == norms[1] > 0
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     summary = resume_run(run_dir, progress=False)

@@ -24,6 +24,8 @@ from asentmax.trainer import (
     NonFiniteLoss,
     TrainConfig,
     WarmupCosine,
+    initial_model,
+    restored_window,
     target_loss,
     train,
 )
@@ -207,6 +209,8 @@ def test_kill_and_resume_gives_the_same_weights(tmp_path, attention, amp):
     log_a, log_b = _read_csv(tmp_path / "straight" / "log.csv"), _read_csv(tmp_path / "resumed" / "log.csv")
     assert [r["step"] for r in log_a] == [r["step"] for r in log_b]
     assert [r["loss"] for r in log_a] == [r["loss"] for r in log_b]
+    # step 5's gradient norm was in the checkpoint's window: the resumed run logs the same mean at step 6
+    assert [r["grad_norm"] for r in log_a] == [r["grad_norm"] for r in log_b]
 
 
 def test_bf16_true_trains_weights_and_adamw_states_in_bf16(tmp_path):
@@ -490,3 +494,43 @@ def test_git_commit_is_read_from_the_environment_when_set(monkeypatch):
     from_git = git_commit()
     monkeypatch.setenv("ASENTMAX_GIT_COMMIT", "0123abc")
     assert git_commit() == "0123abc" != from_git
+
+
+@pytest.mark.parametrize("grad_clip", [1e-3, 0.0])
+def test_log_grad_norm_is_the_mean_pre_clip_norm_of_the_window(tmp_path, grad_clip):
+    """log.csv's grad_norm: at step 1 the total 2-norm of the first batch's gradient at the initial weights
+    (computed here from the trainer's own init and batches), before clipping (clipped at 1e-3 it would read
+    1e-3) and also without clipping; with --log-every 3 each line the mean of the per-step norms (the last,
+    partial window over its one step), the same trajectory as --log-every 1."""
+    task = get_task("copy")
+    model_config = tiny_model(task, dropout=0.0)
+    every_step = train(tiny_workload(), tiny_train(steps=4, log_every=1, grad_clip=grad_clip), model_config,
+                       tmp_path / "every", progress=False)
+    windowed = train(tiny_workload(), tiny_train(steps=4, log_every=3, grad_clip=grad_clip), model_config,
+                     tmp_path / "windowed", progress=False)
+    assert every_step["step"] == windowed["step"] == 4
+    norms = [float(r["grad_norm"]) for r in _read_csv(tmp_path / "every" / "log.csv")]
+    assert [float(r["grad_norm"]) for r in _read_csv(tmp_path / "windowed" / "log.csv")] == pytest.approx(
+        [sum(norms[:3]) / 3, norms[3]], rel=1e-4)  # the logged values have 5 significant digits
+
+    config = tiny_train(steps=4, log_every=1, grad_clip=grad_clip)
+    model = initial_model(model_config, config.seed)
+    batch = next(tiny_workload().batches(seed=config.batch_seed(), start_step=0, rank=0, world_size=1,
+                                         local_batch_size=config.batch_size, device=torch.device("cpu")))
+    loss, _, _, _ = target_loss(model, batch, Distributed(), None)
+    loss.backward()
+    expected = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
+    assert expected > 10 * max(grad_clip, 1e-3)  # so a clipped norm could not pass for it
+    assert norms[0] == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_restored_window_takes_rank_0s_grad_norm_and_marks_old_checkpoints_unknown():
+    """Saved by two ranks, resumed by one (rank 0 sums the loss of both) or two (each its own loss); the
+    gradient-norm sum is rank 0's either way; a checkpoint from before it was kept gives NaN (unknown)."""
+    states = [{"window": {"loss": 1.5, "targets": 40, "grad_norm": 6.0}},
+              {"window": {"loss": 2.5, "targets": 40, "grad_norm": 6.0}}]
+    assert restored_window(states, Distributed(rank=0, world_size=1)) == (4.0, 40, 6.0)
+    assert restored_window(states, Distributed(rank=1, world_size=2)) == (2.5, 40, 6.0)
+    old = [{"window": {"loss": 1.5, "targets": 40}}]
+    loss, targets, grad_norm = restored_window(old, Distributed())
+    assert (loss, targets) == (1.5, 40) and math.isnan(grad_norm)

@@ -38,8 +38,10 @@ host wait at every step); `train` then returns with summary["interrupted"] set. 
 checks that its handlers are still installed and puts them back, with a warning naming the replacement, where
 something replaced them (StopRequest.reclaim).
 
-log.csv columns: step, loss (mean over the labelled tokens since the last line), lr, tokens (non-pad
-input tokens of all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
+log.csv columns: step, loss (mean over the labelled tokens since the last line), lr, grad_norm (the mean over
+the steps since the last line of the gradient's total 2-norm before clipping: late in a run, where the loss
+is near zero, it shows how small the gradients Adam divides by have become), tokens (non-pad input tokens of
+all ranks since the last line, counted in this process), tokens_per_s, elapsed_s.
 val.csv: step, then the columns of the rows the workload's `validate` returns.
 """
 
@@ -601,18 +603,21 @@ class CsvLog:
             csv.DictWriter(f, self.columns).writerow(row)
 
 
-def restored_window(rank_states: list[dict], world: Distributed) -> tuple[float, int]:
-    """(loss sum, global labelled-token count) of the partial log window saved in a checkpoint, for this
-    rank. Loss sums are per rank, the count is global. When the world size changed since the checkpoint
+def restored_window(rank_states: list[dict], world: Distributed) -> tuple[float, int, float]:
+    """(loss sum, global labelled-token count, gradient-norm sum) of the partial log window saved in a
+    checkpoint, for this rank. Loss sums are per rank, the count is global, and the gradient norms are the
+    same on every rank (the gradient is all-reduced before they are taken; NaN from a checkpoint saved before
+    they were kept: that window's grad_norm is unknown). When the world size changed since the checkpoint
     (say 2 GPUs -> 1), rank 0 takes over the loss sums of all saved ranks, so the first window logged after
     the resume still averages over every token of that window."""
+    grad_norm = rank_states[0]["window"].get("grad_norm", math.nan)
     if len(rank_states) == world.world_size:
         window = rank_states[world.rank]["window"]
-        return window["loss"], window["targets"]
+        return window["loss"], window["targets"], grad_norm
     targets = rank_states[0]["window"]["targets"]
     if not world.is_main:
-        return 0.0, targets
-    return sum(state["window"]["loss"] for state in rank_states), targets
+        return 0.0, targets, grad_norm
+    return sum(state["window"]["loss"] for state in rank_states), targets, grad_norm
 
 
 def tensorboard_writer(run_dir: Path):
@@ -791,7 +796,8 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                                   **({"fused": True} if train_config.uses("fused", world.device) else {}))
     multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multipliers)
-    step, window_loss, window_targets = 0, 0.0, 0  # the log window: loss sum and global target count
+    step, window_loss, window_targets, window_grad_norm = 0, 0.0, 0, 0.0  # the log window: loss sum,
+    # global target count and the sum of the steps' gradient norms
     escape_step = None  # the first log step with a training loss below the first stall_loss
     lowest_loss = math.inf  # the lowest logged training loss so far
     if checkpoint is not None:
@@ -807,7 +813,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         rank_states = checkpoint["rank_states"]
         saved_state = rank_states[world.rank] if len(rank_states) == world.world_size else rank_states[0]
         set_rng_state(saved_state["rng"])
-        window_loss, window_targets = restored_window(rank_states, world)
+        window_loss, window_targets, window_grad_norm = restored_window(rank_states, world)
         escape_step = checkpoint.get("escape_step")
         # checkpoints from before lowest_loss was kept: below the plateau's loss if the run had escaped
         # (then no later check can stop it), else unknown above it
@@ -851,7 +857,8 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 "world_size": world.world_size, "torch_version": torch.__version__, "command": sys.argv,
                 "n_parameters": sum(p.numel() for p in model.parameters()), **init_from}, indent=2) + "\n")
         keep = step if checkpoint is not None else None
-        log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "tokens", "tokens_per_s", "elapsed_s"], keep)
+        log = CsvLog(run_dir / LOG_NAME, ["step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
+                                          "elapsed_s"], keep)
         val_log = CsvLog(run_dir / VAL_NAME, None, keep)
         writer = tensorboard_writer(run_dir)
 
@@ -859,6 +866,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     window_loss_t = torch.tensor(window_loss, dtype=torch.float64, device=device)
     window_targets_t = torch.tensor(float(window_targets), dtype=torch.float64, device=device)
     window_tokens_t = torch.zeros((), dtype=torch.float64, device=device)
+    window_grad_norm_t = torch.tensor(window_grad_norm, dtype=torch.float64, device=device)
     first_bad_step = torch.zeros((), dtype=torch.int64, device=device)  # 0: every loss so far was finite
 
     def check_finite() -> None:
@@ -906,8 +914,8 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         nonlocal saved_step
         check_finite()
         # per rank: RNG states and the partial loss window, so a resumed run logs the same numbers
-        mine = {"rng": rng_state(), "window": {"loss": float(window_loss_t),
-                                               "targets": int(window_targets_t)}}
+        mine = {"rng": rng_state(), "window": {"loss": float(window_loss_t), "targets": int(window_targets_t),
+                                               "grad_norm": float(window_grad_norm_t)}}
         states = [None] * world.world_size
         if world.active:
             dist.all_gather_object(states, mine)
@@ -944,8 +952,12 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
             loss, loss_sum, n_targets, agreed_stop = target_loss(step_model, batch, world, autocast_dtype,
                                                                  stop_flag)
             loss.backward()
-            if train_config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            if train_config.grad_clip > 0:  # the norm before clipping
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train_config.grad_clip)
+            else:
+                grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()
+                                                           if p.grad is not None])
+            window_grad_norm_t += grad_norm.double()
             lr = optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step()
@@ -970,13 +982,17 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 last_loss = float(totals[0]) / int(window_targets_t)
                 tokens = int(totals[1])  # non-pad tokens of all ranks since the last log line
                 tokens_per_s = tokens / max(time.perf_counter() - window_start, 1e-9)
+                window_steps = step - (step - 1) // train_config.log_every * train_config.log_every
+                mean_grad_norm = float(window_grad_norm_t) / window_steps
                 if world.is_main:
-                    log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}", "tokens": tokens,
+                    log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}",
+                               "grad_norm": f"{mean_grad_norm:.4e}", "tokens": tokens,
                                "tokens_per_s": f"{tokens_per_s:.1f}",
                                "elapsed_s": f"{time.perf_counter() - start_time:.3f}"})
                     if writer is not None:
                         writer.add_scalar("train/loss", last_loss, step)
                         writer.add_scalar("train/lr", lr, step)
+                        writer.add_scalar("train/grad_norm", mean_grad_norm, step)
                 bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tokens_per_s:.0f}", refresh=False)
                 if escape_step is None and last_loss < train_config.stall_loss[0]:
                     escape_step = step
@@ -988,7 +1004,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                         stalled = {"step": step, "loss": last_loss, "lowest_loss": lowest_loss,
                                    "stall_step": stall_step, "stall_loss": stall_loss}
                         end = step
-                for t in (window_loss_t, window_targets_t, window_tokens_t):
+                for t in (window_loss_t, window_targets_t, window_tokens_t, window_grad_norm_t):
                     t.zero_()
                 window_start = time.perf_counter()
             bar.update(1)
