@@ -218,34 +218,15 @@ class TrainConfig:
     def stall_checks(self) -> list[tuple[int, float]]:
         """(step, loss) of each stall check (--stall-step, --stall-loss); ValueError in one line for steps
         that are not >= 1 and increasing, losses that are not > 0, or counts that do not pair up."""
-        steps, losses = tuple(self.stall_step), tuple(self.stall_loss)
-        if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
-            raise ValueError("stall-step must be steps >= 1 in increasing order, got "
-                             + " ".join(map(str, steps)))
-        if not losses or not all(loss > 0 for loss in losses):
-            raise ValueError(f"stall-loss must be losses > 0, got {' '.join(map(str, losses)) or 'none'}")
-        if len(losses) != 1 and len(losses) != len(steps):
-            raise ValueError(f"stall-loss needs one value or one per --stall-step ({len(steps)}), "
-                             f"got {len(losses)}")
-        return list(zip(steps, losses * len(steps) if len(losses) == 1 else losses, strict=True))
+        return paired_checks(self.stall_step, self.stall_loss, "stall-step", "stall-loss", "losses > 0")
 
     def stall_val_checks(self) -> list[tuple[int, float]]:
         """(step, score) of each validation stall check (--stall-val-step, --stall-val-score; none without
-        steps); ValueError in one line for steps that are not >= 1 and increasing, scores that are not > 0,
-        or counts that do not pair up."""
-        steps, scores = tuple(self.stall_val_step), tuple(self.stall_val_score)
-        if not steps:
+        steps); ValueError in one line as stall_checks."""
+        if not self.stall_val_step:
             return []
-        if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
-            raise ValueError("stall-val-step must be steps >= 1 in increasing order, got "
-                             + " ".join(map(str, steps)))
-        if not scores or not all(score > 0 for score in scores):
-            raise ValueError("stall-val-score must be > 0 with --stall-val-step, got "
-                             f"{' '.join(f'{score:g}' for score in scores) or 'none'}")
-        if len(scores) != 1 and len(scores) != len(steps):
-            raise ValueError(f"stall-val-score needs one value or one per --stall-val-step ({len(steps)}), "
-                             f"got {len(scores)}")
-        return list(zip(steps, scores * len(steps) if len(scores) == 1 else scores, strict=True))
+        return paired_checks(self.stall_val_step, self.stall_val_score, "stall-val-step", "stall-val-score",
+                             "> 0 with --stall-val-step")
 
     def peak_lr(self) -> float:
         """The peak learning rate after the large-batch rule (`lr_scaling`)."""
@@ -281,6 +262,24 @@ class TrainConfig:
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         return cls(**values)
+
+
+def paired_checks(steps, values, steps_flag: str, values_flag: str,
+                  values_rule: str) -> list[tuple[int, float]]:
+    """(step, value) of each check of a flag pair such as --stall-step / --stall-loss: one value for every
+    step or one per step; ValueError in one line for steps that are not >= 1 and increasing, values that are
+    not > 0 (`values_rule` says so), or counts that do not pair up."""
+    steps, values = tuple(steps), tuple(values)
+    if any(s < 1 for s in steps) or any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        raise ValueError(f"{steps_flag} must be steps >= 1 in increasing order, got "
+                         + " ".join(map(str, steps)))
+    if not values or not all(value > 0 for value in values):
+        raise ValueError(f"{values_flag} must be {values_rule}, got "
+                         f"{' '.join(f'{value:g}' for value in values) or 'none'}")
+    if len(values) != 1 and len(values) != len(steps):
+        raise ValueError(f"{values_flag} needs one value or one per --{steps_flag} ({len(steps)}), "
+                         f"got {len(values)}")
+    return list(zip(steps, values * len(steps) if len(values) == 1 else values, strict=True))
 
 
 LR_SCALINGS = ("none", "sqrt")
