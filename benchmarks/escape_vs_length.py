@@ -23,9 +23,7 @@ import sys
 from pathlib import Path
 
 from plateau_study import read_curve, steps_to_escape
-from run_scatter import rank_table, scatter_panels
-
-from asentmax.runs import load_evaluation
+from run_scatter import exact_at, rank_table, scatter_panels
 
 
 def settled_loss(curve, start: int, window: int) -> float | None:
@@ -41,17 +39,9 @@ def run_summary(run_dir: Path, escape_loss: float, multipliers: list[int], settl
     curve = read_curve(run_dir)
     if not curve:
         raise SystemExit(f"{run_dir}: no log.csv with training rows")
-    exact = dict.fromkeys(multipliers)
-    eval_path = run_dir / "eval.json"
-    if eval_path.is_file():
-        evaluation = load_evaluation(eval_path)
-        by_length = {row["length"]: row for row in evaluation["rows"]}
-        for m in multipliers:
-            row = by_length.get(m * evaluation["id_length"])
-            exact[m] = None if row is None else 100.0 * row["exact_match"]
     return {"name": run_dir.name, "escape_step": steps_to_escape(curve, escape_loss),
             "settled_loss": settled_loss(curve, settle_step, settle_window), "last_step": curve[-1][0],
-            "exact": exact}
+            "exact": exact_at(run_dir, multipliers)}
 
 
 def table(summaries: list[dict], multipliers: list[int], escape_loss: float, settle: tuple[int, int],

@@ -1,13 +1,28 @@
 """Side-by-side scatter panels of one per-run quantity each against the runs' exact match at several test
-lengths, every run labelled with its row number in the table beside the plot (escape_vs_length.py,
-swap_vs_length.py), and the rank correlation such a panel shows: Spearman's rho (the Pearson correlation of
-the two ranks, ties given their mean rank) with a two-sided permutation p."""
+lengths (exact_at reads them from eval.json), every run labelled with its row number in the table beside the
+plot (escape_vs_length.py, swap_vs_length.py), and the rank correlation such a panel shows: Spearman's rho
+(the Pearson correlation of the two ranks, ties given their mean rank) with a two-sided permutation p."""
 
 from __future__ import annotations
 
 import math
 import random
 from pathlib import Path
+
+from asentmax.runs import EVAL_NAME, load_evaluation
+
+
+def exact_at(run_dir: Path, multipliers: list[int]) -> dict[int, float | None]:
+    """{multiplier: exact match % of the run's eval.json at multiplier x its ID length, or None where it has
+    no such row or no eval.json}."""
+    exact = dict.fromkeys(multipliers)
+    if (run_dir / f"{EVAL_NAME}.json").is_file():
+        evaluation = load_evaluation(run_dir)
+        by_length = {row["length"]: row for row in evaluation["rows"]}
+        for m in multipliers:
+            row = by_length.get(m * evaluation["id_length"])
+            exact[m] = None if row is None else 100.0 * row["exact_match"]
+    return exact
 
 
 def mean_ranks(values: list[float]) -> list[float]:

@@ -24,14 +24,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from run_scatter import rank_table, scatter_panels
+from run_scatter import exact_at, rank_table, scatter_panels
 
 from asentmax.runs import (
     CONFIG_NAME,
-    EVAL_NAME,
     STALLED_NAME,
     RunError,
-    load_evaluation,
     read_json,
     training_loss,
     validation_exact_match,
@@ -69,18 +67,11 @@ def run_summary(run_dir: Path, jump_steps: tuple[int, int], val_reads: list[tupl
     for multiplier, step in val_reads:
         exact_match = validation.get((step, multiplier * max_length))
         val[multiplier, step] = None if exact_match is None else 100.0 * exact_match
-    exact = dict.fromkeys(multipliers)
-    if (run_dir / f"{EVAL_NAME}.json").is_file():
-        evaluation = load_evaluation(run_dir)
-        by_length = {row["length"]: row for row in evaluation["rows"]}
-        for m in multipliers:
-            row = by_length.get(m * evaluation["id_length"])
-            exact[m] = None if row is None else 100.0 * row["exact_match"]
     return {"name": run_dir.name, "start_steps": start["step"],
             "start_attention": start.get("attention", "-"),
             "fresh": len(start.get("fresh", ())), "jump": max(window) if window else None,
             "val": val, "last_step": curve[-1][0],
-            "stopped": (run_dir / STALLED_NAME).is_file(), "exact": exact}
+            "stopped": (run_dir / STALLED_NAME).is_file(), "exact": exact_at(run_dir, multipliers)}
 
 
 def val_label(read: tuple[int, int]) -> str:
