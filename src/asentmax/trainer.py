@@ -251,11 +251,9 @@ class TrainConfig:
             if isinstance(values.get(name), bool):
                 values[name] = "on" if values[name] else "off"
         values.setdefault("cuda_graphs", "off")  # runs saved before the setting trained without graphs
-        if isinstance(values.get("stall_step"), int):  # one check, saved as numbers (0: none)
-            values["stall_step"] = (values["stall_step"],) if values["stall_step"] else ()
         if isinstance(values.get("stall_loss"), (int, float)):
             values["stall_loss"] = (values["stall_loss"],)
-        for name in ("stall_val_step", "stall_val_score"):  # one check, saved as numbers (0: none)
+        for name in ("stall_step", "stall_val_step", "stall_val_score"):  # saved as one number (0: none)
             if isinstance(values.get(name), (int, float)):
                 values[name] = (values[name],) if values[name] else ()
         for name in ("stall_step", "stall_loss", "stall_val_step", "stall_val_score"):  # JSON lists
