@@ -290,6 +290,55 @@ def test_compare_plots_the_training_curves(trained_run, tmp_path):
         assert samples == [step * batch for step in val_steps] and all(0 <= m <= 1 for m in matches)
 
 
+def test_the_training_plot_shows_the_gradient_norm_beside_adams_floor(trained_run, tmp_path, monkeypatch):
+    """log.csv's grad_norm per logged step (a nan window, whose norm a resume lost, left out) in a panel
+    between the loss and the validation, with ADAM_EPS x sqrt(parameters) of the model the run trained
+    (counted here from the model itself, each tied tensor once) as a dashed line; a log without the column
+    keeps the two panels."""
+    import csv
+    import shutil
+
+    import matplotlib.figure
+
+    from asentmax.nn import ModelConfig, Transformer
+    from asentmax.report import _plot_training, training_curves
+    from asentmax.runs import load_evaluation
+
+    config = json.loads((trained_run / "config.json").read_text())
+    batch = config["train_config"]["batch_size"]
+    rows = list(csv.DictReader(open(trained_run / "log.csv")))
+    curves = training_curves(load_evaluation(trained_run))
+    assert curves["grad_norm"] == ([int(r["step"]) * batch for r in rows],
+                                   [float(r["grad_norm"]) for r in rows])
+    assert all(norm > 0 for norm in curves["grad_norm"][1])
+    model = Transformer(ModelConfig(**config["model_config"]))
+    assert curves["adam_floor"] == pytest.approx(1e-8 * sum(p.numel() for p in model.parameters()) ** 0.5,
+                                                 rel=1e-12)
+
+    run = tmp_path / "resumed"
+    shutil.copytree(trained_run, run)
+    text = (run / "log.csv").read_text().splitlines()
+    header, first = text[0].split(","), text[1].split(",")
+    first[header.index("grad_norm")] = "nan"
+    (run / "log.csv").write_text("\n".join([text[0], ",".join(first), *text[2:]]) + "\n")
+    assert training_curves(load_evaluation(run))["grad_norm"][0] == curves["grad_norm"][0][1:]
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    assert _plot_training([load_evaluation(run)], tmp_path / "plot.png")
+    loss_ax, norm_ax, val_ax = figures[-1].axes
+    (line,) = norm_ax.get_lines()[:1]
+    assert list(line.get_ydata()) == curves["grad_norm"][1][1:]
+    assert [ln.get_ydata()[0] for ln in norm_ax.get_lines()[1:]] == [curves["adam_floor"]]
+    assert norm_ax.get_yscale() == "log" and val_ax.get_legend() is not None
+
+    columns = [name for name in header if name != "grad_norm"]
+    kept = [[row.split(",")[header.index(name)] for name in columns] for row in text]
+    (run / "log.csv").write_text("\n".join(",".join(row) for row in kept) + "\n")
+    assert training_curves(load_evaluation(run))["grad_norm"] == ([], [])
+    assert _plot_training([load_evaluation(run)], tmp_path / "plot.png") and len(figures[-1].axes) == 2
+
+
 def test_an_evaluation_file_inside_a_run_names_that_run(trained_run, tmp_path):
     """An evaluation file given by path beside a run's config.json (eval_best.json, eval_fresh.json) is that
     run's, wherever the run was copied: its name in the table and its training curves; a file outside any run

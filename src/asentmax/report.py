@@ -8,7 +8,10 @@ length.
 
 A third plot, training.png, shows how each run got there: its training loss and its validation exact match
 at every validation length against the samples it had seen (log.csv and val.csv of the run directory;
-samples = step x batch size), where a loss plateau and a still-rising validation curve can be seen.
+samples = step x batch size), where a loss plateau and a still-rising validation curve can be seen, and, for
+runs whose log.csv has the column, the mean pre-clipping gradient norm of each log window beside Adam's floor
+for it, eps x sqrt(parameters) (`adam_floor`): below that line the gradient's RMS per parameter is under
+AdamW's eps, so its steps shrink with the gradient instead of staying about the learning rate's size.
 
 Runs of one recipe (seeds, or repeats of a seed) are also summarised together (repeat_table: the median and
 the range per length), since length generalisation can differ far more between seeds than a test interval
@@ -38,23 +41,26 @@ from asentmax.nn.positions import scaled_head_count
 from asentmax.nn.presets import PAPER_CODE_BLOCKS
 from asentmax.paired import paired_rows, paired_table
 from asentmax.runs import (
+    CONFIG_NAME,
     RunError,
     format_multiplier,
     load_evaluation,
     load_stalled,
+    read_json,
     run_name,
     samples_trained,
     saved_evaluation,
     saved_layout,
     stall_reason,
     stalled_unevaluated,
+    training_grad_norm,
     training_loss,
     validation_exact_match,
     write_json,
 )
 from asentmax.tasks.registry import eval_multipliers, get_task
 from asentmax.tasks.workload import TaskWorkload
-from asentmax.trainer import TrainConfig
+from asentmax.trainer import ADAM_EPS, TrainConfig
 
 # arXiv:2506.16640, exact match % per length multiplier with NAPE positions (MQMTAR, Reverse from the
 # paper's tables; Copy and Sort read second-hand from an independent reproduction's notes); the multipliers
@@ -573,10 +579,19 @@ def _plot_dispersion(results: list[dict], path: Path) -> bool:
     return True
 
 
+def adam_floor(run_dir: Path | str) -> float | None:
+    """ADAM_EPS x sqrt(the run's parameter count, config.json's n_parameters): the total gradient norm at
+    which the gradient's RMS per parameter equals AdamW's eps; None where config.json does not record it."""
+    config_path = Path(run_dir) / CONFIG_NAME
+    n_parameters = read_json(config_path).get("n_parameters") if config_path.is_file() else None
+    return ADAM_EPS * math.sqrt(n_parameters) if isinstance(n_parameters, int) and n_parameters > 0 else None
+
+
 def training_curves(result: dict) -> dict | None:
-    """{"samples", "loss"} of the run's training log and {"validation": {length: (samples, exact match)}} of
-    its validation log (samples at a logged step: runs.samples_trained, as in samples_seen), or None when its
-    directory holds no usable training log."""
+    """{"samples", "loss"} of the run's training log, {"grad_norm": (samples, norm)} of its log windows that
+    have one (runs.training_grad_norm; empty lists for a log without the column) with its "adam_floor", and
+    {"validation": {length: (samples, exact match)}} of its validation log (samples at a logged step:
+    runs.samples_trained, as in samples_seen), or None when its directory holds no usable training log."""
     run_dir = Path(result["run_dir"])
     train_config, prior = result["train_config"], result.get("prior_samples", 0)
 
@@ -591,12 +606,15 @@ def training_curves(result: dict) -> dict | None:
         at_length, matches = validation.setdefault(length, ([], []))
         at_length.append(samples(step))
         matches.append(exact_match)
+    norms = training_grad_norm(run_dir)
     return {"samples": [samples(step) for step, _ in log], "loss": [loss for _, loss in log],
-            "validation": validation}
+            "grad_norm": ([samples(step) for step, _ in norms], [norm for _, norm in norms]),
+            "adam_floor": adam_floor(run_dir), "validation": validation}
 
 
 def _plot_training(results: list[dict], path: Path) -> bool:
-    """Training loss and validation exact match vs samples seen per run; False when no run has its logs."""
+    """Training loss, the gradient norm (where a run logged it) and validation exact match vs samples seen per
+    run, a panel each; False when no run has its logs."""
     curves = [(result, training_curves(result)) for result in results]
     curves = [(result, curve) for result, curve in curves if curve is not None]
     if not curves:
@@ -607,7 +625,9 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    fig, (ax_loss, ax_val) = plt.subplots(1, 2)
+    with_norms = any(curve["grad_norm"][0] for _, curve in curves)
+    fig, axes = plt.subplots(1, 3 if with_norms else 2)
+    ax_loss, ax_val = axes[0], axes[-1]  # the gradient norm between them: the lengths' legend beside ax_val
     # colour = run (the legend below), line style = validation length (the same style for a length in every
     # run, so runs validated at different lengths stay comparable)
     lengths = sorted({length for _, curve in curves for length in curve["validation"]})
@@ -619,13 +639,23 @@ def _plot_training(results: list[dict], path: Path) -> bool:
         for length, (samples, matches) in sorted(curve["validation"].items()):
             ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
                         marker=markers[length])
+        if with_norms and curve["grad_norm"][0]:
+            axes[1].plot(*curve["grad_norm"], color=colour, lw=1)
+    floors = sorted({curve["adam_floor"] for _, curve in curves
+                     if curve["grad_norm"][0] and curve["adam_floor"] is not None})
+    for floor in floors:  # one line per parameter count
+        axes[1].axhline(floor, color="grey", linestyle="--", lw=1)
+    if with_norms:
+        axes[1].set_yscale("log")
+        axes[1].set_ylabel("gradient norm before clipping (log window mean)")
+        axes[1].set_title("dashed: Adam's eps x sqrt(parameters)" if floors else "", fontsize=8)
     handles = [Line2D([], [], color="black", linestyle=styles[length], marker=markers[length],
                       label=f"validation length {length}") for length in lengths]
     ax_loss.set_yscale("log")
     ax_loss.set_ylabel("training loss (nats per target token)")
     ax_val.set_ylabel("validation exact match %")
     ax_val.set_ylim(-3, 103)
-    for ax in (ax_loss, ax_val):
+    for ax in axes:
         ax.set_xlabel("training samples seen")
         ax.grid(alpha=0.3)
     _legend_below(fig, ax_loss, panel_height=4.8, right=0.86, top_inches=0.55, title="colour: the run")

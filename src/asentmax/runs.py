@@ -18,8 +18,8 @@ tensors and lists (numpy's and python's own state objects are converted on the w
 `load_evaluation` reads an eval.json back (for `asentmax compare` and a continued `asentmax eval`) and
 checks that it is shaped like what asentmax.eval writes; `load_stalled` reads a run that a stall check ended
 (config.json and stalled.json), which `asentmax compare` counts beside the evaluated runs of its recipe.
-`training_loss` and `validation_exact_match` read log.csv and val.csv back (compare's training plot, the
-benchmarks that screen runs by their early validation).
+`training_loss`, `training_grad_norm` and `validation_exact_match` read log.csv and val.csv back (compare's
+training plot, the benchmarks that screen runs by their early validation).
 
 `RunError` is the one exception for a run directory a user can damage (a missing, truncated or foreign
 checkpoint; an unreadable config.json or eval.json): its message is one line naming the file and what to do.
@@ -146,6 +146,14 @@ def training_loss(run_dir: Path | str) -> list[tuple[int, float]]:
     """[(step, loss)] of a run's log.csv in its order; [] where it has none that can be read."""
     rows = _csv_rows(Path(run_dir) / LOG_NAME, ("step", "loss")) or []
     return [(int(row["step"]), row["loss"]) for row in rows]
+
+
+def training_grad_norm(run_dir: Path | str) -> list[tuple[int, float]]:
+    """[(step, grad_norm)] of a run's log.csv (the mean pre-clipping gradient norm of each log window) in its
+    order, leaving out the windows whose norm is unknown (nan: the first window after a resume from a
+    checkpoint that predates the column); [] where the log has no such column."""
+    rows = _csv_rows(Path(run_dir) / LOG_NAME, ("step", "grad_norm")) or []
+    return [(int(row["step"]), row["grad_norm"]) for row in rows if math.isfinite(row["grad_norm"])]
 
 
 def validation_exact_match(run_dir: Path | str) -> dict[tuple[int, int], float]:

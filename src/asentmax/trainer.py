@@ -281,6 +281,7 @@ def paired_checks(steps, values, steps_flag: str, values_flag: str,
 
 
 LR_SCALINGS = ("none", "sqrt")
+ADAM_EPS = 1e-8  # AdamW's eps (torch's default): where a gradient's running RMS falls near it, steps shrink
 LR_REFERENCE_BATCH = 128  # the paper's batch size (arXiv:2506.16640, section 3), where the presets' lr holds
 
 
@@ -788,7 +789,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
     if train_config.amp == "bf16-true":  # drawn in fp32 as for the other precisions, then rounded once
         model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(parameter_groups(model), lr=train_config.peak_lr(),
-                                  betas=(train_config.beta1, train_config.beta2),
+                                  betas=(train_config.beta1, train_config.beta2), eps=ADAM_EPS,
                                   weight_decay=train_config.weight_decay,
                                   **({"fused": True} if train_config.uses("fused", world.device) else {}))
     multipliers = lr_multipliers(train_config, len(optimizer.param_groups))
