@@ -478,3 +478,35 @@ def test_a_damaged_stall_record_is_refused_in_one_line_naming_it(tmp_path, capsy
     assert main(["compare", str(run), "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and str(run / "stalled.json") in err[0]
+
+
+@pytest.mark.parametrize("losses", [(3.594, 3.588, 3.582), (2.3, 0.05, 3e-4)], ids=["narrow", "decades"])
+def test_the_training_plot_keeps_every_panel_and_its_labels_inside_the_figure(monkeypatch, tmp_path, losses):
+    """A loss over decades gets a log axis; a narrow one (a short or stuck run) a linear one, since a log axis
+    of a narrow range labels its minor ticks in full ("3.594 x 10^0"), wider than the left margin, and the
+    loss axis' labels fell off the figure; with the gradient-norm panel, three panels and their labels fit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from asentmax.report import _plot_training
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    run = recipe_run("a_run", 1, {1: 1.0})
+    run_dir = tmp_path / "a_run"
+    run_dir.mkdir()
+    (run_dir / "log.csv").write_text("step,loss,grad_norm\n" + "".join(
+        f"{10 * (k + 1)},{loss},{0.5 / (k + 1)}\n" for k, loss in enumerate(losses)))
+    (run_dir / "val.csv").write_text("step,length,exact_match\n30,64,0.5\n")
+    (run_dir / "config.json").write_text('{"n_parameters": 1000000}')
+    run["run_dir"] = str(run_dir)
+    assert _plot_training([run], tmp_path / "training.png")
+    fig = figures[-1]
+    loss_ax, norm_ax, _ = fig.axes
+    assert loss_ax.get_yscale() == ("log" if losses[0] > 10 * losses[-1] else "linear")
+    assert [line.get_ydata()[0] for line in norm_ax.get_lines()[1:]] == [pytest.approx(1e-8 * 1000.0)]
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_tightbbox(renderer)
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, (ax.get_ylabel(), box)

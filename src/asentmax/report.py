@@ -651,7 +651,9 @@ def _plot_training(results: list[dict], path: Path) -> bool:
         axes[1].set_title("dashed: Adam's eps x sqrt(parameters)" if floors else "", fontsize=8)
     handles = [Line2D([], [], color="black", linestyle=styles[length], marker=markers[length],
                       label=f"validation length {length}") for length in lengths]
-    ax_loss.set_yscale("log")
+    losses = [loss for _, curve in curves for loss in curve["loss"]]
+    if min(losses) > 0 and max(losses) > 10 * min(losses):  # a loss over decades; a log axis of a narrower
+        ax_loss.set_yscale("log")  # range labels its minor ticks in full, wider than the margin
     ax_loss.set_ylabel("training loss (nats per target token)")
     ax_val.set_ylabel("validation exact match %")
     ax_val.set_ylim(-3, 103)
