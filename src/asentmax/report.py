@@ -639,13 +639,13 @@ def _plot_training(results: list[dict], path: Path) -> bool:
         for length, (samples, matches) in sorted(curve["validation"].items()):
             ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
                         marker=markers[length])
-        if with_norms and curve["grad_norm"][0]:
+        if curve["grad_norm"][0]:
             axes[1].plot(*curve["grad_norm"], color=colour, lw=1)
-    floors = sorted({curve["adam_floor"] for _, curve in curves
-                     if curve["grad_norm"][0] and curve["adam_floor"] is not None})
-    for floor in floors:  # one line per parameter count
-        axes[1].axhline(floor, color="grey", linestyle="--", lw=1)
     if with_norms:
+        floors = sorted({curve["adam_floor"] for _, curve in curves
+                         if curve["grad_norm"][0] and curve["adam_floor"] is not None})
+        for floor in floors:  # one line per parameter count
+            axes[1].axhline(floor, color="grey", linestyle="--", lw=1)
         axes[1].set_yscale("log")
         axes[1].set_ylabel("gradient norm before clipping (log window mean)")
         axes[1].set_title("dashed: Adam's eps x sqrt(parameters)" if floors else "", fontsize=8)
