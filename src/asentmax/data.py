@@ -39,10 +39,6 @@ class Batch:
         return Batch(self.input_ids.pin_memory(), self.labels.pin_memory())
 
     @property
-    def n_target_tokens(self) -> int:
-        return int((self.labels != IGNORE_INDEX).sum())
-
-    @property
     def n_tokens(self) -> int:
         return int((self.input_ids != PAD_ID).sum())
 
