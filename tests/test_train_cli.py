@@ -313,14 +313,19 @@ def test_preset_help_shows_the_preset_values(capsys):
 
 # ---- interruption ----
 
-def _interrupted_run(run: Path, sig: int, flags=None, rows=3, like_timeout=False, start_s=180,
+LONG_TINY = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
+
+# where a resumed run must equal a straight one bit for bit: the CPU, or CUDA under --deterministic true (the
+# compiled step's atomic adds make two plain GPU runs differ; README, "--deterministic")
+EXACT_DEVICE_FLAGS = {"cpu": ["--device", "cpu"], "cuda": ["--device", "cuda", "--deterministic", "true"]}
+
+
+def _interrupted_run(run: Path, sig: int, flags, rows=3, like_timeout=False, start_s=180,
                      stop_s=120) -> tuple[int, str]:
-    """Start a long `asentmax train` in a child process (`flags`, default a tiny CPU run), send `sig` once
-    log.csv has more than `rows` lines, return (code, stderr). `like_timeout`: as GNU `timeout` does, the
-    signal goes to the child, then to its process group (the child starts its own)."""
+    """Start a long `asentmax train` in a child process with `flags`, send `sig` once log.csv has more than
+    `rows` lines, return (code, stderr). `like_timeout`: as GNU `timeout` does, the signal goes to the child,
+    then to its process group (the child starts its own)."""
     env = {**os.environ, "PYTHONPATH": str(Path(asentmax.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
-    if flags is None:
-        flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
     child = subprocess.Popen([sys.executable, "-m", "asentmax", "train", "--run-dir", str(run), *flags],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=like_timeout)
@@ -336,19 +341,28 @@ def _interrupted_run(run: Path, sig: int, flags=None, rows=3, like_timeout=False
     return child.returncode, err
 
 
-@pytest.mark.parametrize(("sig", "like_timeout"), [(signal.SIGINT, False), (signal.SIGTERM, False),
-                                                   (signal.SIGTERM, True)],
-                         ids=["SIGINT", "SIGTERM", "SIGTERM-as-timeout-sends-it"])
-def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, sig, like_timeout):
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize(("sig", "like_timeout", "device"), [
+    pytest.param(signal.SIGINT, False, "cpu", id="SIGINT"),
+    pytest.param(signal.SIGTERM, False, "cpu", id="SIGTERM"),
+    pytest.param(signal.SIGTERM, True, "cpu", id="SIGTERM-as-timeout-sends-it"),
+    pytest.param(signal.SIGTERM, True, "cuda", id="SIGTERM-as-timeout-sends-it-on-cuda-deterministic",
+                 marks=ON_CUDA)])
+def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, sig, like_timeout, device):
+    """The CUDA case trains with the trainer's defaults there (compiled, CUDA graphs, batches drawn on the
+    GPU, bf16 autocast) under --deterministic true; the CPU cases pin --device cpu, since --device auto would
+    train them on a GPU where there is one, and plain GPU runs are not bit for bit repeatable."""
     run = tmp_path / "run"
-    code, err = _interrupted_run(run, sig, like_timeout=like_timeout)
-    assert code == 130 and "Traceback" not in err, err
+    flags = [*LONG_TINY, *EXACT_DEVICE_FLAGS[device]]
+    code, err = _interrupted_run(run, sig, flags, like_timeout=like_timeout, start_s=300)
+    assert code == 130 and "Traceback" not in err, err[-2000:]
     step = load_checkpoint(run / "checkpoint.pt")["step"]
     assert f"interrupted ({signal.Signals(sig).name}) at step {step};" in err
     assert f"Resume with: asentmax train --run-dir {run} --resume" in err
 
     # the checkpoint is an exact point of the run: resumed to step + 3 == a straight run to step + 3
-    flags = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every", "0"]
     stop = ["--stop-at-step", str(step + 3)]
     assert main(["train", "--run-dir", str(run), "--resume", "--no-progress", *stop]) == 0
     assert main(["train", "--run-dir", str(tmp_path / "straight"), *flags, *stop]) == 0
