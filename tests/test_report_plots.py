@@ -480,11 +480,15 @@ def test_a_damaged_stall_record_is_refused_in_one_line_naming_it(tmp_path, capsy
     assert len(err) == 1 and message in err[0] and str(run / "stalled.json") in err[0]
 
 
-@pytest.mark.parametrize("losses", [(3.594, 3.588, 3.582), (2.3, 0.05, 3e-4)], ids=["narrow", "decades"])
+@pytest.mark.parametrize("losses", [(3.594, 3.588, 3.582), (2.3, 0.05, 3e-4), (2.3, 0.05, 0.0)],
+                         ids=["narrow", "decades", "decades-to-a-logged-zero"])
 def test_the_training_plot_keeps_every_panel_and_its_labels_inside_the_figure(monkeypatch, tmp_path, losses):
-    """A loss over decades gets a log axis; a narrow one (a short or stuck run) a linear one, since a log axis
-    of a narrow range labels its minor ticks in full ("3.594 x 10^0"), wider than the left margin, and the
-    loss axis' labels fell off the figure; with the gradient-norm panel, three panels and their labels fit."""
+    """A loss over decades gets a log axis, also where log.csv holds a 0 (a loss under 5e-7, which runs
+    before the sixty-second session wrote with six decimals: Copy's runs, whose plot then fell back to a
+    linear axis that showed nothing after the first steps); a narrow one (a short or stuck run) a linear one,
+    since a log axis of a narrow range labels its minor ticks in full ("3.594 x 10^0"), wider than the left
+    margin, and the loss axis' labels fell off the figure; with the gradient-norm panel, three panels and
+    their labels fit."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from asentmax.report import _plot_training
@@ -502,7 +506,9 @@ def test_the_training_plot_keeps_every_panel_and_its_labels_inside_the_figure(mo
     assert _plot_training([run], tmp_path / "training.png")
     fig = figures[-1]
     loss_ax, norm_ax, _ = fig.axes
-    assert loss_ax.get_yscale() == ("log" if losses[0] > 10 * losses[-1] else "linear")
+    positive = [loss for loss in losses if loss > 0]
+    assert loss_ax.get_yscale() == ("log" if max(positive) > 10 * min(positive) else "linear")
+    assert loss_ax.get_title() == ("log.csv's losses of 0 not drawn" if 0.0 in losses else "")
     assert [line.get_ydata()[0] for line in norm_ax.get_lines()[1:]] == [pytest.approx(1e-8 * 1000.0)]
     canvas = FigureCanvasAgg(fig)
     canvas.draw()

@@ -534,3 +534,29 @@ def test_restored_window_takes_rank_0s_grad_norm_and_marks_old_checkpoints_unkno
     old = [{"window": {"loss": 1.5, "targets": 40}}]
     loss, targets, grad_norm = restored_window(old, Distributed())
     assert (loss, targets) == (1.5, 40) and math.isnan(grad_norm)
+
+
+def test_log_csv_keeps_a_tiny_loss_to_seven_significant_digits(tmp_path, monkeypatch):
+    """A run near zero loss (Copy's, late in the cosine) must log its loss, not 0: every loss below 5e-7 was
+    written as 0.000000 before the sixty-second session. Here the cross-entropy is scaled by 1e-9 (the
+    gradient with it), so the logged losses are about 3e-9; each must be the trainer's own to 7 digits."""
+    import asentmax.trainer as trainer_module
+
+    real = trainer_module.F.cross_entropy
+
+    class ScaledFunctional:
+        def __getattr__(self, name):
+            return getattr(torch.nn.functional, name)
+
+        @staticmethod
+        def cross_entropy(*args, **kwargs):
+            return real(*args, **kwargs) * 1e-9
+
+    monkeypatch.setattr(trainer_module, "F", ScaledFunctional())
+    task = get_task("copy")
+    summary = train(tiny_workload(), tiny_train(steps=4, checkpoint_every=0), tiny_model(task),
+                    tmp_path / "run", progress=False)
+    with open(tmp_path / "run" / "log.csv", newline="") as f:
+        losses = [float(row["loss"]) for row in csv.DictReader(f)]
+    assert len(losses) == 2 and all(1e-10 < loss < 1e-8 for loss in losses), losses
+    assert losses[-1] == pytest.approx(summary["loss"], rel=1e-6)

@@ -441,7 +441,7 @@ def _report_training(summary: dict, run_dir: Path) -> None:
     if summary["step"] == summary["start_step"]:
         print(f"run {run_dir} is at step {summary['step']} already (--stop-at-step); nothing to do")
         return
-    loss = "no log step yet" if summary["loss"] is None else f"last loss {summary['loss']:.4f}"
+    loss = "no log step yet" if summary["loss"] is None else f"last loss {summary['loss']:.4g}"
     print(f"at step {summary['step']} after {summary['elapsed_s']:.1f}s in this process, {loss}; "
           f"run dir {summary['run_dir']}" + (f" ({escape})" if escape else ""))
 

@@ -983,7 +983,7 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
                 window_steps = step - (step - 1) // train_config.log_every * train_config.log_every
                 mean_grad_norm = float(window_grad_norm_t) / window_steps
                 if world.is_main:
-                    log.write({"step": step, "loss": f"{last_loss:.6f}", "lr": f"{lr:.3e}",
+                    log.write({"step": step, "loss": f"{last_loss:.7g}", "lr": f"{lr:.3e}",
                                "grad_norm": f"{mean_grad_norm:.4e}", "tokens": tokens,
                                "tokens_per_s": f"{tokens_per_s:.1f}",
                                "elapsed_s": f"{time.perf_counter() - start_time:.3f}"})
