@@ -320,7 +320,7 @@ LONG_TINY = [*TINY, "--steps", "100000", "--log-every", "1", "--checkpoint-every
 EXACT_DEVICE_FLAGS = {"cpu": ["--device", "cpu"], "cuda": ["--device", "cuda", "--deterministic", "true"]}
 
 
-def _interrupted_run(run: Path, sig: int, flags, rows=3, like_timeout=False, start_s=180,
+def _interrupted_run(run: Path, sig: int, flags, rows=3, like_timeout=False, start_s=300,
                      stop_s=120) -> tuple[int, str]:
     """Start a long `asentmax train` in a child process with `flags`, send `sig` once log.csv has more than
     `rows` lines, return (code, stderr). `like_timeout`: as GNU `timeout` does, the signal goes to the child,
@@ -356,7 +356,7 @@ def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, s
     train them on a GPU where there is one, and plain GPU runs are not bit for bit repeatable."""
     run = tmp_path / "run"
     flags = [*LONG_TINY, *EXACT_DEVICE_FLAGS[device]]
-    code, err = _interrupted_run(run, sig, flags, like_timeout=like_timeout, start_s=300)
+    code, err = _interrupted_run(run, sig, flags, like_timeout=like_timeout)
     assert code == 130 and "Traceback" not in err, err[-2000:]
     step = load_checkpoint(run / "checkpoint.pt")["step"]
     assert f"interrupted ({signal.Signals(sig).name}) at step {step};" in err
@@ -386,8 +386,7 @@ def test_timeout_on_cuda_saves_the_current_step(tmp_path, attention):
     flags = ["--preset", "mqmtar", "--attention", attention, "--batch-size", "64", "--steps", "100000",
              "--log-every", "20", "--checkpoint-every", "0", "--val-every", "0", "--device", "cuda",
              "--no-progress"]
-    code, err = _interrupted_run(run, signal.SIGTERM, flags, rows=10, like_timeout=True, start_s=300,
-                                 stop_s=180)
+    code, err = _interrupted_run(run, signal.SIGTERM, flags, rows=10, like_timeout=True, stop_s=180)
     assert code == 130 and "Traceback" not in err, err[-2000:]
     step = load_checkpoint(run / "checkpoint.pt")["step"]
     logged = [int(row["step"]) for row in _read_csv(run / "log.csv")]

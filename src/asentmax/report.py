@@ -654,10 +654,11 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     # a loss over decades gets a log axis (a log axis of a narrower range labels its minor ticks in full,
     # wider than the margin); log.csv's zeros (losses under 5e-7, which runs before the sixty-second session
     # wrote with six decimals) are then not drawn, which the panel's title says
-    positive = [loss for _, curve in curves for loss in curve["loss"] if loss > 0]
+    losses = [loss for _, curve in curves for loss in curve["loss"]]
+    positive = [loss for loss in losses if loss > 0]
     if positive and max(positive) > 10 * min(positive):
         ax_loss.set_yscale("log")
-        if any(loss <= 0 for _, curve in curves for loss in curve["loss"]):
+        if len(positive) < len(losses):
             ax_loss.set_title("log.csv's losses of 0 not drawn", fontsize=8)
     ax_loss.set_ylabel("training loss (nats per target token)")
     ax_val.set_ylabel("validation exact match %")
