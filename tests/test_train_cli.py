@@ -4,6 +4,7 @@ a warm-up longer than the run, and help that shows the preset's values. Every us
 line on stderr and writes nothing."""
 
 import csv
+import importlib.util
 import os
 import signal
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 import torch
 
 import asentmax
+from asentmax import trainer
 from asentmax.cli import main
-from asentmax.runs import load_checkpoint
+from asentmax.runs import TENSORBOARD_NAME, load_checkpoint
 from asentmax.tasks import get_task
 
 TINY = ["--task", "copy", "--min-length", "3", "--max-length", "6", "--steps", "8", "--batch-size", "4",
@@ -213,7 +215,10 @@ def test_a_task_without_a_model_preset_needs_the_architecture(tmp_path, capsys):
 def test_a_run_dir_without_a_checkpoint_starts_again(tmp_path, capsys):
     run = _finished_run(tmp_path)
     (run / "checkpoint.pt").unlink()  # as if killed before its first checkpoint
-    assert sorted(p.name for p in run.iterdir()) == ["config.json", "log.csv", "val.csv"]
+    # tensorboard/ too where the optional package is installed (the GPU machine has it)
+    with_tensorboard = importlib.util.find_spec("tensorboard") is not None
+    logs = ["config.json", "log.csv", "val.csv"] + ([TENSORBOARD_NAME] if with_tensorboard else [])
+    assert sorted(p.name for p in run.iterdir()) == sorted(logs)
     assert main(["train", "--run-dir", str(run), *TINY, "--steps", "4"]) == 0
     assert load_checkpoint(run / "checkpoint.pt")["step"] == 4
     assert [int(r["step"]) for r in _read_csv(run / "log.csv")] == [2, 4]
@@ -372,6 +377,37 @@ def test_a_signal_saves_the_current_step_and_resume_is_exact(tmp_path, capsys, s
         assert torch.equal(a["model"][name], b["model"][name]), name
     logs = [[r["loss"] for r in _read_csv(d / "log.csv")] for d in (run, tmp_path / "straight")]
     assert logs[0] == logs[1] and len(logs[0]) == step + 3
+
+
+@pytest.mark.parametrize("deterministic", ["true", "false"])
+def test_a_resumed_deterministic_run_first_traces_its_compiled_step_at_step_zero(tmp_path, monkeypatch,
+                                                                                  deterministic):
+    """Inductor sizes a compiled step's kernels by its first call's shapes, so a resumed --deterministic run
+    calls it first on step 0's batch, as the run it continues did (trainer.trace_at_step_zero), and that
+    call leaves no trace in the run. The compiled step is replaced by the plain model, noting each call's
+    batch width."""
+    widths = []
+
+    def noting_widths(model, backend="inductor", mode=None):
+        def forward(input_ids):
+            widths.append(input_ids.shape[1])
+            return model(input_ids)
+        return forward
+
+    monkeypatch.setattr(trainer, "compiled_for_training", noting_widths)
+    flags = [*TINY, "--device", "cpu", "--compile", "on", "--deterministic", deterministic,
+             "--dropout", "0.1"]  # dropout: the extra call's RNG draws must be undone
+    assert main(["train", "--run-dir", str(tmp_path / "straight"), *flags]) == 0
+    straight = list(widths)
+    resume_at = next(step for step, width in enumerate(straight) if width != straight[0])
+    assert main(["train", "--run-dir", str(tmp_path / "run"), *flags, "--stop-at-step", str(resume_at)]) == 0
+    widths.clear()
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--resume", "--no-progress"]) == 0
+    traced_first = [straight[0]] if deterministic == "true" else []
+    assert widths == traced_first + straight[resume_at:]
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt") for d in ("run", "straight"))
+    for name in a["model"]:  # the extra call's gradients and RNG draws are gone
+        assert torch.equal(a["model"][name], b["model"][name]), name
 
 
 @pytest.mark.gpu
