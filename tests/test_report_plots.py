@@ -516,3 +516,33 @@ def test_the_training_plot_keeps_every_panel_and_its_labels_inside_the_figure(mo
     for ax in fig.axes:
         box = ax.get_tightbbox(renderer)
         assert box.x0 >= 0 and box.x1 <= fig.bbox.x1, (ax.get_ylabel(), box)
+
+
+def test_the_training_plot_draws_a_run_once_however_many_of_its_evaluations_are_compared(monkeypatch,
+                                                                                         tmp_path):
+    """A run's fresh-table and best.pt evaluations share its logs: drawn once each, they covered the run's own
+    curves in other colours. One colour per run directory (the first evaluation given), named by it."""
+    from asentmax.report import _plot_training
+
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *args, **kwargs: figures.append(fig))
+    evaluations = []
+    for name, losses in (("first_run", "2.0,1.0"), ("second_run", "3.0,0.5")):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "log.csv").write_text("step,loss\n" + "".join(
+            f"{10 * (k + 1)},{loss}\n" for k, loss in enumerate(losses.split(","))))
+        (run_dir / "val.csv").write_text("step,length,exact_match\n20,64,0.5\n")
+        for tables, checkpoint in (("same", "last"), ("fresh", "last"), ("same", "best")):
+            evaluation = recipe_run(name, 1, {1: 1.0})
+            evaluation["run_dir"] = str(run_dir)
+            evaluation["eval_config"] = {"checkpoint": checkpoint, "samples": 300, "tables": tables}
+            evaluations.append(evaluation)
+    evaluations.insert(1, evaluations.pop())  # the second run's best.pt first among its evaluations
+    assert _plot_training(evaluations, tmp_path / "training.png")
+    loss_ax = figures[-1].axes[0]
+    assert [list(line.get_ydata()) for line in loss_ax.get_lines()] == [[2.0, 1.0], [3.0, 0.5]]
+    assert len({line.get_color() for line in loss_ax.get_lines()}) == 2
+    (legend,) = figures[-1].legends
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == ["ASEntmax (first_run)", "ASEntmax (second_run)"]

@@ -614,8 +614,13 @@ def training_curves(result: dict) -> dict | None:
 
 def _plot_training(results: list[dict], path: Path) -> bool:
     """Training loss, the gradient norm (where a run logged it) and validation exact match vs samples seen per
-    run, a panel each; False when no run has its logs."""
-    curves = [(result, training_curves(result)) for result in results]
+    run, a panel each, one colour per run directory however many of its evaluations are compared (its
+    fresh-table or best.pt evaluation share its logs: drawn again, they covered its curves and left its
+    legend entry without a visible line); False when no run has its logs."""
+    by_directory = {}
+    for result in results:
+        by_directory.setdefault(Path(result["run_dir"]).resolve(), result)
+    curves = [(result, training_curves(result)) for result in by_directory.values()]
     curves = [(result, curve) for result, curve in curves if curve is not None]
     if not curves:
         return False
@@ -635,7 +640,7 @@ def _plot_training(results: list[dict], path: Path) -> bool:
     markers = {length: (".", "x", "+", "^")[(k // 4) % 4] for k, length in enumerate(lengths)}
     for (result, curve), colour in zip(curves, run_colours(len(curves)), strict=True):
         ax_loss.plot(curve["samples"], curve["loss"], color=colour, lw=1,
-                     label=f"{method_label(result)} ({run_name(result)})")
+                     label=f"{method_label(result)} ({Path(result['run_dir']).name})")
         for length, (samples, matches) in sorted(curve["validation"].items()):
             ax_val.plot(samples, [100 * m for m in matches], styles[length], color=colour,
                         marker=markers[length])
