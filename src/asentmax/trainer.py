@@ -353,16 +353,17 @@ def compiled_for_training(model, backend: str = "inductor", mode: str | None = N
     return forward
 
 
-def trace_at_step_zero(step_model, model, first_batch: Batch, world: Distributed, autocast_dtype) -> None:
-    """One forward and backward of the compiled `step_model` on `first_batch` (the run's step-0 batch), its
-    gradients dropped and every RNG state put back: what a resumed --deterministic run does before its own
-    first step. Inductor sizes its kernels' blocks by the first call's shapes (the hint of the dynamic
-    sequence dimension), so a resumed run traced at its own step's batch width could sum in other orders
-    than the run it continues, and part from it on a GPU (tests/test_train_cli.py's CUDA signal case);
-    traced at step 0's width, it compiles the kernels the run compiled at its start."""
+def trace_at_step_zero(step_model, model, draw_first_batch, world: Distributed, autocast_dtype) -> None:
+    """One forward and backward of the compiled `step_model` on the batch draw_first_batch() gives (the run's
+    step-0 batch), its gradients dropped and every RNG state put back, the draw's included: what a resumed
+    --deterministic run does before its own first step. Inductor sizes its kernels' blocks by the first
+    call's shapes (the hint of the dynamic sequence dimension), so a resumed run traced at its own step's
+    batch width could sum in other orders than the run it continues, and part from it on a GPU
+    (tests/test_train_cli.py's CUDA signal case); traced at step 0's width, it compiles the kernels the run
+    compiled at its start."""
     saved = rng_state()
     model.train()
-    loss, _, _, _ = target_loss(step_model, first_batch, world, autocast_dtype)
+    loss, _, _, _ = target_loss(step_model, draw_first_batch(), world, autocast_dtype)
     loss.backward()
     model.zero_grad(set_to_none=True)
     set_rng_state(saved)
@@ -843,10 +844,12 @@ def _train(workload: Workload, train_config: TrainConfig, model_config, run_dir:
         mode = "reduce-overhead" if uses_cuda_graphs(train_config, model_config, world) else None
         step_model = compiled_for_training(ddp_model, mode=mode)
         if train_config.deterministic and step > 0:
-            first_batch = next(workload.batches(seed=train_config.batch_seed(), start_step=0, rank=world.rank,
-                                                world_size=world.world_size, local_batch_size=local_batch,
-                                                device=world.device))
-            trace_at_step_zero(step_model, model, first_batch, world, autocast_dtype)
+            def draw_first_batch() -> Batch:
+                return next(workload.batches(seed=train_config.batch_seed(), start_step=0, rank=world.rank,
+                                             world_size=world.world_size, local_batch_size=local_batch,
+                                             device=world.device))
+
+            trace_at_step_zero(step_model, model, draw_first_batch, world, autocast_dtype)
 
     commit = git_commit()
     if world.is_main:
