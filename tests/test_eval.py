@@ -543,6 +543,49 @@ def test_a_run_cut_short_is_marked_in_eval_and_compare(tmp_path, one_thread, cap
     assert main(eval_best) == 0 and "last_checkpoint" not in json.loads((run / "eval_best.json").read_text())
 
 
+def test_best_pt_with_the_last_weights_takes_the_last_evaluation(tmp_path, one_thread, capsys, monkeypatch):
+    """A run whose best validation was its last step (one validation, at the end): best.pt holds
+    checkpoint.pt's weights, so `eval --checkpoint best` takes the lengths of eval.json made with the same
+    settings instead of decoding them again, says so, and records where from; not from an eval.json of
+    other settings (here fewer samples) or of an earlier checkpoint.pt (the run trained again: other
+    weights at the same step), nor for a best.pt whose weights differ."""
+    import json
+
+    from asentmax.cli import main
+    from asentmax.runs import load_checkpoint, save_checkpoint
+
+    run = tmp_path / "run"
+    train = ["train", "--run-dir", str(run), *TINY_RUN, "--keep-best-at", "1"]
+    assert main(train) == 0
+    eval_best = ["eval", str(run), *EVAL_ARGS, "--checkpoint", "best"]
+    assert main(["eval", str(run), *EVAL_ARGS]) == 0
+    last = json.loads((run / "eval.json").read_text())
+    calls = _counting_scorer(monkeypatch)
+    capsys.readouterr()
+    assert main(eval_best) == 0 and calls == []
+    best = json.loads((run / "eval_best.json").read_text())
+    assert best["rows"] == last["rows"] and best["rows_from"] == str(run / "eval.json")
+    assert best["eval_config"]["checkpoint"] == "best" and best["train_step"] == last["train_step"] == 4
+    assert (f"best.pt holds the weights of checkpoint.pt (step 4): lengths 6, 12, 24 are taken from "
+            f"{run / 'eval.json'}") in capsys.readouterr().err
+
+    fewer = [*eval_best, "--samples", "4", "--output", str(tmp_path / "fewer")]
+    assert main(fewer) == 0 and len(calls) == 3
+    assert "rows_from" not in json.loads((tmp_path / "fewer.json").read_text())
+    kept = (run / "eval.json").read_text()
+    assert main([*train, "--overwrite", "--seed", "2"]) == 0  # new best.pt and checkpoint.pt at step 4
+    (run / "eval.json").write_text(kept)  # the earlier checkpoint.pt's evaluation, left in place
+    assert main([*eval_best, "--fresh"]) == 0 and len(calls) == 6
+    assert "rows_from" not in json.loads((run / "eval_best.json").read_text())
+    assert main(["eval", str(run), *EVAL_ARGS, "--fresh"]) == 0 and len(calls) == 9
+    assert main([*eval_best, "--fresh"]) == 0 and len(calls) == 9  # taken again
+    saved = load_checkpoint(run / "best.pt")  # one weight changed at the same step: decoded again
+    name = next(iter(saved["model"]))
+    saved["model"][name] = saved["model"][name] + 1
+    save_checkpoint(run / "best.pt", saved)
+    assert main([*eval_best, "--fresh"]) == 0 and len(calls) == 12
+
+
 def test_a_run_ended_after_its_escape_is_not_marked_cut(tmp_path, one_thread, capsys):
     """A run that --steps-after-escape ended (here 1 step after the escape at the first log step, 2, of 4
     planned) is finished: eval does not warn and compare does not label it, for its last checkpoint and for

@@ -26,6 +26,10 @@ result to `log`, stdout):
 - a progress bar over the samples of each length, and before a length whose time, extrapolated from the
   lengths measured so far, exceeds a minute, a line with the estimate; when the first length is above 1x,
   a line says it has none (nothing shorter to extrapolate from);
+- an evaluation of best.pt that holds checkpoint.pt's weights (a run whose best validation was its last
+  step) takes the lengths that the run's evaluation of checkpoint.pt as it is now (its default output, the
+  same tables and settings) already has, instead of decoding the same samples with the same weights again;
+  a note says so and the result records the file as rows_from;
 - a run whose training stopped before its planned steps (Ctrl-C, a time limit, --stop-at-step: the step of
   its checkpoint.pt below its train_config's steps) gets a warning line, and its name in eval.md and in
   `asentmax compare` says "cut at S of N steps" (runs.training_cut; eval.json has the step as train_step,
@@ -519,6 +523,32 @@ def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict],
     return earlier["rows"], []
 
 
+def _same_weights(a: dict, b: dict) -> bool:
+    """Whether two checkpoints hold the same model weights, bit for bit."""
+    return a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][name], b["model"][name])
+                                                          for name in a["model"])
+
+
+def _rows_of_the_last_checkpoint(run_dir: Path, tables: str, protocol: dict,
+                                 lengths: set[int]) -> tuple[Path, list[dict]]:
+    """(the path, its rows at `lengths`) of the run's evaluation of its checkpoint.pt as it is now (by
+    sha256) on `tables` (its default output), where it was made with `protocol` but for the checkpoint:
+    what an evaluation of a best.pt with the same weights would compute again. No rows where there is no
+    such file or it was made otherwise."""
+    path = run_dir / (evaluation_name("last", tables) + ".json")
+    try:
+        earlier = load_evaluation(path) if path.is_file() else None
+    except RunError:
+        earlier = None
+    saved = (earlier or {}).get("protocol")
+    saved = {"tables": "train", **saved} if isinstance(saved, dict) else None  # as _reusable_rows reads it
+    apart_from_checkpoint = [key for key in protocol if key not in ("checkpoint", "checkpoint_sha256")]
+    if (not isinstance(saved, dict) or any(saved.get(key) != protocol[key] for key in apart_from_checkpoint)
+            or saved.get("checkpoint_sha256") != _sha256(run_dir / CHECKPOINT_NAME)):
+        return path, []
+    return path, [row for row in earlier["rows"] if row["length"] in lengths]
+
+
 def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str | None = None, *,
                     fresh: bool = False) -> EvalPlan:
     """Check everything about evaluating `run_dir` that can fail before any computing (ValueError /
@@ -582,6 +612,22 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
                    if k not in ("multipliers", "batch_size", "max_batch_tokens", "cpu_max_length", "device",
                                 "amp", "cuda_graphs")}}
     done, notes = _reusable_rows(output.with_suffix(".json"), protocol, fresh)
+    last = None  # checkpoint.pt beside best.pt: where the run's training got to, and maybe the same weights
+    if best and (run_dir / CHECKPOINT_NAME).is_file():
+        try:
+            last = load_checkpoint(run_dir / CHECKPOINT_NAME)
+        except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
+            last = None
+    rows_from_last = None  # the evaluation of checkpoint.pt whose rows this one takes
+    if last is not None and last["step"] == checkpoint["step"] and _same_weights(last, checkpoint):
+        missing = set(lengths) - {row["length"] for row in done}
+        path, from_last = _rows_of_the_last_checkpoint(run_dir, config.tables, protocol, missing)
+        if from_last:
+            done += from_last
+            rows_from_last = path
+            notes.append(f"{BEST_NAME} holds the weights of {CHECKPOINT_NAME} (step {checkpoint['step']}): "
+                         f"lengths {', '.join(str(row['length']) for row in from_last)} are taken from "
+                         f"{path}, the same weights on the same samples")
     if left_out:
         notes.append(f"on the CPU the default multipliers stop at {config.cpu_max_length} tokens: leaving "
                      f"out {' '.join(f'{m}x' for m in left_out)} (give --multipliers to run them)")
@@ -601,15 +647,11 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
               "prior_samples": checkpoint.get("prior_samples", 0),
               **({"prior_recipe": checkpoint["prior_recipe"]} if checkpoint.get("prior_recipe") else {}),
               "git_commit": git_commit(),
-              "device": describe_device(device), "cuda_graph": cuda_graph}
-    if best and (run_dir / CHECKPOINT_NAME).is_file():  # where the run's training got to, for training_cut
-        try:
-            last = load_checkpoint(run_dir / CHECKPOINT_NAME)
-        except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
-            last = None
-        if last is not None:
-            header["last_checkpoint"] = {"step": last["step"], "steps": planned_end(last.get("train_config"),
-                                                                                   last.get("escape_step"))}
+              "device": describe_device(device), "cuda_graph": cuda_graph,
+              **({"rows_from": str(rows_from_last)} if rows_from_last else {})}
+    if last is not None:  # where the run's training got to, for training_cut
+        header["last_checkpoint"] = {"step": last["step"], "steps": planned_end(last.get("train_config"),
+                                                                               last.get("escape_step"))}
     cut = training_cut(header)
     if cut:
         notes.insert(0, f"warning: run {run_dir} stopped at step {cut[0]} of {cut[1]} planned; evaluating "
