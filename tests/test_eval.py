@@ -566,8 +566,12 @@ def test_best_pt_with_the_last_weights_takes_the_last_evaluation(tmp_path, one_t
     best = json.loads((run / "eval_best.json").read_text())
     assert best["rows"] == last["rows"] and best["rows_from"] == str(run / "eval.json")
     assert best["eval_config"]["checkpoint"] == "best" and best["train_step"] == last["train_step"] == 4
+    printed = capsys.readouterr().err
     assert (f"best.pt holds the weights of checkpoint.pt (step 4): lengths 6, 12, 24 are taken from "
-            f"{run / 'eval.json'}") in capsys.readouterr().err
+            f"{run / 'eval.json'}") in printed and "continuing" not in printed
+    assert main(eval_best) == 0 and calls == []  # its own file now, which keeps saying where from
+    assert json.loads((run / "eval_best.json").read_text())["rows_from"] == str(run / "eval.json")
+    assert "continuing" in capsys.readouterr().err
 
     fewer = [*eval_best, "--samples", "4", "--output", str(tmp_path / "fewer")]
     assert main(fewer) == 0 and len(calls) == 3

@@ -618,7 +618,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
             last = load_checkpoint(run_dir / CHECKPOINT_NAME)
         except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
             last = None
-    rows_from_last = None  # the evaluation of checkpoint.pt whose rows this one takes
+    # the evaluation of checkpoint.pt whose rows this one takes (or took, when it continues its own file)
+    rows_from_last = load_evaluation(output.with_suffix(".json")).get("rows_from") if done else None
+    from_last = []
     if last is not None and last["step"] == checkpoint["step"] and _same_weights(last, checkpoint):
         missing = set(lengths) - {row["length"] for row in done}
         path, from_last = _rows_of_the_last_checkpoint(run_dir, config.tables, protocol, missing)
@@ -632,8 +634,9 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         notes.append(f"on the CPU the default multipliers stop at {config.cpu_max_length} tokens: leaving "
                      f"out {' '.join(f'{m}x' for m in left_out)} (give --multipliers to run them)")
     reused = sorted({row["length"] for row in done} & set(lengths))
-    if reused:
-        notes.append(f"continuing {output}.json: lengths {', '.join(map(str, reused))} are done")
+    continued = [length for length in reused if length not in {row["length"] for row in from_last}]
+    if continued:
+        notes.append(f"continuing {output}.json: lengths {', '.join(map(str, continued))} are done")
     first = min(set(lengths) - set(reused), default=None)
     if first is not None and first > id_length and estimate_seconds(done, first, config.samples) is None:
         notes.append(f"length {first} ({format_multiplier(first / id_length)}) is the first length: no time "
