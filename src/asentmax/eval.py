@@ -498,29 +498,37 @@ def resolve_multipliers(config: EvalConfig, id_length: int, device: torch.device
     return kept, [m for m in defaults if m not in kept]
 
 
-def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict], list[str]]:
-    """Rows of an earlier evaluation at `path` made with the same protocol, and notes to print."""
+def _saved_protocol(evaluation: dict) -> dict | None:
+    """The protocol an evaluation file records (a file from before --tables: the run's own tables), or None
+    for a file written before protocols were recorded."""
+    saved = evaluation.get("protocol")
+    return {"tables": "train", **saved} if isinstance(saved, dict) else None
+
+
+def _reusable_rows(path: Path, protocol: dict, fresh: bool) -> tuple[list[dict], list[str], str | None]:
+    """Rows of an earlier evaluation at `path` made with the same protocol, notes to print, and the file that
+    evaluation took its rows from (its rows_from), if any."""
     for target in (path, path.with_suffix(".md")):
         if target.exists() and not target.is_file():
             raise RunError(f"{target} is not a file; move it away or pass --output")
     if fresh or not path.exists():
-        return [], []
+        return [], [], None
     try:
         earlier = load_evaluation(path)
     except RunError as error:
         raise RunError(f"{error} (or pass --fresh to replace it)") from None
-    saved = earlier.get("protocol")
-    if not isinstance(saved, dict):
-        return [], [f"{path} was written by an older asentmax (no protocol recorded); it will be replaced"]
-    saved = {"tables": "train", **saved}  # a file from before --tables: the run's own tables
+    saved = _saved_protocol(earlier)
+    if saved is None:
+        return [], [f"{path} was written by an older asentmax (no protocol recorded); it will be "
+                    "replaced"], None
     if {k: saved.get(k) for k in ("checkpoint_sha256", "train_step")} != \
             {k: protocol[k] for k in ("checkpoint_sha256", "train_step")}:
-        return [], [f"{path} holds results of an earlier checkpoint; it will be replaced"]
+        return [], [f"{path} holds results of an earlier checkpoint; it will be replaced"], None
     differ = [f"{k} {saved.get(k)!r} -> {v!r}" for k, v in protocol.items() if saved.get(k) != v]
     if differ:
         raise RunError(f"{path} was made with other settings ({'; '.join(differ)}); pass --fresh to replace "
                        "it or --output to write elsewhere")
-    return earlier["rows"], []
+    return earlier["rows"], [], earlier.get("rows_from")
 
 
 def _same_weights(a: dict, b: dict) -> bool:
@@ -540,10 +548,9 @@ def _rows_of_the_last_checkpoint(run_dir: Path, tables: str, protocol: dict,
         earlier = load_evaluation(path) if path.is_file() else None
     except RunError:
         earlier = None
-    saved = (earlier or {}).get("protocol")
-    saved = {"tables": "train", **saved} if isinstance(saved, dict) else None  # as _reusable_rows reads it
+    saved = None if earlier is None else _saved_protocol(earlier)
     apart_from_checkpoint = [key for key in protocol if key not in ("checkpoint", "checkpoint_sha256")]
-    if (not isinstance(saved, dict) or any(saved.get(key) != protocol[key] for key in apart_from_checkpoint)
+    if (saved is None or any(saved.get(key) != protocol[key] for key in apart_from_checkpoint)
             or saved.get("checkpoint_sha256") != _sha256(run_dir / CHECKPOINT_NAME)):
         return path, []
     return path, [row for row in earlier["rows"] if row["length"] in lengths]
@@ -611,18 +618,18 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
                 **{k: v for k, v in asdict(config).items()
                    if k not in ("multipliers", "batch_size", "max_batch_tokens", "cpu_max_length", "device",
                                 "amp", "cuda_graphs")}}
-    done, notes = _reusable_rows(output.with_suffix(".json"), protocol, fresh)
+    # rows_from_last: the evaluation of checkpoint.pt whose rows this one takes (or took, continuing its file)
+    done, notes, rows_from_last = _reusable_rows(output.with_suffix(".json"), protocol, fresh)
     last = None  # checkpoint.pt beside best.pt: where the run's training got to, and maybe the same weights
     if best and (run_dir / CHECKPOINT_NAME).is_file():
         try:
             last = load_checkpoint(run_dir / CHECKPOINT_NAME)
         except RunError:  # best.pt alone can be evaluated; where training got to is then unknown
             last = None
-    # the evaluation of checkpoint.pt whose rows this one takes (or took, when it continues its own file)
-    rows_from_last = load_evaluation(output.with_suffix(".json")).get("rows_from") if done else None
     from_last = []
-    if last is not None and last["step"] == checkpoint["step"] and _same_weights(last, checkpoint):
-        missing = set(lengths) - {row["length"] for row in done}
+    missing = set(lengths) - {row["length"] for row in done}
+    if (missing and last is not None and last["step"] == checkpoint["step"]
+            and _same_weights(last, checkpoint)):
         path, from_last = _rows_of_the_last_checkpoint(run_dir, config.tables, protocol, missing)
         if from_last:
             done += from_last
