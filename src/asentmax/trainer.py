@@ -118,7 +118,9 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda"})
     amp: str = field(default="auto", metadata={"help": (
         "auto (bf16 autocast on CUDA) | bf16 (autocast over fp32 weights) | bf16-true (weights, activations "
-        "and AdamW states in bf16, the paper code's precision; the loss in fp32) | off")})
+        "and AdamW states in bf16, the paper code's precision; the loss in fp32; a step below half a "
+        "weight's bf16 spacing, |w|/512 to |w|/256, rounds away, so a small learning rate moves few "
+        "weights: results/paper/mqmtar.md, sixty-fourth session) | off")})
     compile: str = field(default="auto", metadata={"help": (
         "torch.compile the training forward and backward: auto (on CUDA) | on | off; the sequence length "
         "is marked dynamic, so one graph serves every length bucket (no recompile per length)")})
