@@ -36,8 +36,10 @@ samples: the runs' tables or the same fresh ones) that keep exact_by_sample and 
 exactly there are pooled, and per sample the count of them that decode it exactly is compared between the
 samples with a value collision and the others (the mean of each, and a two-sided permutation p of their
 difference over POOL_PERMUTATIONS shuffles of which samples collide; test sets with at least
-POOL_MIN_SAMPLES samples on each side). A set of models that follow the word rule loses on the first; one
-that tells a key from its word as a value, on neither more than the other.
+POOL_MIN_SAMPLES samples on each side). A second phase (a run initialised from a trained model of its
+own attention, whose prior recipe eval.json keeps) is left out of the pool: it shares its base's weights,
+so pooling both would count one model twice. A set of models that follow the word rule loses on the first;
+one that tells a key from its word as a value, on neither more than the other.
 
     PYTHONPATH=src python benchmarks/mqmtar_collisions.py RUN_DIR ... --out results/paper/mqmtar
 """
@@ -109,7 +111,8 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
     ff2ef50), also the samples decoded exactly among those with a collision and among the
     others ("exact_with_collision", "exact_without_collision"): a word matcher loses the first far more
     often, a model that errs elsewhere both alike; those rows also keep the per-sample lists
-    ("exact_by_sample", "collided_by_sample") and the test-set digest, for pooled_rows. A row whose
+    ("exact_by_sample", "collided_by_sample"), the test-set digest and "second_phase" (second_phase's), for
+    pooled_rows. A row whose
     test_set_digest differs from the regenerated samples' is refused (RunError): the sampling changed
     since."""
     workload, config = evaluation["workload"], evaluation["eval_config"]
@@ -117,6 +120,7 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
         raise RunError(f"{evaluation['run_dir']}: a {workload.get('task')!r} evaluation, not an MQMTAR one")
     task = build_task("mqmtar", workload.get("layout", "random"))
     tables = config.get("tables", "train")
+    continues = second_phase(evaluation)
     rows = []
     for row in evaluation["rows"]:
         _, examples = examples_for_length(task, row["length"], row["n"], config["seed"], tables)
@@ -140,21 +144,30 @@ def evaluation_rows(evaluation: dict) -> list[dict]:
             entry["exact_without_collision"] = sum(e for e, c in zip(exact, collided, strict=True) if not c)
             entry.update(exact_by_sample=[int(e) for e in exact],
                          collided_by_sample=[int(c) for c in collided],
-                         test_set_digest=row.get("test_set_digest") or eval_set_digest(examples))
+                         test_set_digest=row.get("test_set_digest") or eval_set_digest(examples),
+                         second_phase=continues)
         rows.append(entry)
     return rows
+
+
+def second_phase(evaluation: dict) -> bool:
+    """True for the evaluation of a run initialised from a trained model of its own attention (eval.json's
+    prior_recipe: a second phase continuing an ASEntmax run), not from a softmax start or from scratch."""
+    prior = (evaluation.get("prior_recipe") or {}).get("model_config", {}).get("attention")
+    return prior is not None and prior == evaluation.get("model_config", {}).get("attention")
 
 
 def pooled_rows(results: list[tuple[str, list[dict]]], permutations: int = POOL_PERMUTATIONS,
                 min_samples: int = POOL_MIN_SAMPLES) -> list[dict]:
     """Per test set (digest) that two or more evaluations of `results` decode with some sample exact and keep
-    exact_by_sample for, with at least `min_samples` samples with a value collision and as many without:
-    the evaluations pooled, the mean count of them exact per sample with and without a collision, and the
-    two-sided permutation p of that difference (numpy's default_rng(0) shuffling which samples collide)."""
+    exact_by_sample for (second phases left out), with at least `min_samples` samples with a value
+    collision and as many without: the evaluations pooled, the mean count of them exact per sample with
+    and without a collision, and the two-sided permutation p of that difference (numpy's default_rng(0)
+    shuffling which samples collide)."""
     groups: dict[str, list[tuple[str, dict]]] = {}
     for label, rows in results:
         for row in rows:
-            if "exact_by_sample" in row and sum(row["exact_by_sample"]):
+            if "exact_by_sample" in row and sum(row["exact_by_sample"]) and not row["second_phase"]:
                 groups.setdefault(row["test_set_digest"], []).append((label, row))
     pooled = []
     for members in groups.values():
@@ -240,9 +253,9 @@ def markdown(results: list[tuple[str, list[dict]]], command: str, losses: dict |
                   "Per test set that several evaluations decode with some sample exact (the same samples: "
                   "one test-set digest): how many of them decode a sample exactly, on average over the "
                   "samples with a value collision and over the others, and the two-sided permutation p of "
-                  f"the difference ({POOL_PERMUTATIONS:,} shuffles of which samples collide). The "
-                  "evaluations are not independent (a run's second phases share its weights); the p is "
-                  "about the samples.",
+                  f"the difference ({POOL_PERMUTATIONS:,} shuffles of which samples collide). Second "
+                  "phases (runs initialised from a trained model of their own attention) are left out: "
+                  "they share their base's weights. The p is about the samples, not the runs.",
                   "", "| length | tables | evaluations | value collisions | mean exact with / without | p |",
                   "|---" * 6 + "|"]
         lines += [f"| {row['length']} ({multiplier_label(row['multiplier'])}) | {row['tables']} | "

@@ -227,9 +227,10 @@ def test_a_test_set_digest_that_differs_is_refused():
         collisions.evaluation_rows(evaluation)
 
 
-def pool_row(exact, collided, digest="d", length=65536):
+def pool_row(exact, collided, digest="d", length=65536, second_phase=False):
     return {"length": length, "multiplier": length / 64, "tables": "fresh", "n": len(exact),
-            "exact_by_sample": exact, "collided_by_sample": collided, "test_set_digest": digest}
+            "exact_by_sample": exact, "collided_by_sample": collided, "test_set_digest": digest,
+            "second_phase": second_phase}
 
 
 def exact_permutation_p(counts, n_collided):
@@ -254,11 +255,12 @@ def test_pooled_rows_against_an_exact_permutation_test(runs):
     """Evaluations of one test set are pooled per sample; the means with and without a collision are theirs,
     and the permutation p agrees with the exact two-sided p over all C(12, 5) assignments of the collisions
     (within 4 binomial standard errors); evaluations of another test set, with no exact sample, or alone,
-    and test sets with too few samples on a side, give no row."""
+    and test sets with too few samples on a side, give no row; nor does a second phase."""
     collided = [1] * 5 + [0] * 7
     results = [(f"run{i}", [pool_row(exact, collided)]) for i, exact in enumerate(runs)]
     results.append(("zero", [pool_row([0] * 12, collided)]))  # decodes nothing: not pooled
     results.append(("other set", [pool_row(runs[0], collided, digest="e")]))  # alone on its set
+    results.append(("phase", [pool_row(runs[1], collided, second_phase=True)]))  # its base's weights again
     (row,) = collisions.pooled_rows(results, permutations=4000)
     assert row["evaluations"] == ["run0", "run1", "run2"] and row["value_collisions"] == 5
     counts = np.sum(runs, axis=0)
@@ -270,3 +272,23 @@ def test_pooled_rows_against_an_exact_permutation_test(runs):
     table = collisions.markdown([], "cmd", None, [row])
     assert (f"| 65536 (1024x) | fresh | 3: run0, run1, run2 | 5 of 12 | {counts[:5].mean():.2f} / "
             f"{counts[5:].mean():.2f} | {row['p']:.4f} |") in table
+
+
+@pytest.mark.parametrize("prior, own, expected", [
+    (None, "asentmax", False),  # from scratch
+    ("softmax", "asentmax", False),  # a dense start swapped to ASEntmax: a model of its own
+    ("asentmax", "asentmax", True),  # a second phase of an ASEntmax run
+])
+def test_a_second_phase_is_told_by_its_prior_recipe(prior, own, expected):
+    """evaluation_rows marks the rows of a run initialised from a trained model of its own attention
+    (eval.json's prior_recipe), which pooled_rows leaves out."""
+    n, length = 12, 65536
+    _, examples = examples_for_length(get_task("mqmtar"), length, n, 5, "train")
+    evaluation = {"run_dir": "r", "workload": {"task": "mqmtar", "layout": "random"}, "id_length": 64,
+                  "eval_config": {"seed": 5, "tables": "train"}, "model_config": {"attention": own},
+                  "rows": [{"length": length, "n": n, "exact_match": 0.5, "ci_low": 0.2, "ci_high": 0.8,
+                            "exact_by_sample": [1, 0] * 6}]}
+    if prior:
+        evaluation["prior_recipe"] = {"model_config": {"attention": prior}}
+    (row,) = collisions.evaluation_rows(evaluation)
+    assert row["second_phase"] is expected
