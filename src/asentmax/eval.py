@@ -641,7 +641,8 @@ def plan_evaluation(run_dir: Path | str, config: EvalConfig, output: Path | str 
         notes.append(f"on the CPU the default multipliers stop at {config.cpu_max_length} tokens: leaving "
                      f"out {' '.join(f'{m}x' for m in left_out)} (give --multipliers to run them)")
     reused = sorted({row["length"] for row in done} & set(lengths))
-    continued = [length for length in reused if length not in {row["length"] for row in from_last}]
+    taken_from_last = {row["length"] for row in from_last}
+    continued = [length for length in reused if length not in taken_from_last]
     if continued:
         notes.append(f"continuing {output}.json: lengths {', '.join(map(str, continued))} are done")
     first = min(set(lengths) - set(reused), default=None)
